@@ -1,0 +1,287 @@
+"""The ``compress`` command: a thin shell over the library.
+
+Each subcommand parses its flags into the stage's frozen config, makes one library call
+and says where the output went. Heavy libraries are imported only when a command runs,
+so ``compress --help`` is instant. A :class:`CompressError` becomes one line on stderr
+and exit status 2; Ctrl-C exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from typing import Callable
+
+from compress.core.errors import CompressError
+
+PROG = "compress"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line that points at --help."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _formatter(prog):
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=34, width=100)
+
+
+COMMANDS: dict[str, tuple[str, str, Callable, Callable]] = {}
+
+
+def command(name: str, summary: str, examples: str):
+    """Register ``add_arguments`` for subcommand ``name``; its ``run`` is attached below it."""
+
+    def wrap(add: Callable) -> Callable:
+        def attach(run: Callable) -> Callable:
+            if name in COMMANDS:
+                raise ValueError(f"command {name!r} registered twice")
+            COMMANDS[name] = (summary, examples, add, run)
+            return run
+
+        add.run = attach
+        return add
+
+    return wrap
+
+
+def _config_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML/JSON file with options; flags given here override it")
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+@command("tasks", "list the tasks, their splits, labels and metrics", "compress tasks")
+def _tasks_args(p):
+    pass
+
+
+@_tasks_args.run
+def _tasks_run(args) -> int:
+    from compress.core.tasks import TASKS
+
+    rows = [("task", "kind", "labels (official order)", "metrics", "splits")]
+    for t in TASKS.values():
+        labels = ", ".join(t.label_names) or ("score 0-5" if t.kind == "regression" else "answer span")
+        rows.append((t.name, t.kind, labels, ", ".join(t.metrics[:2]), ", ".join(s.name for s in t.splits)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+# ---------------------------------------------------------------------------- init
+
+
+@command(
+    "init",
+    "create a randomly initialised BERT of a named or explicit shape",
+    """\
+  compress init --shape base --task sst2 --tokenizer path/to/vocab.txt --out models/bert-base-random
+  compress init --shape 4L-312 --tokenizer models/teacher --out models/tinybert-shape
+  compress init --shape 6L-384-1536 --head base --tokenizer models/teacher --out models/encoder""",
+)
+def _init_args(p):
+    p.add_argument("--shape", required=True, help="base, large, 2L-128, 4L-256, 4L-512, 8L-512, 6L-768, 4L-312, 6L-384, 3L-384, or LAYERSL-HIDDEN[-FFN]")
+    p.add_argument("--tokenizer", required=True, metavar="PATH", help="model directory, tokenizer folder or vocab.txt whose vocabulary sizes the embedding")
+    p.add_argument("--task", help="give the model this task's head and label names (e.g. sst2, stsb, squad)")
+    p.add_argument("--head", choices=["base", "sequence-classification", "question-answering", "masked-lm", "pretraining"], help="head without a task (default: base)")
+    p.add_argument("--max-positions", type=int, default=512, help="position embeddings (default: 512)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
+@_init_args.run
+def _init_run(args) -> int:
+    from students.presets import resolve_shape
+    from teacher.create import create_model
+
+    shape = resolve_shape(args.shape)
+    out = create_model(
+        shape, args.out, tokenizer=args.tokenizer, task=args.task, head=args.head, seed=args.seed,
+        max_positions=args.max_positions, overwrite=args.overwrite,
+    )
+    print(f"wrote {shape.label} ({shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, FFN {shape.ffn}) to {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- eval
+
+
+@command(
+    "eval",
+    "evaluate a model directory on a GLUE task or SQuAD with the official metrics",
+    """\
+  compress eval --model models/sst2 --task sst2                       # hub data
+  compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data --max-examples 500
+  compress eval --model models/mnli --task mnli --data-dir ~/glue_data  # matched + mismatched
+  compress eval --model models/qa --task squad --data-file dev-v1.1.json
+  compress eval --model models/sst2 --task sst2 --data-file reviews.csv --columns sentence=text,label=stars
+  compress eval --model models/mnli --task mnli --split test --data-dir ~/glue_data --submission submit/
+                                         # writes MNLI-m.tsv, MNLI-mm.tsv, AX.tsv and submission.zip""",
+)
+def _eval_args(p):
+    from eval.evaluate import EvalConfig
+
+    from compress.core.config import add_arguments
+
+    p.add_argument("--model", required=True, metavar="DIR", help="model directory (config.json + weights + tokenizer)")
+    _config_flag(p)
+    add_arguments(p, EvalConfig)
+
+
+@_eval_args.run
+def _eval_run(args) -> int:
+    from compress.core.config import from_args
+    from eval.evaluate import EvalConfig, evaluate, missing_submission_files
+
+    cfg = from_args(EvalConfig, args, args.config)
+    records = evaluate(args.model, cfg)
+    print(format_eval_table(records))
+    for r in records:
+        if "skipped" in r:
+            _say(f"note: {r['task']} {r['split']} skipped: {r['skipped']}")
+        elif "predictions" in r:
+            _say(f"predictions: {r['predictions']}")
+    if cfg.submission:
+        missing = missing_submission_files(cfg.submission)
+        _say(f"submission files in {cfg.submission}; zip: {cfg.submission}/submission.zip")
+        if missing:
+            _say(f"still missing for a complete GLUE submission: {', '.join(missing)}")
+    if cfg.record and any(r.get("metrics") for r in records):
+        _say(f"results appended to {args.model}/metrics.json")
+    return 0
+
+
+def format_eval_table(records: list[dict]) -> str:
+    rows = [("task", "split", "n", "metric", "value")]
+    for r in records:
+        for name, value in (r.get("metrics") or {}).items():
+            if name in ("n", "total", "missing"):
+                continue
+            rows.append((r["task"], r["split"], str(r.get("n", "")), name, f"{value:.2f}" if isinstance(value, float) else str(value)))
+        if not r.get("metrics") and "skipped" not in r:
+            rows.append((r["task"], r["split"], str(r.get("n", "")), "(no labels)", "predictions only"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- latency
+
+
+@command(
+    "latency",
+    "time models (each in its own process) against a GEMM peak measured in the same run",
+    """\
+  compress latency --model models/bert-base-random models/student --batch 1,32 --seq 128
+  compress latency --model models/teacher --batch 1,8 --seq 64,128,256 --threads 2 --out reports/latency""",
+)
+def _latency_args(p):
+    from compress.core.config import add_arguments
+    from eval.latency import LatencyConfig
+
+    p.add_argument("--model", required=True, nargs="+", metavar="DIR", help="model directories; the first is the reference of the ratio column")
+    _config_flag(p)
+    add_arguments(p, LatencyConfig)
+
+
+@_latency_args.run
+def _latency_run(args) -> int:
+    from compress.core.config import from_args
+    from eval.latency import LatencyConfig, format_markdown, measure_latency
+
+    cfg = from_args(LatencyConfig, args, args.config)
+    report = measure_latency(args.model, cfg)
+    print(format_markdown(report))
+    if cfg.out:  # measure_latency wrote the files
+        _say(f"wrote {cfg.out}/latency.json and {cfg.out}/latency.md")
+    return 0
+
+
+# ---------------------------------------------------------------------------- demo
+
+
+@command(
+    "demo",
+    "run the whole flow offline on a generated task and a tiny model (a few minutes on 2 CPU cores)",
+    """\
+  compress demo --out runs/demo
+  compress demo --out runs/demo --overwrite""",
+)
+def _demo_args(p):
+    p.add_argument("--out", default="runs/demo", metavar="DIR", help="run directory (default: runs/demo)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--seed", type=int, default=0)
+
+
+@_demo_args.run
+def _demo_run(args) -> int:
+    from compress.demo import run_demo
+
+    report = run_demo(args.out, overwrite=args.overwrite, seed=args.seed)
+    print(report.read_text())
+    _say(f"demo report: {report}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=PROG,
+        formatter_class=_formatter,
+        description=textwrap.dedent(
+            """\
+            Turn a big BERT into small, fast, measured students.
+
+            Every stage reads a model directory and writes a model directory (Hugging Face
+            files + compression.json + metrics.json). Run `compress COMMAND --help` for the
+            options and examples of each command."""
+        ),
+        epilog="examples:\n  compress tasks\n  compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data\n"
+        "  compress latency --model models/teacher models/student --batch 1,32 --seq 128",
+    )
+    from compress import __version__
+
+    parser.add_argument("--version", action="version", version=f"compress {__version__}")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, (summary, examples, add, run) in COMMANDS.items():
+        sub = subs.add_parser(
+            name, help=summary, description=summary[0].upper() + summary[1:] + ".",
+            epilog="examples:\n" + examples, formatter_class=_formatter,
+        )
+        add(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except CompressError as err:
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""Model directories: save, load, provenance, metrics, and never losing an existing output.
+
+A model directory is an ordinary Hugging Face folder (``config.json``,
+``model.safetensors``, tokenizer files) plus two sidecars:
+
+* ``compression.json``: what produced it (stage, method, resolved config, parent and
+  its hash), its structure (see ``compress.core.structure``), and provenance (argv, git
+  revision, package versions, seed, date, hardware).
+* ``metrics.json``: ``{"results": [...]}``, one record per evaluation or latency run,
+  appended.
+
+Every output is written to a temporary sibling directory and renamed into place, so an
+interrupted run never leaves a half-written model; an existing non-empty output is
+refused unless ``overwrite`` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+from compress.core.errors import CompressError
+
+COMPRESSION_FILE = "compression.json"
+METRICS_FILE = "metrics.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+LEGACY_WEIGHTS = "pytorch_model.bin"
+ONNX_FILE = "model.onnx"
+
+# Architectures the loader builds, by the name in config.json's "architectures".
+HEADS = {
+    "BertModel": "base",
+    "BertForSequenceClassification": "sequence-classification",
+    "BertForQuestionAnswering": "question-answering",
+    "BertForMaskedLM": "masked-lm",
+    "BertForPreTraining": "pretraining",
+}
+HEAD_CLASSES = {head: arch for arch, head in HEADS.items()}
+
+
+# ---------------------------------------------------------------------------- time and json
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON via a temporary file in the same directory and ``os.replace``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=_json_default)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CompressError(f"{path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CompressError(f"{path} is not valid JSON ({err}); restore or re-create it") from None
+
+
+# ---------------------------------------------------------------------------- output directories
+
+
+def check_output(out: Path | str, overwrite: bool = False) -> Path:
+    """Fail early (before any work) if ``out`` exists, is not empty and ``overwrite`` is off."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CompressError(f"output {out} exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise CompressError(f"output directory {out} is not empty; pass --overwrite to replace it or choose another --out")
+    return out
+
+
+@contextlib.contextmanager
+def output_dir(out: Path | str, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory next to ``out``; on success rename it to ``out``.
+
+    On any error the temporary directory is removed and an existing ``out`` is untouched.
+    """
+    out = check_output(out, overwrite).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        publish(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Atomically replace ``out`` by ``tmp`` (the old output is removed only afterwards)."""
+    tmp.chmod(0o755)  # mkdtemp creates 0700 directories
+    if out.exists():
+        check_output(out, overwrite)
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+# ---------------------------------------------------------------------------- provenance
+
+
+def provenance(seed: int | None = None) -> dict[str, Any]:
+    from compress.core.hardware import git_revision, hardware, package_versions
+
+    return {
+        "argv": list(sys.argv),
+        "git": git_revision(),
+        "packages": package_versions(),
+        "seed": seed,
+        "date": utc_now(),
+        "hardware": hardware(),
+    }
+
+
+def dir_hash(path: Path | str) -> str:
+    """SHA-256 over a model directory's config and weight files (names and bytes)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    names = sorted(
+        p.name
+        for p in path.iterdir()
+        if p.is_file() and (p.suffix in {".safetensors", ".onnx", ".bin", ".data"} or p.name == "config.json")
+    )
+    for name in names:
+        digest.update(name.encode())
+        with open(path / name, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def read_compression(path: Path | str) -> dict[str, Any]:
+    """The directory's ``compression.json`` ({} for a plain Hugging Face folder)."""
+    file = Path(path) / COMPRESSION_FILE
+    return read_json(file) if file.exists() else {}
+
+
+def compression_record(
+    *,
+    stage: str,
+    method: str,
+    config: Any = None,
+    parent: Path | str | None = None,
+    structure: dict[str, Any] | None = None,
+    seed: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The content of ``compression.json`` for one stage's output."""
+    from dataclasses import asdict, is_dataclass
+
+    cfg = asdict(config) if is_dataclass(config) else (config or {})
+    record: dict[str, Any] = {
+        "stage": stage,
+        "method": method,
+        "config": cfg,
+        "parent": None,
+        "structure": structure,
+        "provenance": provenance(seed),
+    }
+    if parent is not None:
+        parent = Path(parent)
+        record["parent"] = {
+            "path": str(parent.resolve()),
+            "hash": dir_hash(parent) if parent.is_dir() else None,
+            "stage": read_compression(parent).get("stage") if parent.is_dir() else None,
+        }
+    if extra:
+        record.update(extra)
+    return record
+
+
+# ---------------------------------------------------------------------------- metrics.json
+
+
+def read_metrics(path: Path | str) -> list[dict[str, Any]]:
+    file = Path(path) / METRICS_FILE
+    if not file.exists():
+        return []
+    data = read_json(file)
+    return list(data.get("results", [])) if isinstance(data, dict) else []
+
+
+def append_metrics(path: Path | str, record: dict[str, Any]) -> dict[str, Any]:
+    """Append one result (``when`` is filled in) to the directory's ``metrics.json``."""
+    path = Path(path)
+    record = {**record}
+    record.setdefault("when", utc_now())
+    results = read_metrics(path)
+    results.append(record)
+    write_json_atomic(path / METRICS_FILE, {"results": results})
+    return record
+
+
+# ---------------------------------------------------------------------------- saving
+
+
+def save_model_dir(
+    model,
+    out: Path | str,
+    *,
+    tokenizer=None,
+    record: dict[str, Any],
+    overwrite: bool = False,
+    metrics: list[dict[str, Any]] | None = None,
+    files: dict[str, Path] | None = None,
+) -> Path:
+    """Write ``model`` (+ tokenizer, ``compression.json``, ``metrics.json``) to ``out`` atomically.
+
+    ``record`` comes from :func:`compression_record`; its ``structure`` is filled in from
+    the model when missing. ``files`` are extra files copied in (name -> source path).
+    """
+    from compress.core import structure as st
+
+    out = Path(out)
+    with output_dir(out, overwrite) as tmp:
+        write_model_files(model, tmp, tokenizer=tokenizer)
+        record = {**record}
+        if record.get("structure") is None:
+            record["structure"] = st.describe(model)
+        write_json_atomic(tmp / COMPRESSION_FILE, record)
+        write_json_atomic(tmp / METRICS_FILE, {"results": list(metrics or [])})
+        for name, source in (files or {}).items():
+            shutil.copy2(source, tmp / name)
+    return out
+
+
+def write_model_files(model, directory: Path, *, tokenizer=None) -> None:
+    """config.json + model.safetensors (+ tokenizer files) in ``directory``."""
+    from compress.core import structure as st
+
+    widths = st.ffn_widths(model)
+    if len(set(widths)) == 1:
+        # Uniform width (e.g. after uniform FFN pruning): stock from_pretrained can load it.
+        model.config.intermediate_size = widths[0]
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def is_model_dir(path: Path | str) -> bool:
+    path = Path(path)
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def require_model_dir(path: Path | str) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise CompressError(f"model directory {path} does not exist")
+    if not path.is_dir():
+        raise CompressError(f"{path} is a file, not a model directory; pass the folder that holds config.json")
+    if not (path / "config.json").is_file():
+        raise CompressError(
+            f"{path} is not a model directory (no config.json); pass a folder written by compress "
+            "or a Hugging Face model folder"
+        )
+    return path
+
+
+def model_format(path: Path | str) -> str:
+    """``torch`` (safetensors / .bin weights) or ``onnx`` (model.onnx), from the files present."""
+    path = Path(path)
+    if (path / ONNX_FILE).is_file() and not (path / WEIGHTS_FILE).is_file():
+        return "onnx"
+    return "torch"
+
+
+def load_config(path: Path | str):
+    from transformers import BertConfig
+
+    path = require_model_dir(path)
+    raw = read_json(path / "config.json")
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type != "bert":
+        raise CompressError(
+            f"{path}/config.json describes a {model_type!r} model; compress works on BERT-architecture "
+            "encoders (model_type 'bert')"
+        )
+    try:
+        return BertConfig.from_pretrained(path, local_files_only=True)
+    except Exception as err:
+        raise CompressError(f"cannot read {path}/config.json: {err}") from None
+
+
+def saved_head(path: Path | str) -> str:
+    """The head a directory's weights were saved with (``base`` for a bare encoder)."""
+    config = load_config(path)
+    archs = config.architectures or ["BertModel"]
+    return HEADS.get(archs[0], "base")
+
+
+def load_tokenizer(path: Path | str):
+    """The directory's fast tokenizer (vocab.txt or tokenizer.json)."""
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    path = require_model_dir(path)
+    if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        raise CompressError(f"{path} has no tokenizer (tokenizer.json or vocab.txt); copy the parent model's tokenizer files into it")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False, use_fast=True)
+    except Exception as err:
+        try:
+            tok = BertTokenizerFast.from_pretrained(path, local_files_only=True)
+        except Exception:
+            raise CompressError(f"cannot load the tokenizer in {path}: {str(err).splitlines()[0]}") from None
+    if not getattr(tok, "is_fast", False):
+        raise CompressError(f"the tokenizer in {path} is not a fast tokenizer; save it with tokenizers' tokenizer.json")
+    return tok
+
+
+def _read_weights(path: Path) -> dict:
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = path / WEIGHTS_INDEX
+    try:
+        if (path / WEIGHTS_FILE).is_file():
+            return load_file(path / WEIGHTS_FILE)
+        if index.is_file():
+            shards = sorted(set(read_json(index)["weight_map"].values()))
+            state = {}
+            for shard in shards:
+                state.update(load_file(path / shard))
+            return state
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
+        raise CompressError(
+            f"{path}/{WEIGHTS_FILE} is corrupt or truncated ({str(err).splitlines()[0]}); re-create the model directory"
+        ) from None
+    if (path / LEGACY_WEIGHTS).is_file():
+        try:
+            # weights_only: a checkpoint must never be able to run code on load.
+            return torch.load(path / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise CompressError(f"cannot read {path}/{LEGACY_WEIGHTS} safely: {str(err).splitlines()[0]}") from None
+    if (path / ONNX_FILE).is_file():
+        raise CompressError(f"{path} holds an ONNX model (model.onnx), which has no PyTorch weights; use a PyTorch model directory for this stage")
+    raise CompressError(f"{path} has no weights (model.safetensors); is the directory complete?")
+
+
+def _rename_legacy(key: str) -> str:
+    # Checkpoints converted from the original TF code name LayerNorm parameters gamma/beta.
+    if key.endswith(".gamma"):
+        return key[: -len(".gamma")] + ".weight"
+    if key.endswith(".beta"):
+        return key[: -len(".beta")] + ".bias"
+    return key
+
+
+def load_model(
+    path: Path | str,
+    head: str | None = None,
+    *,
+    num_labels: int | None = None,
+    id2label: dict[int, str] | None = None,
+    attn_implementation: str | None = None,
+    with_info: bool = False,
+):
+    """Rebuild any model directory, pruned shapes included; the only loader the stages use.
+
+    ``head`` is one of ``base``, ``sequence-classification``, ``question-answering``,
+    ``masked-lm``, ``pretraining``; by default the head the weights were saved with. A
+    different head (e.g. a classifier on a bare encoder) starts with fresh head weights;
+    so does a classifier whose ``num_labels`` changes. With ``with_info`` the function
+    returns ``(model, info)`` where ``info["new_weights"]`` lists the freshly initialised names.
+    """
+    import torch
+    import transformers
+
+    path = require_model_dir(path)
+    if model_format(path) == "onnx":
+        raise CompressError(f"{path} holds an ONNX model; this step needs PyTorch weights (model.safetensors)")
+    config = load_config(path)
+    saved = saved_head(path)
+    head = head or saved
+    if head not in HEAD_CLASSES:
+        raise CompressError(f"unknown model head {head!r}; valid: {', '.join(HEAD_CLASSES)}")
+    drop_head = False
+    if num_labels is not None and num_labels != config.num_labels:
+        drop_head = head == saved  # the saved classifier has the wrong width
+        config.num_labels = num_labels
+    if id2label is not None:
+        config.id2label = {int(k): v for k, v in id2label.items()}
+        config.label2id = {v: int(k) for k, v in id2label.items()}
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+    config.architectures = [HEAD_CLASSES[head]]
+    cls = getattr(transformers, HEAD_CLASSES[head])
+
+    structure = (read_compression(path) or {}).get("structure")
+    model = cls(config)  # builds pruned heads from config.pruned_heads
+    if structure:
+        from compress.core.structure import apply_structure
+
+        apply_structure(model, structure)
+
+    state = {_rename_legacy(k): v for k, v in _read_weights(path).items()}
+    prefix = model.base_model_prefix  # "bert"
+    wants_prefix = any(k.startswith(prefix + ".") for k in model.state_dict())
+    has_prefix = any(k.startswith(prefix + ".") for k in state)
+    if wants_prefix and not has_prefix:
+        state = {(f"{prefix}.{k}" if not k.startswith("cls.") else k): v for k, v in state.items()}
+    elif not wants_prefix and has_prefix:
+        state = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
+    if drop_head:
+        state = {k: v for k, v in state.items() if not k.startswith(("classifier.", "qa_outputs."))}
+
+    expected = model.state_dict()
+    mismatched = [
+        f"{k}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        for k, v in state.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
+    ]
+    if mismatched:
+        raise CompressError(
+            f"weights in {path} do not match its config.json/compression.json "
+            f"({len(mismatched)} tensors, e.g. {mismatched[0]}); the directory is inconsistent"
+        )
+    state = {k: v for k, v in state.items() if k in expected}
+    result = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in result.missing_keys if k not in tied and not k.endswith("position_ids")]
+    head_params = ("classifier.", "qa_outputs.", "cls.", "pooler.")
+    lost = [k for k in missing if not k.startswith(head_params) and ".pooler." not in k]
+    if lost:
+        raise CompressError(
+            f"{path} lacks {len(lost)} encoder weights (e.g. {lost[0]}); the checkpoint is incomplete "
+            "or belongs to another architecture"
+        )
+    model.tie_weights()
+    model.eval()
+    model.to(torch.float32)
+    if with_info:
+        return model, {"new_weights": missing, "saved_head": saved, "structure": structure}
+    return model

@@ -1,0 +1,226 @@
+"""Frozen dataclass configs: one per stage, loaded from YAML/JSON or flags, validated.
+
+A config field is declared with :func:`option`, which keeps the one-line help next to
+the default; the CLI turns every field into a ``--flag`` from that help, so a config and
+its command line never drift apart::
+
+    @dataclass(frozen=True)
+    class EvalConfig:
+        batch_size: int = option(32, "sequences per forward pass")
+
+Values from a file or from flags are type-checked against the annotations (``int``,
+``float``, ``str``, ``bool``, ``X | None``, ``tuple[int, ...]``, ``Literal[...]``) and
+unknown keys are rejected with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from compress.core.errors import CompressError
+
+C = TypeVar("C")
+
+
+def option(default: Any, help: str, *, flag: str | None = None, metavar: str | None = None) -> Any:
+    """A dataclass field with its help text (and optional flag name / metavar) attached."""
+    meta = {"help": help, "flag": flag, "metavar": metavar}
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use tuples for sequence defaults: configs are frozen")
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (``yaml.safe_load``: no arbitrary objects) or JSON mapping."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CompressError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CompressError(f"cannot read config file {path}: {err}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise CompressError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {str(err).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CompressError(f"{path} must contain a mapping of option names to values")
+    return data
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check (and for strings from the command line, convert) ``value`` to type ``tp``."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in {"none", "null"} and type(None) in args):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, where)
+            except CompressError as err:
+                errors.append(err)
+        raise CompressError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = get_args(tp)
+        if value in choices:
+            return value
+        raise CompressError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
+    if origin is tuple:
+        item = get_args(tp)[0]
+        if isinstance(value, str):
+            value = [v for v in (p.strip() for p in value.split(",")) if v]
+        elif not isinstance(value, (list, tuple)):
+            value = [value]
+        return tuple(coerce(v, item, where) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in {"true", "yes", "1", "on", "false", "no", "0", "off"}:
+            return value.lower() in {"true", "yes", "1", "on"}
+        raise CompressError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise CompressError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise CompressError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise CompressError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise CompressError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, Path)):
+            return str(value)
+        raise CompressError(f"{where}: expected a string, got {value!r}")
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+def from_dict(cls: type[C], data: dict[str, Any], where: str = "config") -> C:
+    """Build a config from a mapping; keys may use dashes or underscores."""
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CompressError(f"{where}: unknown option {raw_key!r}{hint}; valid: {', '.join(names)}")
+        values[key] = coerce(value, hints[key], f"{where}: {raw_key}")
+    try:
+        cfg = cls(**values)
+    except TypeError as err:
+        raise CompressError(f"{where}: {err}") from None
+    validate = getattr(cfg, "validate", None)
+    if callable(validate):
+        validate()
+    return cfg
+
+
+def replace(cfg: C, **changes: Any) -> C:
+    """A copy of ``cfg`` with type-checked changes."""
+    return from_dict(type(cfg), {**dataclasses.asdict(cfg), **changes}, type(cfg).__name__)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+# ---------------------------------------------------------------------------- argparse bridge
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--flag`` per config field; defaults stay in the dataclass (argparse sees None)."""
+    hints = _hints(cls)
+    group = parser.add_argument_group(f"options ({cls.__name__}; also settable in --config FILE)")
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        tp = hints[f.name]
+        default = f.default
+        help_text = f.metadata.get("help", "")
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        help_text += f" (default: {shown})" if default not in (None, "", ()) else ""
+        # argparse %-formats help strings: a literal "%" must be doubled.
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text.replace("%", "%%")}
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["metavar"] = f.metadata.get("metavar") or _metavar(tp)
+            if get_origin(tp) is Literal:
+                kwargs["choices"] = list(get_args(tp))
+                kwargs.pop("metavar")
+        group.add_argument(flag_name(f), **kwargs)
+
+
+def _metavar(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        tp = next(a for a in get_args(tp) if a is not type(None))
+        origin = get_origin(tp)
+    if origin is tuple:
+        return _metavar(get_args(tp)[0]) + "[,...]"
+    return {int: "N", float: "X", str: "TEXT"}.get(tp, "VALUE")
+
+
+def from_args(cls: type[C], args: argparse.Namespace, config_file: str | None = None) -> C:
+    """Config from an optional file, then the flags that were given on the command line."""
+    data = load_file(config_file) if config_file else {}
+    where = str(config_file) if config_file else "options"
+    base = from_dict(cls, data, where)  # validates the file on its own first
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if getattr(args, f.name, None) is not None
+    }
+    merged = {**dataclasses.asdict(base), **overrides}
+    return from_dict(cls, merged, "options")

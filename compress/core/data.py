@@ -1,0 +1,613 @@
+"""Loading task data from the hub, local GLUE/SQuAD folders or plain files, and tokenising it.
+
+Every source returns a ``datasets.Dataset`` with the hub's schema, so the rest of the
+toolkit never cares where the data came from:
+
+* GLUE tasks: the task's text fields (e.g. ``sentence1``, ``sentence2``), ``label``
+  (class index in the task's official label order, a float for STS-B, -1 when the
+  split has no labels) and ``idx`` (0-based row in the source split).
+* SQuAD: ``id``, ``title``, ``context``, ``question``,
+  ``answers = {"text": [...], "answer_start": [...]}``.
+
+Sources (:class:`DataSource`): the hub through ``datasets`` (the default), a local
+directory in the GLUE download script's layout or the hub's parquet layout (with
+official SQuAD JSON files), or one csv/tsv/json/jsonl/parquet/SQuAD-JSON file with an
+optional column mapping.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from compress.core.errors import CompressError
+from compress.core.hub import hub_offline_mode, hub_reachable
+from compress.core.tasks import REGRESSION, SPAN, Split, Task, TsvSpec
+
+UNLABELLED = -1
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where a task's data comes from. With no fields set: the Hugging Face hub."""
+
+    data_dir: str | None = None  # GLUE root, one task's folder, or a folder of SQuAD JSON files
+    data_file: str | None = None  # one csv/tsv/json/jsonl/parquet/SQuAD file for the split asked for
+    columns: tuple[tuple[str, str], ...] = field(default=())  # (task field, column in data_file)
+
+    @property
+    def description(self) -> str:
+        if self.data_file:
+            return self.data_file
+        if self.data_dir:
+            return self.data_dir
+        return "the Hugging Face hub"
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def load_split(
+    task: Task,
+    split: str,
+    source: DataSource | None = None,
+    max_examples: int | None = None,
+):
+    """Load one split of ``task`` as a ``datasets.Dataset`` in the hub schema."""
+    source = source or DataSource()
+    spec = task.split(split)
+    if source.data_file:
+        ds = _from_file(task, spec, Path(source.data_file), dict(source.columns))
+    elif source.data_dir:
+        ds = _from_dir(task, spec, Path(source.data_dir))
+    else:
+        ds = _from_hub(task, spec)
+    if len(ds) == 0:
+        raise CompressError(
+            f"{task.display} {split}: the data from {source.description} has no examples; "
+            "check the file or pass a different --data-dir/--data-file"
+        )
+    if max_examples is not None and max_examples < len(ds):
+        if max_examples < 1:
+            raise CompressError(f"--max-examples must be at least 1, got {max_examples}")
+        ds = ds.select(range(max_examples))
+    return ds
+
+
+# ---------------------------------------------------------------------------- hub
+
+
+def _from_hub(task: Task, split: Split):
+    import datasets
+
+    what = f"{task.display} ({task.hub_path}" + (f", {task.hub_config})" if task.hub_config else ")")
+    local_hint = (
+        "pass --data-dir DIR pointing at local files "
+        + (
+            f"(e.g. DIR/{task.folders[0]}/dev.tsv from the GLUE download script, or the hub's parquet files)"
+            if task.kind != SPAN
+            else f"(a folder with {', '.join(s for sp in task.splits for s in sp.squad_files)})"
+        )
+    )
+    if not hub_offline_mode() and not hub_reachable():
+        raise CompressError(
+            f"cannot download task {what}: the Hugging Face hub is unreachable; {local_hint}"
+        )
+    try:
+        ds = datasets.load_dataset(task.hub_path, task.hub_config, split=split.hub)
+    except Exception as err:  # datasets raises many types; the user needs one line
+        if hub_offline_mode():
+            reason = "offline mode (HF_HUB_OFFLINE) is on and the data is not in the local cache"
+        else:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CompressError(
+            f"cannot load task {what} split {split.hub} from the Hugging Face hub: {reason}; {local_hint}"
+        ) from None
+    return ds
+
+
+# ---------------------------------------------------------------------------- local directory
+
+
+def _task_folder(task: Task, root: Path) -> Path:
+    """The task's folder under ``root``, or ``root`` itself when it already is one."""
+    if not root.is_dir():
+        raise CompressError(f"data directory {root} does not exist or is not a directory")
+    for name in task.folders:
+        candidate = root / name
+        if name != "." and candidate.is_dir():
+            return candidate
+    return root
+
+
+def _find_parquet(folder: Path, hub_split: str) -> list[Path]:
+    """Parquet files of one split: ``validation.parquet``, ``validation_0000.parquet``,
+    ``validation-00000-of-00001.parquet``, also inside ``hf_parquet/`` or the hub config folder."""
+    found: list[Path] = []
+    for where in (folder, folder / "hf_parquet", *[p for p in folder.iterdir() if p.is_dir()]):
+        if not where.is_dir():
+            continue
+        for path in sorted(where.glob("*.parquet")):
+            stem = path.name[: -len(".parquet")]
+            if stem == hub_split or stem.startswith((hub_split + "-", hub_split + "_0", hub_split + "_1")):
+                found.append(path)
+        if found:
+            return found
+    return found
+
+
+def _from_dir(task: Task, split: Split, root: Path):
+    folder = _task_folder(task, root)
+    if task.kind == SPAN:
+        for name in split.squad_files:
+            for where in (folder, root):
+                if (where / name).is_file():
+                    return read_squad_json(where / name)
+    elif split.tsv is not None:
+        for name in split.tsv.files:
+            if (folder / name).is_file():
+                return read_glue_tsv(folder / name, task, split)
+    parquet = _find_parquet(folder, split.hub)
+    if parquet:
+        return _read_parquet(parquet, task, split)
+    expected = list(split.squad_files) or list(split.tsv.files if split.tsv else [])
+    raise CompressError(
+        f"no {task.display} {split.name} data in {folder}: expected "
+        f"{' or '.join(expected + [split.hub + '*.parquet'])}; "
+        f"point --data-dir at the GLUE root (with {task.folders[0]}/) or at the task's folder"
+    )
+
+
+def _open_text(path: Path) -> str:
+    """Read UTF-8 text (a BOM is dropped); bad bytes name the file and line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise CompressError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise CompressError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x}); "
+            "re-encode the file as UTF-8 (e.g. iconv -f cp1252 -t utf-8)"
+        ) from None
+
+
+def _column_index(header: list[str], want: str | int) -> int | None:
+    if isinstance(want, int):
+        return want
+    names = [h.strip().lstrip("\ufeff") for h in header]
+    for option in want.split("|"):
+        for i, name in enumerate(names):
+            if name == option or name.lower() == option.lower():
+                return i
+    return None
+
+
+def read_glue_tsv(path: Path, task: Task, split: Split):
+    """Parse one GLUE TSV exactly as the GLUE download script wrote it.
+
+    Fields are tab-separated with no quoting (MRPC and SST-2 contain bare quotes);
+    line endings may be CRLF (AX); CoLA train/dev have no header.
+    """
+    spec: TsvSpec = split.tsv
+    text = _open_text(path)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    reader = csv.reader((ln.rstrip("\r") for ln in lines), delimiter="\t", quoting=csv.QUOTE_NONE)
+    rows = list(reader)
+    first_line = 1
+    if spec.header:
+        if not rows:
+            raise CompressError(f"{path}: the file is empty; expected a header line")
+        header = rows[0]
+        rows = rows[1:]
+        first_line = 2
+        text_cols = []
+        for want in spec.texts:
+            idx = _column_index(header, want)
+            if idx is None:
+                raise CompressError(
+                    f"{path}: no column {want!r} in the header ({', '.join(header)}); "
+                    f"is this the {task.display} {split.name} file?"
+                )
+            text_cols.append(idx)
+        label_col = _column_index(header, spec.label) if spec.label is not None else None
+        if spec.label is not None and label_col is None and split.labelled:
+            raise CompressError(f"{path}: no label column {spec.label!r} in the header ({', '.join(header)})")
+    else:
+        text_cols = list(spec.texts)
+        label_col = spec.label
+
+    needed = max([*text_cols, label_col if label_col is not None else -1]) + 1
+    columns: dict[str, list[Any]] = {f: [] for f in task.text_fields}
+    labels: list[Any] = []
+    for offset, row in enumerate(rows):
+        line_no = first_line + offset
+        if len(row) < needed:
+            raise CompressError(
+                f"{path}:{line_no}: malformed row: expected at least {needed} tab-separated fields, "
+                f"found {len(row)}; fix or remove the line"
+            )
+        for name, col in zip(task.text_fields, text_cols):
+            columns[name].append(row[col])
+        if label_col is None:
+            labels.append(UNLABELLED if task.kind != REGRESSION else float(UNLABELLED))
+        else:
+            labels.append(parse_label(task, row[label_col], f"{path}:{line_no}", spec.label_encoding))
+    return _make_dataset(task, columns, labels)
+
+
+def parse_label(task: Task, raw: Any, where: str, encoding: str = "auto") -> int | float:
+    """Turn a raw label (index, name or number) into the task's label; errors name the valid ones."""
+    if task.kind == REGRESSION:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise CompressError(f"{where}: label {raw!r} is not a number; {task.display} needs a score") from None
+        lo, hi = task.label_range or (-math.inf, math.inf)
+        if not (lo <= value <= hi) or math.isnan(value):
+            raise CompressError(f"{where}: score {value} is outside {task.display}'s range [{lo}, {hi}]")
+        return value
+    names = task.label_names
+    text = str(raw).strip()
+    valid = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
+    if encoding in ("names", "auto") and text in names:
+        return names.index(text)
+    if encoding in ("index", "auto"):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if value.is_integer() and 0 <= value < len(names):
+            return int(value)
+    raise CompressError(f"{where}: unknown label {text!r} for {task.display}; valid: {valid}")
+
+
+def _make_dataset(task: Task, columns: dict[str, list[Any]], labels: list[Any]):
+    import datasets
+
+    data = dict(columns)
+    data["label"] = labels
+    data["idx"] = list(range(len(labels)))
+    features = datasets.Features(
+        {
+            **{f: datasets.Value("string") for f in task.text_fields},
+            "label": datasets.Value("float32" if task.kind == REGRESSION else "int64"),
+            "idx": datasets.Value("int64"),
+        }
+    )
+    return datasets.Dataset.from_dict(data, features=features)
+
+
+def _read_parquet(paths: list[Path], task: Task, split: Split):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        # Straight through pyarrow: no cache files, no "generating split" noise.
+        table = pa.concat_tables([pq.read_table(p) for p in paths], promote_options="default")
+    except Exception as err:
+        raise CompressError(f"cannot read parquet file(s) {', '.join(map(str, paths))}: {err}") from None
+    ds = datasets.Dataset(table)
+    if task.kind == SPAN:
+        return _check_squad_columns(ds, str(paths[0]))
+    missing = [c for c in (*task.text_fields, "label") if c not in ds.column_names]
+    if missing:
+        raise CompressError(
+            f"{paths[0]}: missing column(s) {', '.join(missing)} for {task.display} "
+            f"(found {', '.join(ds.column_names)})"
+        )
+    labels = ds["label"]
+    checked = [
+        lab if lab == UNLABELLED else parse_label(task, lab, f"{paths[0]} row {i}", "index")
+        for i, lab in enumerate(labels)
+    ]
+    columns = {f: ds[f] for f in task.text_fields}
+    return _make_dataset(task, columns, checked)
+
+
+# ---------------------------------------------------------------------------- SQuAD JSON
+
+
+def read_squad_json(path: Path):
+    """Flatten an official SQuAD v1.1/v2.0 JSON file into one row per question."""
+    import datasets
+
+    try:
+        doc = json.loads(_open_text(path))
+    except json.JSONDecodeError as err:
+        raise CompressError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise CompressError(f"{path}: not a SQuAD file (expected a top-level 'data' list of articles)")
+    rows: dict[str, list[Any]] = {k: [] for k in ("id", "title", "context", "question", "answers")}
+    for a, article in enumerate(doc["data"]):
+        try:
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                for qa in paragraph["qas"]:
+                    answers = qa.get("answers", [])
+                    rows["id"].append(str(qa["id"]))
+                    rows["title"].append(article.get("title", ""))
+                    rows["context"].append(context)
+                    rows["question"].append(qa["question"])
+                    rows["answers"].append(
+                        {
+                            "text": [x["text"] for x in answers],
+                            "answer_start": [int(x["answer_start"]) for x in answers],
+                        }
+                    )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CompressError(
+                f"{path}: article {a} ({article.get('title', '?') if isinstance(article, dict) else '?'}) "
+                f"is malformed: missing or bad field {err}"
+            ) from None
+    return datasets.Dataset.from_dict(rows, features=squad_features())
+
+
+def squad_features():
+    import datasets
+
+    return datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "title": datasets.Value("string"),
+            "context": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "answers": {
+                "text": datasets.Sequence(datasets.Value("string")),
+                "answer_start": datasets.Sequence(datasets.Value("int32")),
+            },
+        }
+    )
+
+
+def _check_squad_columns(ds, where: str):
+    missing = [c for c in ("id", "context", "question", "answers") if c not in ds.column_names]
+    if missing:
+        raise CompressError(f"{where}: missing SQuAD column(s) {', '.join(missing)}")
+    return ds
+
+
+# ---------------------------------------------------------------------------- plain files
+
+
+_FILE_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def _from_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
+    """One user file: csv/tsv (header row), json/jsonl (records), parquet, or SQuAD JSON."""
+    if not path.is_file():
+        raise CompressError(f"data file {path} does not exist")
+    fmt = _FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise CompressError(
+            f"data file {path}: unsupported extension {path.suffix!r}; use one of {', '.join(_FILE_FORMATS)}"
+        )
+    if task.kind == SPAN:
+        if fmt == "parquet":
+            return _read_parquet([path], task, split)
+        return read_squad_json(path)
+    records = _read_records(path, fmt)
+    fields = [*task.text_fields, "label"]
+    mapping = {f: columns.get(f, f) for f in fields}
+    unknown = set(columns) - set(fields)
+    if unknown:
+        raise CompressError(
+            f"--columns names unknown field(s) {', '.join(sorted(unknown))} for {task.display}; "
+            f"fields: {', '.join(fields)}"
+        )
+    out: dict[str, list[Any]] = {f: [] for f in task.text_fields}
+    labels: list[Any] = []
+    first_line = 2 if fmt == "csv" else 1
+    for i, record in enumerate(records):
+        where = f"{path}:{i + first_line}" if fmt != "parquet" else f"{path} row {i}"
+        for f in task.text_fields:
+            value = record.get(mapping[f])
+            if value is None:
+                have = ", ".join(map(str, record))
+                raise CompressError(
+                    f"{where}: no value for {task.display} field {f!r} (column {mapping[f]!r}; "
+                    f"columns here: {have}); map it with --columns {f}=COLUMN"
+                )
+            out[f].append(str(value))
+        raw = record.get(mapping["label"])
+        if raw is None or (isinstance(raw, str) and raw.strip() == "") or raw == UNLABELLED:
+            if split.labelled and split.name != "test":
+                raise CompressError(
+                    f"{where}: no label (column {mapping['label']!r}); map it with --columns label=COLUMN"
+                )
+            labels.append(UNLABELLED if task.kind != REGRESSION else float(UNLABELLED))
+        else:
+            labels.append(parse_label(task, raw, where))
+    return _make_dataset(task, out, labels)
+
+
+def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as err:
+            raise CompressError(f"cannot read parquet file {path}: {err}") from None
+    text = _open_text(path)
+    if fmt == "csv":
+        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+        rows = list(reader)
+        if not rows:
+            return []
+        header = rows[0]
+        records = []
+        for n, row in enumerate(rows[1:], start=2):
+            if len(row) != len(header):
+                raise CompressError(
+                    f"{path}:{n}: malformed row: {len(row)} fields where the header has {len(header)}"
+                )
+            records.append(dict(zip(header, row)))
+        return records
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise CompressError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        if not all(isinstance(r, dict) for r in data):
+            raise CompressError(f"{path}: expected a JSON list of objects")
+        return data
+    records = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CompressError(f"{path}:{n}: malformed JSON line ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise CompressError(f"{path}:{n}: expected a JSON object per line")
+        records.append(record)
+    return records
+
+
+# ---------------------------------------------------------------------------- tokenisation
+
+
+def check_max_length(max_length: int, model_max: int | None) -> None:
+    if max_length < 8:
+        raise CompressError(f"--max-length {max_length} is too short; use at least 8 tokens")
+    if model_max is not None and max_length > model_max:
+        raise CompressError(
+            f"--max-length {max_length} is above the model's maximum of {model_max} positions; "
+            f"use --max-length {model_max} or less"
+        )
+
+
+def tokenize_classification(ds, task: Task, tokenizer, max_length: int = 128):
+    """Tokenise single sentences or pairs (no padding: :func:`collate` pads each batch).
+
+    Adds ``input_ids``, ``token_type_ids``, ``attention_mask`` and ``labels``; keeps ``idx``.
+    """
+    fields = task.text_fields
+
+    def encode(batch):
+        texts = [batch[f] for f in fields]
+        enc = tokenizer(*texts, truncation=True, max_length=max_length)
+        enc["labels"] = batch["label"]
+        return enc
+
+    drop = [c for c in ds.column_names if c != "idx"]
+    return ds.map(encode, batched=True, remove_columns=drop, desc=f"tokenising {task.display}")
+
+
+def collate(tokenizer, pad_to_multiple_of: int | None = None):
+    """A collator that pads each batch to its longest sequence (dynamic padding)."""
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+
+
+def squad_train_features(ds, tokenizer, max_length: int = 384, doc_stride: int = 128):
+    """SQuAD training features: windows over long contexts with start/end token positions.
+
+    A window that does not contain the answer (and every v2.0 no-answer question)
+    points both positions at [CLS] (index 0), as in the BERT paper's SQuAD 2.0 setup.
+    """
+    _check_stride(max_length, doc_stride)
+
+    def encode(batch):
+        questions = [q.lstrip() for q in batch["question"]]
+        enc = tokenizer(
+            questions,
+            batch["context"],
+            truncation="only_second",
+            max_length=max_length,
+            stride=doc_stride,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+        )
+        sample_map = enc.pop("overflow_to_sample_mapping")
+        starts, ends = [], []
+        for i, offsets in enumerate(enc.pop("offset_mapping")):
+            seq_ids = enc.sequence_ids(i)
+            answers = batch["answers"][sample_map[i]]
+            if not answers["answer_start"]:
+                starts.append(0)
+                ends.append(0)
+                continue
+            start_char = answers["answer_start"][0]
+            end_char = start_char + len(answers["text"][0])
+            ctx_start = seq_ids.index(1)
+            ctx_end = len(seq_ids) - 1 - seq_ids[::-1].index(1)
+            if offsets[ctx_start][0] > start_char or offsets[ctx_end][1] < end_char:
+                starts.append(0)
+                ends.append(0)
+                continue
+            s = ctx_start
+            while s <= ctx_end and offsets[s][0] <= start_char:
+                s += 1
+            e = ctx_end
+            while e >= ctx_start and offsets[e][1] >= end_char:
+                e -= 1
+            starts.append(s - 1)
+            ends.append(e + 1)
+        enc["start_positions"] = starts
+        enc["end_positions"] = ends
+        return enc
+
+    return ds.map(encode, batched=True, remove_columns=ds.column_names, desc="SQuAD train features")
+
+
+def squad_eval_features(ds, tokenizer, max_length: int = 384, doc_stride: int = 128):
+    """SQuAD evaluation features: windows keep ``example_id`` and an ``offset_mapping``
+    whose non-context entries are None, so spans can only come from the context."""
+    _check_stride(max_length, doc_stride)
+
+    def encode(batch):
+        questions = [q.lstrip() for q in batch["question"]]
+        enc = tokenizer(
+            questions,
+            batch["context"],
+            truncation="only_second",
+            max_length=max_length,
+            stride=doc_stride,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+        )
+        sample_map = enc.pop("overflow_to_sample_mapping")
+        enc["example_id"] = []
+        for i in range(len(enc["input_ids"])):
+            seq_ids = enc.sequence_ids(i)
+            enc["example_id"].append(batch["id"][sample_map[i]])
+            enc["offset_mapping"][i] = [
+                off if seq_ids[k] == 1 else None for k, off in enumerate(enc["offset_mapping"][i])
+            ]
+        return enc
+
+    return ds.map(encode, batched=True, remove_columns=ds.column_names, desc="SQuAD eval features")
+
+
+def _check_stride(max_length: int, doc_stride: int) -> None:
+    if not 0 < doc_stride < max_length:
+        raise CompressError(
+            f"--doc-stride {doc_stride} must be positive and below --max-length {max_length}"
+        )
+
+
+def iter_batches(items: Iterable[Any], size: int):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

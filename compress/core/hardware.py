@@ -1,0 +1,114 @@
+"""What machine and software a result was produced on (for provenance and latency headers)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+# Instruction-set flags that decide which int8/bf16 kernels a CPU can use.
+INTERESTING_FLAGS = (
+    "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
+    "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp", "sve", "i8mm", "bf16",
+)
+
+PACKAGES = (
+    "torch", "transformers", "tokenizers", "datasets", "accelerate", "optimum", "optimum-onnx",
+    "onnxruntime", "onnx", "neural-compressor-pt", "torch-pruning", "safetensors", "numpy",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> dict:
+    """CPU model, core counts, memory and the relevant instruction-set flags."""
+    name, flags, physical = platform.processor() or platform.machine(), set(), set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        core_key = None
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name":
+                name = value
+            elif key in ("flags", "Features"):
+                flags.update(value.split())
+            elif key == "physical id":
+                core_key = value
+            elif key == "core id":
+                physical.add((core_key, value))
+    logical = os.cpu_count() or 1
+    try:
+        import psutil
+
+        memory_gib = round(psutil.virtual_memory().total / 2**30, 1)
+        physical_count = psutil.cpu_count(logical=False) or len(physical) or logical
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        memory_gib, physical_count = None, len(physical) or logical
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        available = logical
+    return {
+        "cpu": name,
+        "arch": platform.machine(),
+        "logical_cores": logical,
+        "physical_cores": physical_count,
+        "usable_cores": available,
+        "memory_gib": memory_gib,
+        "flags": sorted(f for f in INTERESTING_FLAGS if f in flags),
+    }
+
+
+def gpu_info() -> list[str]:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # pragma: no cover - a broken CUDA install must not stop provenance
+        pass
+    return []
+
+
+def hardware() -> dict:
+    info = dict(cpu_info())
+    info["gpus"] = gpu_info()
+    info["os"] = f"{platform.system()} {platform.release()}"
+    info["python"] = platform.python_version()
+    return info
+
+
+@functools.lru_cache(maxsize=1)
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        versions["compress"] = metadata.version("compress")
+    except metadata.PackageNotFoundError:
+        pass
+    return versions
+
+
+@functools.lru_cache(maxsize=1)
+def git_revision() -> str | None:
+    """The toolkit's git commit (with ``+dirty`` for local changes), when run from a checkout."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (rev + ("+dirty" if dirty else "")) if rev else None

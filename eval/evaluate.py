@@ -1,0 +1,360 @@
+"""Evaluate a model directory on a GLUE task or SQuAD with the official metrics.
+
+``evaluate(model_dir, cfg)`` loads the model and the split, predicts in length-sorted
+batches (less padding, same results), scores with ``eval.metrics`` / ``eval.squad``,
+appends one record per split to the model's ``metrics.json``, writes the predictions,
+and for GLUE test splits the server's submission files.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compress.core.config import option
+from compress.core.errors import CompressError
+from compress.core.tasks import REGRESSION, SPAN, Split, Task, get_task
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    task: str = option("", "task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, ax, squad, squad_v2")
+    split: str = option("dev", "dev, test, train, or an exact split such as dev_mismatched (MNLI)")
+    data_dir: str | None = option(None, "local GLUE root / task folder / folder of SQuAD JSON files (default: the hub)", metavar="DIR")
+    data_file: str | None = option(None, "one csv/tsv/json/jsonl/parquet/SQuAD JSON file holding the split", metavar="FILE")
+    columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping --data-file columns to task fields, e.g. sentence=text,label=stars", metavar="FIELD=COL[,...]")
+    max_examples: int | None = option(None, "evaluate on the first N examples only")
+    batch_size: int = option(32, "sequences per forward pass")
+    max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD)")
+    doc_stride: int = option(128, "SQuAD: overlap between windows of a long context, in tokens")
+    n_best: int = option(20, "SQuAD: start/end candidates considered per window")
+    max_answer_length: int = option(30, "SQuAD: longest answer span, in tokens")
+    null_threshold: float = option(0.0, "SQuAD v2.0: predict no answer when null score - best span score exceeds this")
+    submission: str | None = option(None, "directory for GLUE server files (test split): TSVs + submission.zip", metavar="DIR")
+    predictions: str | None = option(None, "directory for prediction files (default: MODEL/predictions)", metavar="DIR")
+    record: bool = option(True, "append the results to the model's metrics.json")
+    device: str = option("auto", "auto, cpu, cuda, cuda:1, mps")
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise CompressError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise CompressError(f"--max-examples must be at least 1, got {self.max_examples}")
+        for pair in self.columns:
+            if "=" not in pair:
+                raise CompressError(f"--columns expects FIELD=COLUMN pairs, got {pair!r}")
+        if self.columns and not self.data_file:
+            raise CompressError("--columns maps the columns of --data-file; pass --data-file too")
+        if self.data_dir and self.data_file:
+            raise CompressError("pass either --data-dir or --data-file, not both")
+
+
+def default_max_length(task: Task) -> int:
+    return 384 if task.kind == SPAN else 128
+
+
+def resolve_device(name: str):
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CompressError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CompressError(f"device {name} requested but CUDA is not available; use --device cpu")
+    return device
+
+
+def data_source(cfg: EvalConfig):
+    from compress.core.data import DataSource
+
+    columns = tuple(tuple(p.split("=", 1)) for p in cfg.columns)
+    return DataSource(data_dir=cfg.data_dir, data_file=cfg.data_file, columns=columns)
+
+
+# ---------------------------------------------------------------------------- label mapping
+
+
+def output_to_task_labels(config, task: Task) -> list[int]:
+    """For each model output index, the task's label index (mapped through label names).
+
+    A model fine-tuned elsewhere may order MNLI's labels differently; ids are never
+    trusted across sources, names are. Generic names (LABEL_0, ...) mean task order.
+    """
+    if task.kind == REGRESSION:
+        if config.num_labels != 1:
+            raise CompressError(
+                f"the model has {config.num_labels} outputs but {task.display} is a regression task "
+                "(1 output); is this a model for another task?"
+            )
+        return [0]
+    if config.num_labels != task.num_labels:
+        raise CompressError(
+            f"the model has {config.num_labels} outputs but {task.display} has {task.num_labels} labels "
+            f"({', '.join(task.label_names)}); is this a model for another task?"
+        )
+    names = [str(config.id2label.get(i, config.id2label.get(str(i), f"LABEL_{i}"))) for i in range(config.num_labels)]
+    if all(n.startswith("LABEL_") for n in names):
+        return list(range(task.num_labels))
+    lowered = [n.lower() for n in names]
+    task_names = [n.lower() for n in task.label_names]
+    if sorted(lowered) != sorted(task_names):
+        raise CompressError(
+            f"the model's labels ({', '.join(names)}) are not {task.display}'s "
+            f"({', '.join(task.label_names)}); is this a model for another task?"
+        )
+    return [task_names.index(n) for n in lowered]
+
+
+# ---------------------------------------------------------------------------- prediction
+
+
+PER_TOKEN = {"start_logits", "end_logits"}
+
+
+def predict(model, features, collator, batch_size: int, device, outputs: tuple[str, ...] = ("logits",), desc="predicting"):
+    """Run ``model`` over tokenised ``features`` in length-sorted batches.
+
+    Returns one list per name in ``outputs``, in the original feature order; each item
+    is a 1-D numpy array (a feature's logits, or its per-token start/end logits).
+    """
+    import numpy as np
+    import torch
+    from tqdm.auto import tqdm
+
+    model_inputs = {"input_ids", "attention_mask", "token_type_ids"}
+    columns = [c for c in features.column_names if c in model_inputs]
+    lengths = np.array([len(x) for x in features["input_ids"]])
+    order = np.argsort(-lengths, kind="stable")  # longest first: memory peaks early
+    rows = features.select_columns(columns)
+    results = {name: [None] * len(features) for name in outputs}
+    model.to(device)
+    model.eval()
+    with torch.inference_mode():
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", leave=False):
+            index = order[start : start + batch_size]
+            batch = collator([rows[int(i)] for i in index])
+            batch = {k: v.to(device) for k, v in batch.items() if k in model_inputs}
+            out = model(**batch)
+            for name in outputs:
+                values = getattr(out, name).float().cpu().numpy()  # (batch, labels) or (batch, seq)
+                for j, i in enumerate(index):
+                    row = values[j]
+                    # Per-token outputs are cut back to the feature's own (unpadded) length.
+                    results[name][int(i)] = row[: lengths[int(i)]] if name in PER_TOKEN else row
+    return [results[name] for name in outputs]
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
+    """Evaluate ``model_dir`` on ``cfg.task``; one result record per split evaluated."""
+    from compress.core.artifacts import append_metrics, load_model, load_tokenizer, require_model_dir
+    from compress.core.data import check_max_length
+
+    model_dir = require_model_dir(model_dir)
+    task = get_task(cfg.task) if cfg.task else None
+    if task is None:
+        raise CompressError("no task given; pass --task, e.g. --task sst2")
+    splits = task.resolve_splits(cfg.split)
+    if cfg.submission and any(s.submission_file is None for s in splits):
+        raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
+    head = "question-answering" if task.kind == SPAN else "sequence-classification"
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, head=head)
+    check_vocab(tokenizer, model.config, model_dir)
+    if task.kind != SPAN:
+        output_to_task_labels(model.config, task)  # fail before loading any data
+    max_length = cfg.max_length or min(default_max_length(task), model.config.max_position_embeddings)
+    check_max_length(max_length, model.config.max_position_embeddings)
+    device = resolve_device(cfg.device)
+
+    records = []
+    for split in splits:
+        if task.kind == SPAN:
+            record = _evaluate_squad(model, tokenizer, task, split, cfg, max_length, device, model_dir)
+        else:
+            record = _evaluate_glue(model, tokenizer, task, split, cfg, max_length, device, model_dir)
+        if cfg.record and record.get("metrics"):
+            append_metrics(model_dir, record)
+        records.append(record)
+    if cfg.submission and task.name == "mnli" and any(s.name.startswith("test") for s in splits):
+        # The GLUE server scores AX (the diagnostic set) with the MNLI model's predictions.
+        records.append(_ax_from_mnli(model, tokenizer, cfg, max_length, device, model_dir))
+    return records
+
+
+def check_vocab(tokenizer, config, model_dir) -> None:
+    if len(tokenizer) > config.vocab_size:
+        raise CompressError(
+            f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the model's embedding has "
+            f"{config.vocab_size}; the tokenizer belongs to another model"
+        )
+
+
+def _ax_from_mnli(model, tokenizer, cfg, max_length, device, model_dir) -> dict[str, Any]:
+    ax = get_task("ax")
+    try:
+        return _evaluate_glue(model, tokenizer, ax, ax.split("test"), cfg, max_length, device, model_dir)
+    except CompressError as err:
+        return {"kind": "eval", "task": "ax", "split": "test", "skipped": str(err)}
+
+
+def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
+    import numpy as np
+
+    from compress.core.data import collate, load_split, tokenize_classification
+    from eval.metrics import glue_metrics
+
+    ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
+    features = tokenize_classification(ds, task, tokenizer, max_length)
+    mapping = output_to_task_labels(model.config, task)
+    (logits,) = predict(model, features, collate(tokenizer), cfg.batch_size, device, desc=f"{task.display} {split.name}")
+    logits = np.stack(logits)  # (n, num_labels)
+    if task.kind == REGRESSION:
+        preds = logits[:, 0]
+    else:
+        # Reorder the model's outputs into the task's label order, then argmax.
+        task_logits = np.empty_like(logits)
+        task_logits[:, mapping] = logits
+        preds = task_logits.argmax(axis=1)
+    labels = np.array(ds["label"])
+    record: dict[str, Any] = {
+        "kind": "eval",
+        "task": task.name,
+        "split": split.name,
+        "n": len(ds),
+        "data": data_source(cfg).description,
+        "max_length": max_length,
+    }
+    if (labels != -1).all():
+        record["metrics"] = glue_metrics(task, preds, labels)
+    elif split.labelled:
+        raise CompressError(f"{task.display} {split.name} has examples without labels; check the data file")
+    out = Path(cfg.predictions) if cfg.predictions else Path(model_dir) / "predictions"
+    record["predictions"] = str(write_glue_predictions(out, task, split, ds["idx"], preds))
+    if cfg.submission and split.submission_file:
+        record["submission"] = str(write_submission(Path(cfg.submission), task, split, ds["idx"], preds))
+    return record
+
+
+def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
+    import numpy as np
+
+    from compress.core.data import collate, load_split, squad_eval_features
+    from eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
+
+    ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
+    features = squad_eval_features(ds, tokenizer, max_length, cfg.doc_stride)
+    starts, ends = predict(
+        model, features.remove_columns(["offset_mapping", "example_id"]), collate(tokenizer),
+        cfg.batch_size, device, outputs=("start_logits", "end_logits"), desc=f"{task.display} {split.name}",
+    )
+    width = max(len(s) for s in starts)
+    start_logits = np.full((len(starts), width), -1e4, dtype=np.float32)  # (n_features, seq_len)
+    end_logits = np.full_like(start_logits, -1e4)
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        start_logits[i, : len(s)] = s
+        end_logits[i, : len(e)] = e
+    version_2 = task.name == "squad_v2"
+    preds, null_odds = postprocess_predictions(
+        ds, features, start_logits, end_logits, version_2=version_2, n_best=cfg.n_best,
+        max_answer_length=cfg.max_answer_length, null_threshold=cfg.null_threshold,
+    )
+    if version_2:
+        metrics = squad_v2_scores(ds, preds, na_probs=null_odds)
+    else:
+        metrics = squad_v1_scores(ds, preds)
+    out = Path(cfg.predictions) if cfg.predictions else Path(model_dir) / "predictions"
+    out.mkdir(parents=True, exist_ok=True)
+    pred_file = out / f"{task.name}_{split.name}.json"
+    write_predictions(pred_file, preds)
+    record = {
+        "kind": "eval",
+        "task": task.name,
+        "split": split.name,
+        "n": len(ds),
+        "n_features": len(features),
+        "data": data_source(cfg).description,
+        "max_length": max_length,
+        "doc_stride": cfg.doc_stride,
+        "metrics": {k: v for k, v in metrics.items() if k in task.metrics or k in ("total", "missing")},
+        "predictions": str(pred_file),
+    }
+    if version_2:
+        odds_file = out / f"{task.name}_{split.name}_null_odds.json"
+        write_null_odds(odds_file, null_odds)
+        record["null_odds"] = str(odds_file)
+    return record
+
+
+# ---------------------------------------------------------------------------- output files
+
+
+def format_prediction(task: Task, value) -> str:
+    """One prediction as the GLUE server wants it: 0/1, a label name, or a %.3f score."""
+    if task.kind == REGRESSION:
+        lo, hi = task.label_range or (float("-inf"), float("inf"))
+        return f"{min(max(float(value), lo), hi):.3f}"
+    if task.submission_labels == "names":
+        return task.label_names[int(value)]
+    return str(int(value))
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def write_glue_predictions(out: Path, task: Task, split: Split, idx, preds) -> Path:
+    lines = ["index\tprediction"] + [f"{int(i)}\t{format_prediction(task, p)}" for i, p in zip(idx, preds)]
+    path = out / f"{task.name}_{split.name}.tsv"
+    _write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+SUBMISSION_FILES = (
+    "AX.tsv", "CoLA.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "MRPC.tsv", "QNLI.tsv",
+    "QQP.tsv", "RTE.tsv", "SST-2.tsv", "STS-B.tsv", "WNLI.tsv",
+)
+
+
+def write_submission(out: Path, task: Task, split: Split, idx, preds) -> Path:
+    """Write ``out/<TASK>.tsv`` (``index\\tprediction``) and rebuild ``out/submission.zip``.
+
+    Run ``compress eval --split test --submission OUT`` once per task with the same OUT;
+    the zip always holds every TSV written so far, flat, as the GLUE server expects.
+    """
+    lines = ["index\tprediction"] + [f"{int(i)}\t{format_prediction(task, p)}" for i, p in zip(idx, preds)]
+    path = out / split.submission_file
+    _write_text_atomic(path, "\n".join(lines) + "\n")
+    build_submission_zip(out)
+    return path
+
+
+def build_submission_zip(out: Path) -> Path:
+    zip_path = out / "submission.zip"
+    fd, tmp = tempfile.mkstemp(prefix=".submission.", suffix=".zip", dir=out)
+    os.close(fd)
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in SUBMISSION_FILES:
+            if (out / name).is_file():
+                zf.write(out / name, arcname=name)
+    os.replace(tmp, zip_path)
+    return zip_path
+
+
+def missing_submission_files(out: Path) -> list[str]:
+    return [name for name in SUBMISSION_FILES if not (Path(out) / name).is_file()]

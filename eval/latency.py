@@ -1,0 +1,568 @@
+"""CPU latency of model directories, each timed in its own process, against a measured GEMM peak.
+
+``measure_latency(model_dirs, cfg)`` times every model at every (batch, seq) of the grid
+and returns a report dict; ``format_markdown(report)`` renders it as one table and
+``write_report(report, out_dir)`` writes ``latency.json`` + ``latency.md``.
+
+Why one process per model: thread pools (torch's OpenMP pool, ONNX Runtime's own pool)
+persist for the life of a process and fight each other on a 2-core machine, and a
+model's allocations and caches would warm the next model's run. So the parent never
+times anything; it spawns ``python -m eval.latency --worker`` once for the GEMM peak
+and once per model, with the thread count fixed in the environment before torch is
+imported, and reads JSON lines back on the worker's stdout:
+
+    parent --(job JSON on stdin)--> worker
+    worker --{"point": {...}}-----> parent   one per (batch, seq), for the progress bar
+    worker --{"done": {...}}------> parent   or {"error": "one line"} for a CompressError
+
+A latency backend (``BACKENDS``) loads one model directory into a :class:`Session`
+whose ``run(batch, seq)`` returns the seconds of each timed forward pass; only ``torch``
+(fp32) exists so far, and ONNX Runtime / int8 / bf16 backends plug in the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from compress.core.config import option
+from compress.core.errors import CompressError
+from compress.core.registry import Registry
+
+REPORT_JSON = "latency.json"
+REPORT_MD = "latency.md"
+
+# File names that hold weights, for the size column (config and tokenizer files are noise).
+WEIGHT_SUFFIXES = (".safetensors", ".onnx", ".onnx_data", ".onnx.data", ".bin")
+
+# Square fp32 matmuls for the GEMM peak: big enough to be compute-bound on a CPU,
+# small enough to take about a second on 2 cores. 2*n^3 FLOPs per matmul.
+PEAK_SIZES = (1024, 2048)
+PEAK_WARMUP = 2
+# The best of at least this many products and this many seconds per size: noise from
+# other processes only ever slows a product down, so the best is the peak.
+PEAK_REPEATS = 5
+PEAK_SECONDS = 0.5
+
+# Seed for the random token ids, so every model sees the same inputs.
+INPUT_SEED = 0
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    batch: tuple[int, ...] = option((1,), "batch sizes to time", metavar="N[,...]")
+    seq: tuple[int, ...] = option((128,), "sequence lengths (tokens) to time", metavar="N[,...]")
+    warmup: int = option(5, "untimed forward passes before timing each (batch, seq)")
+    repeats: int = option(30, "timed forward passes per (batch, seq)")
+    min_seconds: float = option(0.0, "keep repeating until the timed passes add up to at least this long")
+    threads: int | None = option(None, "intra-op threads (default: usable physical cores)")
+    backend: str = option("torch", "latency backend: torch (fp32)")
+    peak: bool = option(True, "also measure the fp32 GEMM peak and report each model's % of it")
+    record: bool = option(True, "append the results to each model's metrics.json")
+    out: str | None = option(None, "directory for latency.json and latency.md", metavar="DIR")
+
+    def validate(self) -> None:
+        for name in ("batch", "seq"):
+            values = getattr(self, name)
+            if not values:
+                raise CompressError(f"--{name} needs at least one value, e.g. --{name} 1,8")
+            if min(values) < 1:
+                raise CompressError(f"--{name} values must be at least 1, got {min(values)}")
+        if self.warmup < 0:
+            raise CompressError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.repeats < 1:
+            raise CompressError(f"--repeats must be at least 1, got {self.repeats}")
+        if self.min_seconds < 0:
+            raise CompressError(f"--min-seconds must be 0 or more, got {self.min_seconds}")
+        if self.threads is not None and self.threads < 1:
+            raise CompressError(f"--threads must be at least 1, got {self.threads}")
+        BACKENDS.get(self.backend)  # unknown names list the valid ones
+
+    def grid(self) -> list[tuple[int, int]]:
+        """Every (batch, seq) to time, in a stable order."""
+        return [(b, s) for b in self.batch for s in self.seq]
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+@dataclass
+class Session:
+    """One model loaded by a backend, ready to be timed at any (batch, seq)."""
+
+    run: Callable[[int, int], list[float]]  # (batch, seq) -> seconds of each timed forward
+    params: int  # distinct parameters
+    structure: dict[str, Any]  # compress.core.structure dict, for the FLOP count
+    max_positions: int  # longest sequence the model accepts
+
+
+# A backend: (model_dir, cfg) -> Session, called inside a worker process after the
+# thread count is fixed; it may import its runtime (torch, onnxruntime) freely.
+BACKENDS: Registry[Callable[[Path, LatencyConfig], Session]] = Registry("latency backend")
+
+
+@BACKENDS.register("torch")
+def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
+    """PyTorch eager fp32 with the directory's saved head, under ``torch.inference_mode``."""
+    import torch
+
+    from compress.core.artifacts import load_model
+    from compress.core.structure import count_parameters, describe
+
+    model = load_model(model_dir)  # eval mode, fp32, pruned shapes rebuilt
+    config = model.config
+
+    def run(batch: int, seq: int) -> list[float]:
+        ids = random_input_ids(config.vocab_size, batch, seq)
+        inputs = {
+            "input_ids": torch.from_numpy(ids),  # (batch, seq) int64
+            "token_type_ids": torch.zeros(batch, seq, dtype=torch.long),
+            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        }
+        with torch.inference_mode():
+            return time_calls(lambda: model(**inputs), cfg)
+
+    return Session(run, count_parameters(model), describe(model), config.max_position_embeddings)
+
+
+def random_input_ids(vocab_size: int, batch: int, seq: int):
+    """Token ids in [1, vocab) of shape (batch, seq), int64; 0 is [PAD] in BERT vocabularies."""
+    import numpy as np
+
+    rng = np.random.default_rng(INPUT_SEED)
+    return rng.integers(1, max(vocab_size, 2), size=(batch, seq), dtype=np.int64)
+
+
+def time_calls(fn: Callable[[], Any], cfg: LatencyConfig) -> list[float]:
+    """Seconds of each timed call of ``fn``, after ``cfg.warmup`` untimed ones."""
+    for _ in range(cfg.warmup):
+        fn()
+    times: list[float] = []
+    # At least `repeats` calls, and more while they add up to less than min_seconds.
+    while len(times) < cfg.repeats or sum(times) < cfg.min_seconds:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+# ---------------------------------------------------------------------------- small helpers
+
+
+def size_on_disk(model_dir: Path | str) -> int:
+    """Bytes of the weight files (safetensors, ONNX and its external data, .bin) in a directory."""
+    return sum(
+        p.stat().st_size
+        for p in Path(model_dir).iterdir()
+        if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)
+    )
+
+
+def default_threads() -> int:
+    """Usable physical cores: hyper-threads only slow dense matmuls down."""
+    from compress.core.hardware import cpu_info
+
+    info = cpu_info()
+    return max(1, min(info["physical_cores"], info["usable_cores"]))
+
+
+def check_seq(seqs: tuple[int, ...], max_positions: int, model_dir: Path | str) -> None:
+    """Refuse sequence lengths the model's position embeddings cannot cover."""
+    too_long = max(seqs)
+    if too_long > max_positions:
+        raise CompressError(
+            f"--seq {too_long} is longer than {model_dir}'s max_position_embeddings ({max_positions}); "
+            f"use --seq {max_positions} or less"
+        )
+
+
+def percentile_stats(seconds: list[float]) -> dict[str, float]:
+    """p50 / p90 / p99 / mean of the timed passes, in milliseconds."""
+    import numpy as np
+
+    ms = np.asarray(seconds, dtype=np.float64) * 1e3
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"p50_ms": float(p50), "p90_ms": float(p90), "p99_ms": float(p99), "mean_ms": float(ms.mean())}
+
+
+def display_names(model_dirs: list[Path]) -> list[str]:
+    """Directory names, with the parent folder added where two would otherwise collide."""
+    names = [p.name for p in model_dirs]
+    return [
+        f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name
+        for p in model_dirs
+    ]
+
+
+# ---------------------------------------------------------------------------- the parent side
+
+
+def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[str, Any]:
+    """Time every model at every (batch, seq) of ``cfg``, each in its own process; the report.
+
+    Also appends each model's rows to its ``metrics.json`` (``cfg.record``) and writes
+    ``latency.json`` + ``latency.md`` to ``cfg.out`` when set.
+    """
+    from compress.core.artifacts import utc_now
+    from compress.core.hardware import hardware, package_versions
+
+    cfg.validate()
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if not model_dirs:
+        raise CompressError("no model directory given; pass at least one --model DIR")
+    paths = [Path(p) for p in model_dirs]
+    for path in paths:
+        precheck(path, cfg)  # every cheap failure before minutes of timing
+    if cfg.out and Path(cfg.out).exists() and not Path(cfg.out).is_dir():
+        raise CompressError(f"--out {cfg.out} exists and is not a directory; choose another --out")
+    threads = cfg.threads or default_threads()
+    names = display_names(paths)
+
+    peak, results = run_all(paths, names, cfg, threads)
+    report = {
+        "kind": "latency",
+        "when": utc_now(),
+        "hardware": hardware(),
+        "packages": package_versions(),
+        "threads": threads,
+        "backend": cfg.backend,
+        "load_avg_1min": load_before,  # near 0 when idle; higher means shared cores
+        "peak_gflops": peak,
+        "peak_sizes": list(PEAK_SIZES) if cfg.peak else None,
+        "config": {**dataclasses.asdict(cfg), "threads": threads},
+        "rows": build_rows(paths, names, results, cfg, peak),
+    }
+    if cfg.record:
+        record_metrics(report, paths)
+    if cfg.out:
+        write_report(report, cfg.out)
+    return report
+
+
+def run_all(
+    paths: list[Path], names: list[str], cfg: LatencyConfig, threads: int
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """The GEMM peak (or None) and each model's worker result, one process after another."""
+    from tqdm import tqdm
+
+    total = len(paths) * len(cfg.grid()) + (1 if cfg.peak else 0)
+    peak, results = None, []
+    # The bar is on stderr (hidden when not a terminal); one line per model is always written.
+    with tqdm(total=total, desc="latency", unit="point", file=sys.stderr, disable=None) as bar:
+        if cfg.peak:
+            peak = run_worker({"mode": "peak", "sizes": list(PEAK_SIZES)}, threads, "GEMM peak", bar)["gflops"]
+            bar.write(f"GEMM peak: {peak:.1f} GFLOP/s fp32 on {threads} threads", file=sys.stderr)
+        for path, name in zip(paths, names):
+            job = {"mode": "model", "model": str(path), "config": worker_config(cfg, threads)}
+            results.append(run_worker(job, threads, name, bar))
+            first = results[-1]["points"][0]
+            p50 = percentile_stats(first["seconds"])["p50_ms"]
+            bar.write(f"{name}: p50 {p50:.2f} ms at batch {first['batch']} seq {first['seq']}", file=sys.stderr)
+    return peak, results
+
+
+def precheck(path: Path, cfg: LatencyConfig) -> None:
+    """Fail before spawning anything on a missing directory or a too-long sequence."""
+    from compress.core.artifacts import load_config, require_model_dir
+
+    require_model_dir(path)
+    config = load_config(path)  # config.json only: no torch, no weights
+    check_seq(cfg.seq, config.max_position_embeddings, path)
+
+
+def worker_config(cfg: LatencyConfig, threads: int) -> dict[str, Any]:
+    """The config as JSON for a worker, with the thread count resolved."""
+    return {**dataclasses.asdict(cfg), "threads": threads, "out": None}
+
+
+def build_rows(
+    paths: list[Path], names: list[str], results: list[dict[str, Any]], cfg: LatencyConfig, peak: float | None
+) -> list[dict[str, Any]]:
+    """One row per model x (batch, seq), with the speed-up against the first model's p50."""
+    rows = []
+    for path, name, result in zip(paths, names, results):
+        size_mb = size_on_disk(path) / 1e6
+        for point in result["points"]:
+            batch, seq = point["batch"], point["seq"]
+            stats = percentile_stats(point["seconds"])
+            p50_s = stats["p50_ms"] / 1e3
+            flops = result["flops"][str(seq)]  # per sequence, whole encoder
+            achieved = flops * batch / p50_s / 1e9
+            rows.append({
+                "model": str(path),
+                "name": name,
+                "backend": cfg.backend,
+                "batch": batch,
+                "seq": seq,
+                **stats,
+                "throughput": batch / p50_s,  # sequences per second at the median
+                "params": result["params"],
+                "size_mb": size_mb,
+                "gflops_per_seq": flops / 1e9,
+                "achieved_gflops": achieved,
+                "pct_peak": 100.0 * achieved / peak if peak else None,
+            })
+    first = {(r["batch"], r["seq"]): r["p50_ms"] for r in rows[: len(results[0]["points"])]}
+    for row in rows:
+        # > 1 means faster than the first model at the same (batch, seq).
+        row["speedup"] = first[(row["batch"], row["seq"])] / row["p50_ms"]
+    return rows
+
+
+def record_metrics(report: dict[str, Any], paths: list[Path]) -> None:
+    """Append each model's own rows (a compact record) to its ``metrics.json``."""
+    from compress.core.artifacts import append_metrics
+
+    cpu = report["hardware"]
+    for path in dict.fromkeys(paths):  # a model listed twice is recorded once
+        rows = [
+            {k: v for k, v in row.items() if k not in ("model", "name")}
+            for row in report["rows"]
+            if row["model"] == str(path)
+        ]
+        append_metrics(path, {
+            "kind": "latency",
+            "backend": report["backend"],
+            "threads": report["threads"],
+            "rows": rows,
+            "speedup_vs": report["rows"][0]["model"],
+            "peak_gflops": report["peak_gflops"],
+            "hardware": {"cpu": cpu["cpu"], "physical_cores": cpu["physical_cores"], "flags": cpu["flags"]},
+            "when": report["when"],
+        })
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """The environment of a worker: thread counts fixed before torch loads, this checkout importable."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(threads)
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    root = str(Path(__file__).resolve().parents[1])  # so the worker runs this very code
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_worker(job: dict[str, Any], threads: int, label: str, bar=None) -> dict[str, Any]:
+    """Run one worker process on ``job``; its ``done`` payload, or a CompressError with its message."""
+    job = {**job, "threads": threads}
+    cmd = [sys.executable, "-m", "eval.latency", "--worker"]
+    # stderr goes to a file, not a pipe: a chatty worker must not block on a full pipe.
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            text=True, env=worker_env(threads),
+        )
+        try:
+            proc.stdin.write(json.dumps(job))
+            proc.stdin.close()
+            done, error = None, None
+            for line in proc.stdout:
+                message = _parse_line(line)
+                if "point" in message and bar is not None:
+                    bar.update(1)
+                done = message.get("done", done)
+                error = message.get("error", error)
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:  # interrupted: do not leave our worker running
+                proc.kill()
+                proc.wait()
+        if bar is not None and "gflops" in (done or {}):
+            bar.update(1)
+        if error:
+            raise CompressError(error)
+        if code != 0 or done is None:
+            err.seek(0)
+            raise CompressError(f"the latency worker for {label} failed ({_exit_reason(code)}): {_last_line(err.read())}")
+    return done
+
+
+def _parse_line(line: str) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except json.JSONDecodeError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def _exit_reason(code: int) -> str:
+    if code == -9:
+        return "killed by signal 9, often out of memory; try a smaller --batch or --seq"
+    if code < 0:
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no error output"
+
+
+# ---------------------------------------------------------------------------- reports
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: a header naming the machine and settings, then one table."""
+    lines = [f"# Latency ({report['backend']})", "", *_header(report), "", *TABLE_HEAD]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['name']} | {r['batch']} | {r['seq']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
+            f"{r['p99_ms']:.2f} | {r['throughput']:.1f} | {r['params'] / 1e6:.2f} | {r['size_mb']:.1f} | "
+            f"{r['gflops_per_seq']:.4g} | {r['achieved_gflops']:.1f} | {_fmt(r['pct_peak'], '.0f')} | "
+            f"{r['speedup']:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+TABLE_HEAD = (
+    "| model | batch | seq | p50 ms | p90 ms | p99 ms | seq/s | params (M) | size (MB) "
+    "| GFLOPs/seq | GFLOP/s | % peak | speed-up vs first |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+)
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    """Bullet lines: machine, threads, versions, date, GEMM peak and how to read the table."""
+    hw, cfg, packages = report["hardware"], report.get("config", {}), report["packages"]
+    peak, sizes = report.get("peak_gflops"), ", ".join(map(str, report.get("peak_sizes") or ()))
+    lines = [
+        f"- CPU: {hw.get('cpu')} ({hw.get('arch')}), {hw.get('physical_cores')} physical / "
+        f"{hw.get('logical_cores')} logical cores, {hw.get('usable_cores')} usable",
+        f"- flags: {', '.join(hw.get('flags', [])) or 'none of interest'}",
+        f"- threads: {report['threads']} intra-op, 1 inter-op; one process per model",
+        f"- torch {packages.get('torch', '?')}, transformers {packages.get('transformers', '?')}; {report['when']}",
+        f"- fp32 GEMM peak: {_fmt(peak, '.1f')} GFLOP/s" + (f" (best torch.mm, square n = {sizes})" if peak else ""),
+        f"- {cfg.get('warmup', '?')} warm-up + {cfg.get('repeats', '?')} timed passes per point, random token ids; "
+        "GFLOPs = encoder matmuls only; speed-up vs first = first model's p50 / this p50",
+    ]
+    if report.get("load_avg_1min") is not None:
+        lines.append(f"- 1-minute load average before the run: {report['load_avg_1min']:.2f} on {hw.get('usable_cores')} cores")
+    if any((r["pct_peak"] or 0) > 100 for r in report["rows"]):
+        lines.append(
+            "- note: some rows exceed the measured GEMM peak, so the peak run was slowed "
+            "(another busy process?); re-run on an idle machine"
+        )
+    return lines
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write ``latency.json`` and ``latency.md`` into ``out_dir`` (each atomically); the directory."""
+    from compress.core.artifacts import write_json_atomic
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CompressError(f"--out {out} exists and is not a directory; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / REPORT_JSON, report)
+    fd, tmp = tempfile.mkstemp(prefix=f".{REPORT_MD}.", suffix=".tmp", dir=out)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(format_markdown(report))
+        os.replace(tmp, out / REPORT_MD)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+# ---------------------------------------------------------------------------- the worker side
+
+
+def worker_main(stdin, proto) -> int:
+    """Run one job read from ``stdin``; write JSON lines to ``proto``; the exit status."""
+    def emit(message: dict[str, Any]) -> None:
+        proto.write(json.dumps(message) + "\n")
+        proto.flush()
+
+    try:
+        job = json.loads(stdin.read())
+        set_threads(int(job["threads"]))
+        if job["mode"] == "peak":
+            emit({"done": {"gflops": gemm_peak(tuple(job["sizes"]))}})
+        else:
+            emit({"done": time_model(Path(job["model"]), job["config"], emit)})
+    except CompressError as err:
+        emit({"error": str(err)})
+        return 2
+    return 0
+
+
+def set_threads(threads: int) -> None:
+    """Fix the thread counts: env vars first (read when torch loads), then torch's own setters."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)  # one forward at a time: no inter-op parallelism
+    except RuntimeError:  # already set (only possible when torch was used before)
+        pass
+
+
+def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
+    """Load one model with the configured backend and time it at every grid point."""
+    from compress.core.config import from_dict
+    from compress.core.structure import flops_per_sequence
+
+    cfg = from_dict(LatencyConfig, config, "latency job")
+    session = BACKENDS.get(cfg.backend)(model_dir, cfg)
+    check_seq(cfg.seq, session.max_positions, model_dir)
+    points = []
+    for batch, seq in cfg.grid():
+        point = {"batch": batch, "seq": seq, "seconds": session.run(batch, seq)}
+        points.append(point)
+        emit({"point": {"batch": batch, "seq": seq}})
+    return {
+        "points": points,
+        "params": session.params,
+        # JSON keys are strings; FLOPs per sequence of the whole encoder.
+        "flops": {str(s): flops_per_sequence(session.structure, s) for s in cfg.seq},
+    }
+
+
+def gemm_peak(sizes: tuple[int, ...]) -> float:
+    """Best fp32 ``torch.mm`` GFLOP/s over square sizes ``sizes`` (2*n^3 FLOPs per product)."""
+    import torch
+
+    best = 0.0
+    gen = torch.Generator().manual_seed(0)
+    for n in sizes:
+        a = torch.randn(n, n, generator=gen)  # (n, n) fp32
+        b = torch.randn(n, n, generator=gen)
+        for _ in range(PEAK_WARMUP):
+            torch.mm(a, b)
+        spent, repeats = 0.0, 0
+        while repeats < PEAK_REPEATS or spent < PEAK_SECONDS:
+            start = time.perf_counter()
+            torch.mm(a, b)
+            seconds = time.perf_counter() - start
+            best, spent, repeats = max(best, 2 * n**3 / seconds / 1e9), spent + seconds, repeats + 1
+    return best
+
+
+def _worker_entry() -> int:
+    # The protocol owns the real stdout; anything a library prints (even from C) goes to stderr.
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return worker_main(sys.stdin, proto)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--worker"]:
+        sys.exit("eval.latency is internal (python -m eval.latency --worker reads a job on stdin); use `compress latency`")
+    sys.exit(_worker_entry())

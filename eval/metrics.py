@@ -1,0 +1,139 @@
+"""GLUE's official metrics, computed locally (scikit-learn / scipy, never a download).
+
+Every number is in percent (x100), as papers print GLUE tables. The metric names are
+the ones in ``Task.metrics``: accuracy, f1 (binary, positive class 1, as MRPC/QQP),
+matthews_correlation (CoLA, AX), pearson and spearmanr (STS-B).
+
+scikit-learn and scipy are imported inside the functions: the CLI imports modules
+lazily and ``compress --help`` should not pay for them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Union
+
+import numpy as np
+
+from compress.core.errors import CompressError
+from compress.core.tasks import REGRESSION, SPAN, Task, get_task
+
+ArrayLike = Union[Sequence[float], np.ndarray]
+
+UNLABELLED = -1  # the hub's GLUE test splits carry label -1
+
+
+def accuracy(predictions: ArrayLike, references: ArrayLike) -> float:
+    """Share of exact matches between predicted and gold class indices, in percent."""
+    preds, refs = np.asarray(predictions), np.asarray(references)
+    return float(np.mean(preds == refs) * 100.0)
+
+
+def f1_binary(predictions: ArrayLike, references: ArrayLike) -> float:
+    """F1 of the positive class (index 1), as GLUE reports for MRPC and QQP, in percent."""
+    from sklearn.metrics import f1_score
+
+    # zero_division=0: no predicted and no gold positives is 0, not a warning.
+    return float(
+        f1_score(references, predictions, pos_label=1, average="binary", zero_division=0.0) * 100.0
+    )
+
+
+def matthews(predictions: ArrayLike, references: ArrayLike) -> float:
+    """Matthews correlation coefficient (CoLA, AX; multi-class for AX), in percent.
+
+    A constant predictor has an undefined coefficient; scikit-learn returns 0.
+    """
+    from sklearn.metrics import matthews_corrcoef
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # 0/0 on degenerate input
+        return _finite(matthews_corrcoef(references, predictions) * 100.0)
+
+
+def pearson(predictions: ArrayLike, references: ArrayLike) -> float:
+    """Pearson correlation (STS-B), in percent; 0.0 when either side is constant."""
+    from scipy.stats import pearsonr
+
+    return _correlation(pearsonr, predictions, references)
+
+
+def spearman(predictions: ArrayLike, references: ArrayLike) -> float:
+    """Spearman rank correlation (STS-B), in percent; 0.0 when either side is constant."""
+    from scipy.stats import spearmanr
+
+    return _correlation(spearmanr, predictions, references)
+
+
+METRICS: dict[str, Callable[[ArrayLike, ArrayLike], float]] = {
+    "accuracy": accuracy,
+    "f1": f1_binary,
+    "matthews_correlation": matthews,
+    "pearson": pearson,
+    "spearmanr": spearman,
+}
+
+
+def glue_metrics(task: Task | str, predictions: ArrayLike, references: ArrayLike) -> dict[str, float]:
+    """The official GLUE metrics of ``task`` (exactly ``task.metrics``), in percent, plus ``n``.
+
+    Classification tasks take class indices, STS-B takes floats. Gold labels of -1
+    mean an unlabelled (test) split, which cannot be scored locally.
+    """
+    task = get_task(task) if isinstance(task, str) else task
+    if task.kind == SPAN:
+        raise CompressError(f"{task.display} is a span task: score it with eval.squad, not glue_metrics")
+    preds, refs = _check_inputs(task, predictions, references)
+    out: dict[str, float] = {name: METRICS[name](preds, refs) for name in task.metrics}
+    out["n"] = int(len(refs))
+    return out
+
+
+def _check_inputs(task: Task, predictions: ArrayLike, references: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """1-D arrays of predictions and labelled references, or a one-line error."""
+    dtype = float if task.kind == REGRESSION else int
+    preds = _vector(predictions, dtype, task, "predictions")
+    refs = _vector(references, dtype, task, "references")
+    if len(preds) != len(refs):
+        raise CompressError(
+            f"{task.display}: {len(preds)} predictions but {len(refs)} references; they must align row by row"
+        )
+    if len(refs) == 0:
+        raise CompressError(f"{task.display}: nothing to score (0 examples)")
+    unlabelled = int(np.sum(refs == UNLABELLED))
+    if unlabelled:
+        raise CompressError(
+            f"{task.display}: {unlabelled} of {len(refs)} references are -1: this split has no labels "
+            f"(a test split); evaluate on dev, or write a GLUE server submission for test"
+        )
+    return preds, refs
+
+
+def _vector(values: ArrayLike, dtype: type, task: Task, what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]  # (n, 1) regression head output
+    if arr.ndim != 1:
+        raise CompressError(
+            f"{task.display}: {what} must be one value per example, got shape {arr.shape}"
+            + (" (take the argmax of the logits)" if dtype is int else "")
+        )
+    return arr.astype(dtype)
+
+
+def _correlation(fn: Callable, predictions: ArrayLike, references: ArrayLike) -> float:
+    """``fn``'s coefficient in percent; constant or too-short input gives 0.0, silently."""
+    x = np.asarray(predictions, dtype=float)
+    y = np.asarray(references, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return 0.0  # undefined; scipy would warn (ConstantInputWarning) and return nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # near-constant input can still warn
+        return _finite(fn(x, y)[0] * 100.0)
+
+
+def _finite(value: float) -> float:
+    value = float(value)
+    return value if math.isfinite(value) else 0.0

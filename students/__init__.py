@@ -1,0 +1,1 @@
+"""Student shapes and their initialisation from a teacher."""

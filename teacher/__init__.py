@@ -1,0 +1,1 @@
+"""Teacher stage: model presets, WordPiece training, MLM+NSP pretraining and task fine-tuning."""

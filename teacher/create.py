@@ -1,0 +1,77 @@
+"""Create a randomly initialised BERT of a given shape as a model directory.
+
+The starting point of pretraining, and the "BERT-base shape" speed reference that
+latency reports compare against.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compress.core.errors import CompressError
+from compress.core.structure import Shape, make_config
+
+
+def load_any_tokenizer(source: str | Path):
+    """A fast tokenizer from a model directory, a tokenizer folder, or a ``vocab.txt`` file."""
+    from transformers import BertTokenizerFast
+
+    from compress.core.artifacts import load_tokenizer
+
+    source = Path(source)
+    if source.is_file():
+        if source.suffix == ".json":
+            return BertTokenizerFast(tokenizer_file=str(source))
+        return BertTokenizerFast(vocab_file=str(source))
+    if source.is_dir() and (source / "config.json").is_file():
+        return load_tokenizer(source)
+    if source.is_dir() and ((source / "tokenizer.json").is_file() or (source / "vocab.txt").is_file()):
+        return BertTokenizerFast.from_pretrained(source, local_files_only=True)
+    raise CompressError(f"no tokenizer at {source}: pass a model directory, a tokenizer folder or a vocab.txt file")
+
+
+def create_model(
+    shape: Shape,
+    out: str | Path,
+    *,
+    tokenizer: str | Path,
+    task: str | None = None,
+    head: str | None = None,
+    seed: int = 0,
+    max_positions: int = 512,
+    overwrite: bool = False,
+) -> Path:
+    """Write a random-weight model of ``shape`` (with ``task``'s head and labels) to ``out``."""
+    import torch
+    import transformers
+
+    from compress.core.artifacts import HEAD_CLASSES, check_output, compression_record, save_model_dir
+    from compress.core.tasks import REGRESSION, SPAN, get_task
+
+    check_output(out, overwrite)
+    tok = load_any_tokenizer(tokenizer)
+    extra = {}
+    if task:
+        t = get_task(task)
+        head = head or ("question-answering" if t.kind == SPAN else "sequence-classification")
+        if t.kind != SPAN:
+            extra["num_labels"] = t.num_labels
+            if t.kind != REGRESSION:
+                extra["id2label"] = dict(enumerate(t.label_names))
+                extra["label2id"] = {n: i for i, n in enumerate(t.label_names)}
+            else:
+                extra["problem_type"] = "regression"
+    head = head or "base"
+    if head not in HEAD_CLASSES:
+        raise CompressError(f"unknown head {head!r}; valid: {', '.join(HEAD_CLASSES)}")
+    torch.manual_seed(seed)
+    config = make_config(shape, vocab_size=len(tok), max_positions=max_positions, **extra)
+    config.architectures = [HEAD_CLASSES[head]]
+    model = getattr(transformers, HEAD_CLASSES[head])(config)
+    record = compression_record(
+        stage="create",
+        method="random-init",
+        config={"shape": shape.__dict__, "task": task, "head": head, "seed": seed, "max_positions": max_positions},
+        seed=seed,
+    )
+    return save_model_dir(model, out, tokenizer=tok, record=record, overwrite=overwrite)

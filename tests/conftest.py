@@ -1,0 +1,99 @@
+"""Shared fixtures: tiny BERTs built from config and a WordPiece vocab written to tmp_path.
+
+Everything here runs offline in well under a second per model.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import compress  # noqa: E402,F401  (quiets torchao/pytree logging before transformers loads)
+
+WORDS = (
+    "the a an of and to in is was it that this good bad great awful movie film plot actor "
+    "acting story fun boring not very really love hate man woman dog cat sat on mat did "
+    "he she they we you i what who where when why how paris france capital city river "
+    "yes no . , ! ? ' - 1 2 3"
+).split()
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+VOCAB = SPECIAL + list(dict.fromkeys(WORDS + list(string.ascii_lowercase))) + ["##s", "##ed", "##ing", "##ly"]
+
+DATA_ROOT = Path(os.environ.get("COMPRESS_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def write_vocab(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "vocab.txt"
+    path.write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    return path
+
+
+def make_tokenizer(directory: Path):
+    from transformers import BertTokenizerFast
+
+    vocab = write_vocab(directory)
+    return BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True, model_max_length=64)
+
+
+def tiny_config(**overrides):
+    from transformers import BertConfig
+
+    params = dict(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=2,
+    )
+    params.update(overrides)
+    return BertConfig(**params)
+
+
+def make_tiny_model(head: str = "sequence-classification", seed: int = 0, **overrides):
+    import torch
+    import transformers
+
+    from compress.core.artifacts import HEAD_CLASSES
+
+    torch.manual_seed(seed)
+    config = tiny_config(**overrides)
+    model = getattr(transformers, HEAD_CLASSES[head])(config)
+    model.eval()
+    return model
+
+
+def save_tiny(model, tokenizer, out: Path, **record_kw) -> Path:
+    from compress.core.artifacts import compression_record, save_model_dir
+
+    record = compression_record(stage=record_kw.pop("stage", "test"), method=record_kw.pop("method", "tiny"), **record_kw)
+    return save_model_dir(model, out, tokenizer=tokenizer, record=record)
+
+
+@pytest.fixture
+def tokenizer(tmp_path):
+    return make_tokenizer(tmp_path / "tok")
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tokenizer) -> Path:
+    """A saved 2-layer classifier (2 labels) with its tokenizer."""
+    return save_tiny(make_tiny_model(), tokenizer, tmp_path / "tiny")
+
+
+@pytest.fixture
+def data_root() -> Path:
+    if not (DATA_ROOT / "glue").is_dir():
+        pytest.skip(f"real data not found at {DATA_ROOT} (set COMPRESS_DATA)")
+    return DATA_ROOT

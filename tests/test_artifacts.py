@@ -1,0 +1,254 @@
+"""Model directories: round trips (identical logits), pruned shapes, sidecars, refusing overwrites."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from compress.core import structure as st
+from compress.core.artifacts import (
+    COMPRESSION_FILE,
+    METRICS_FILE,
+    append_metrics,
+    check_output,
+    compression_record,
+    dir_hash,
+    load_model,
+    load_tokenizer,
+    output_dir,
+    read_compression,
+    read_metrics,
+    save_model_dir,
+)
+from compress.core.errors import CompressError
+from tests.conftest import VOCAB, make_tiny_model, save_tiny
+
+
+def _inputs(seed=0, batch=3, seq=11):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, len(VOCAB), (batch, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0  # one padded row exercises the attention mask
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def _logits(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def test_round_trip_identical_logits(tmp_path, tokenizer):
+    model = make_tiny_model()
+    out = save_tiny(model, tokenizer, tmp_path / "m")
+    loaded = load_model(out)
+    x = _inputs()
+    assert torch.equal(_logits(model, x), _logits(loaded, x))
+    assert type(loaded).__name__ == "BertForSequenceClassification"
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
+
+
+def test_sidecars_record_structure_and_provenance(tmp_path, tokenizer):
+    out = save_tiny(make_tiny_model(), tokenizer, tmp_path / "m", stage="test", method="tiny", seed=7)
+    record = read_compression(out)
+    assert record["stage"] == "test" and record["method"] == "tiny"
+    assert record["structure"]["heads"] == [4, 4] and record["structure"]["ffn"] == [37, 37]
+    prov = record["provenance"]
+    assert prov["seed"] == 7 and "torch" in prov["packages"] and prov["hardware"]["logical_cores"] >= 1
+    assert prov["date"].endswith("+00:00")
+    assert json.loads((out / METRICS_FILE).read_text()) == {"results": []}
+
+
+def test_parent_hash_changes_with_weights(tmp_path, tokenizer):
+    a = save_tiny(make_tiny_model(seed=0), tokenizer, tmp_path / "a")
+    b = save_tiny(make_tiny_model(seed=1), tokenizer, tmp_path / "b")
+    assert dir_hash(a) != dir_hash(b)
+    assert dir_hash(a) == dir_hash(a)
+    child = compression_record(stage="prune", method="x", parent=a)
+    assert child["parent"]["hash"] == dir_hash(a) and child["parent"]["stage"] == "test"
+
+
+def test_non_uniform_ffn_and_pruned_heads_round_trip(tmp_path, tokenizer):
+    model = make_tiny_model()
+    st.resize_ffn(model, 0, range(0, 37, 2))  # 19 neurons kept in layer 0, 37 in layer 1
+    st.prune_heads(model, {0: [1], 1: [0, 3]})
+    assert st.ffn_widths(model) == [19, 37]
+    assert st.heads_per_layer(model) == [3, 2]
+    out = save_tiny(model, tokenizer, tmp_path / "pruned")
+    loaded = load_model(out)
+    assert st.ffn_widths(loaded) == [19, 37] and st.heads_per_layer(loaded) == [3, 2]
+    x = _inputs(1)
+    assert torch.allclose(_logits(model, x), _logits(loaded, x), atol=0, rtol=0)
+    assert read_compression(out)["structure"]["pruned_heads"] == {"0": [1], "1": [0, 3]}
+
+
+def test_uniform_pruned_model_loads_with_stock_from_pretrained(tmp_path, tokenizer):
+    from transformers import AutoModelForSequenceClassification
+
+    model = make_tiny_model()
+    for layer in range(2):
+        st.resize_ffn(model, layer, range(20))  # uniform width 20
+    st.prune_heads(model, {0: [2]})
+    out = save_tiny(model, tokenizer, tmp_path / "uniform")
+    stock = AutoModelForSequenceClassification.from_pretrained(out)
+    x = _inputs(2)
+    assert torch.allclose(_logits(model, x), _logits(stock, x), atol=1e-6)
+
+
+def test_dropped_layers_round_trip(tmp_path, tokenizer):
+    model = make_tiny_model(num_hidden_layers=3)
+    st.prune_heads(model, {2: [0]})
+    st.drop_layers(model, [0, 2])
+    assert st.heads_per_layer(model) == [4, 3]
+    assert model.config.pruned_heads == {1: [0]}
+    out = save_tiny(model, tokenizer, tmp_path / "dropped")
+    loaded = load_model(out)
+    x = _inputs(3)
+    assert torch.equal(_logits(model, x), _logits(loaded, x))
+    assert read_compression(out)["structure"]["kept_layers"] == [0, 2]
+
+
+def test_head_change_keeps_encoder_and_reports_new_weights(tmp_path, tokenizer):
+    base = make_tiny_model(head="base")
+    out = save_tiny(base, tokenizer, tmp_path / "enc")
+    clf, info = load_model(out, head="sequence-classification", num_labels=3, with_info=True)
+    assert clf.config.num_labels == 3
+    assert all(k.startswith("classifier.") for k in info["new_weights"])
+    assert torch.equal(clf.bert.embeddings.word_embeddings.weight, base.embeddings.word_embeddings.weight)
+    # and back: a classifier's encoder loads as a bare encoder
+    back = load_model(save_tiny(clf, tokenizer, tmp_path / "clf"), head="base")
+    assert torch.equal(back.encoder.layer[1].output.dense.weight, base.encoder.layer[1].output.dense.weight)
+
+
+def test_tied_mlm_head_round_trip(tmp_path, tokenizer):
+    model = make_tiny_model(head="masked-lm")
+    out = save_tiny(model, tokenizer, tmp_path / "mlm")
+    loaded = load_model(out)
+    assert loaded.cls.predictions.decoder.weight.data_ptr() == loaded.bert.embeddings.word_embeddings.weight.data_ptr()
+    x = _inputs(4)
+    assert torch.equal(_logits(model, x), _logits(loaded, x))
+
+
+def test_tokenizer_round_trip(tiny_model_dir, tokenizer):
+    loaded = load_tokenizer(tiny_model_dir)
+    assert loaded("the cat sat")["input_ids"] == tokenizer("the cat sat")["input_ids"]
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_not_a_model_dir(tmp_path):
+    with pytest.raises(CompressError, match="does not exist"):
+        load_model(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CompressError, match="is not a model directory \\(no config.json\\)"):
+        load_model(tmp_path / "empty")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CompressError, match="is a file, not a model directory"):
+        load_model(tmp_path / "file")
+
+
+def test_corrupt_safetensors(tiny_model_dir):
+    weights = tiny_model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(CompressError, match="model.safetensors is corrupt or truncated"):
+        load_model(tiny_model_dir)
+
+
+def test_missing_weights(tiny_model_dir):
+    (tiny_model_dir / "model.safetensors").unlink()
+    with pytest.raises(CompressError, match="has no weights"):
+        load_model(tiny_model_dir)
+
+
+def test_other_architecture_is_refused(tiny_model_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config["model_type"] = "roberta"
+    (tiny_model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CompressError, match="'roberta' model; compress works on BERT-architecture"):
+        load_model(tiny_model_dir)
+
+
+def test_inconsistent_shapes_are_reported(tiny_model_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config["hidden_size"] = 64
+    (tiny_model_dir / "config.json").write_text(json.dumps(config))
+    (tiny_model_dir / COMPRESSION_FILE).unlink()
+    with pytest.raises(CompressError, match="do not match its config.json"):
+        load_model(tiny_model_dir)
+
+
+def test_legacy_bin_is_read_with_weights_only(tmp_path, tokenizer, monkeypatch):
+    model = make_tiny_model()
+    out = save_tiny(model, tokenizer, tmp_path / "legacy")
+    from safetensors.torch import load_file
+
+    torch.save(load_file(out / "model.safetensors"), out / "pytorch_model.bin")
+    (out / "model.safetensors").unlink()
+    seen = {}
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    loaded = load_model(out)
+    assert seen.get("weights_only") is True
+    x = _inputs()
+    assert torch.equal(_logits(model, x), _logits(loaded, x))
+
+
+def test_pickled_code_in_bin_is_refused(tmp_path, tokenizer):
+    out = save_tiny(make_tiny_model(), tokenizer, tmp_path / "evil")
+    (out / "model.safetensors").unlink()
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"x": Payload()}, out / "pytorch_model.bin")
+    with pytest.raises(CompressError, match="cannot read .*pytorch_model.bin safely"):
+        load_model(out)
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def test_existing_output_is_refused_without_overwrite(tmp_path, tokenizer):
+    out = save_tiny(make_tiny_model(seed=0), tokenizer, tmp_path / "m")
+    before = (out / "model.safetensors").read_bytes()
+    with pytest.raises(CompressError, match="not empty; pass --overwrite"):
+        save_tiny(make_tiny_model(seed=1), tokenizer, out)
+    assert (out / "model.safetensors").read_bytes() == before
+    record = compression_record(stage="t", method="m")
+    save_model_dir(make_tiny_model(seed=1), out, tokenizer=tokenizer, record=record, overwrite=True)
+    assert (out / "model.safetensors").read_bytes() != before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
+
+
+def test_failed_stage_leaves_nothing(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with output_dir(out) as tmp:
+            (tmp / "partial.bin").write_text("half")
+            raise RuntimeError("crash in the middle")
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_output_accepts_empty_dir_and_refuses_file(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert check_output(tmp_path / "empty") == tmp_path / "empty"
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(CompressError, match="not a directory"):
+        check_output(tmp_path / "f")
+
+
+def test_metrics_are_appended(tiny_model_dir):
+    append_metrics(tiny_model_dir, {"kind": "eval", "task": "sst2", "metrics": {"accuracy": 50.0}})
+    append_metrics(tiny_model_dir, {"kind": "eval", "task": "mrpc", "metrics": {"f1": 70.0}})
+    results = read_metrics(tiny_model_dir)
+    assert [r["task"] for r in results] == ["sst2", "mrpc"]
+    assert all("when" in r for r in results)

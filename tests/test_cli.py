@@ -1,0 +1,125 @@
+"""The command line: help that teaches, one-line errors with non-zero exits, the eval path end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compress.cli import COMMANDS, build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, env=None):
+    """The real console entry point in a subprocess: exit code, stdout, stderr."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "compress.cli", *map(str, args)],
+        capture_output=True, text=True, cwd=ROOT, env=full_env, timeout=300,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_top_level_help_lists_commands():
+    text = build_parser().format_help()
+    for name in ("eval", "latency", "tasks", "init", "demo"):
+        assert name in text
+    assert "examples:" in text
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_subcommand_help_has_examples(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([name, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and f"compress {name}" in out
+
+
+def test_eval_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--task", "--split", "--data-dir", "--data-file", "--columns", "--max-examples", "--submission", "--batch-size", "--doc-stride"):
+        assert flag in out
+
+
+def _one_line_error(code, out, err):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_usage_error_is_one_line():
+    line = _one_line_error(*run_cli("eval", "--task", "sst2"))
+    assert "the following arguments are required: --model" in line and "--help" in line
+
+
+def test_missing_model_dir_is_one_line(tmp_path):
+    line = _one_line_error(*run_cli("eval", "--model", tmp_path / "nope", "--task", "sst2"))
+    assert line.startswith("compress eval: error: model directory") and "does not exist" in line
+
+
+def test_offline_hub_is_one_line(tiny_model_dir):
+    line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst2"))
+    assert "Hugging Face hub" in line and "--data-dir" in line
+
+
+def test_bad_option_value_is_one_line(tiny_model_dir):
+    line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst2", "--batch-size", "0"))
+    assert "--batch-size must be at least 1" in line
+    line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst9"))
+    assert "unknown task 'sst9'" in line
+
+
+def test_eval_cli_prints_table_and_appends_metrics(tiny_model_dir, tmp_path, capsys):
+    glue = tmp_path / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    (glue / "dev.tsv").write_text("sentence\tlabel\nthe movie is good .\t1\nthe movie is bad .\t0\n")
+    assert main(["eval", "--model", str(tiny_model_dir), "--task", "sst-2", "--data-dir", str(tmp_path / "glue")]) == 0
+    out = capsys.readouterr().out
+    assert "sst2" in out and "accuracy" in out
+    results = json.loads((tiny_model_dir / "metrics.json").read_text())["results"]
+    assert results[-1]["task"] == "sst2" and results[-1]["n"] == 2
+
+
+def test_eval_with_config_file(tiny_model_dir, tmp_path, capsys):
+    glue = tmp_path / "SST-2"
+    glue.mkdir()
+    (glue / "dev.tsv").write_text("sentence\tlabel\nthe movie is good .\t1\n")
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"task: sst2\ndata_dir: {tmp_path}\nbatch_size: 4\n")
+    assert main(["eval", "--model", str(tiny_model_dir), "--config", str(cfg), "--no-record"]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: sst2\nbatchsize: 4\n")
+    assert main(["eval", "--model", str(tiny_model_dir), "--config", str(bad)]) == 2
+    assert "unknown option 'batchsize' (did you mean 'batch_size'?)" in capsys.readouterr().err
+
+
+def test_init_creates_a_loadable_model(tmp_path, tokenizer, capsys):
+    from compress.core.artifacts import load_model, read_compression
+
+    vocab = tmp_path / "tok" / "vocab.txt"
+    out = tmp_path / "m"
+    assert main(["init", "--shape", "2L-64", "--task", "mnli", "--tokenizer", str(vocab), "--max-positions", "64", "--out", str(out)]) == 0
+    model = load_model(out)
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
+    assert model.config.id2label[2] == "contradiction"
+    assert read_compression(out)["stage"] == "create"
+    assert main(["init", "--shape", "2L-64", "--tokenizer", str(vocab), "--out", str(out)]) == 2
+    assert "not empty; pass --overwrite" in capsys.readouterr().err
+    assert main(["init", "--shape", "7X", "--tokenizer", str(vocab), "--out", str(tmp_path / "x")]) == 2
+    assert "unknown shape '7X'" in capsys.readouterr().err
+
+
+def test_tasks_lists_the_registry(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert "entailment, neutral, contradiction" in out and "squad_v2" in out

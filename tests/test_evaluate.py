@@ -1,0 +1,223 @@
+"""The evaluate entry point: tokenisation, label mapping by name, metrics.json, predictions, submissions."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+import torch
+
+from compress.core.artifacts import read_metrics
+from compress.core.data import DataSource, load_split, squad_eval_features, squad_train_features, tokenize_classification
+from compress.core.errors import CompressError
+from compress.core.tasks import get_task
+from eval.evaluate import EvalConfig, evaluate, output_to_task_labels
+from tests.conftest import make_tiny_model, save_tiny
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _constant_classifier(num_labels, winner, **config):
+    """A tiny model whose classifier always picks output ``winner`` (zero weights, one big bias)."""
+    model = make_tiny_model(num_labels=num_labels, **config)
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.zero_()
+        model.classifier.bias[winner] = 5.0
+    return model
+
+
+# ---------------------------------------------------------------------------- tokenisation
+
+
+def test_pair_tokenisation_has_segments_and_truncates(tokenizer, tmp_path):
+    _write(tmp_path / "RTE" / "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\tthe cat sat\tthe dog sat on the mat\tentailment\n")
+    ds = load_split(get_task("rte"), "dev", DataSource(data_dir=str(tmp_path)))
+    feats = tokenize_classification(ds, get_task("rte"), tokenizer, max_length=64)
+    row = feats[0]
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    assert row["input_ids"][0] == cls and row["input_ids"].count(sep) == 2
+    # [CLS] the cat sat [SEP] -> segment 0 (5 tokens); the rest segment 1
+    assert row["token_type_ids"][:5] == [0] * 5 and set(row["token_type_ids"][5:]) == {1}
+    assert row["labels"] == 0 and row["idx"] == 0
+    short = tokenize_classification(ds, get_task("rte"), tokenizer, max_length=8)
+    assert len(short[0]["input_ids"]) == 8
+
+
+def test_squad_features_locate_the_answer(tokenizer):
+    import datasets
+
+    ds = datasets.Dataset.from_dict(
+        {
+            "id": ["q"],
+            "title": ["t"],
+            "context": ["the capital of france is paris . the river is big . the cat sat on the mat . the dog did not ."],
+            "question": ["what is the capital"],
+            "answers": [{"text": ["paris"], "answer_start": [25]}],
+        }
+    )
+    train = squad_train_features(ds, tokenizer, max_length=24, doc_stride=8)
+    assert len(train) >= 1
+    first = train[0]
+    span = first["input_ids"][first["start_positions"] : first["end_positions"] + 1]
+    assert tokenizer.decode(span) == "paris"
+    # A window that cannot contain the answer points at [CLS].
+    windows = squad_train_features(ds, tokenizer, max_length=16, doc_stride=4)
+    assert any(w["start_positions"] == 0 and w["end_positions"] == 0 for w in windows)
+    assert any(tokenizer.decode(w["input_ids"][w["start_positions"] : w["end_positions"] + 1]) == "paris" for w in windows)
+    feats = squad_eval_features(ds, tokenizer, max_length=16, doc_stride=4)
+    assert len(feats) == len(windows) and set(feats["example_id"]) == {"q"}
+    # Offsets survive only for context tokens.
+    row = feats[0]
+    assert row["offset_mapping"][0] is None and any(o is not None for o in row["offset_mapping"])
+    with pytest.raises(CompressError, match="--doc-stride 16 must be positive and below --max-length 16"):
+        squad_eval_features(ds, tokenizer, max_length=16, doc_stride=16)
+
+
+# ---------------------------------------------------------------------------- label mapping
+
+
+def test_labels_are_mapped_by_name_not_by_id(tmp_path, tokenizer):
+    # A checkpoint with the legacy GLUE order (contradiction, entailment, neutral) that always
+    # outputs index 0 = contradiction. The task's index for contradiction is 2.
+    legacy = {0: "contradiction", 1: "entailment", 2: "neutral"}
+    model = _constant_classifier(3, 0, id2label=legacy, label2id={v: k for k, v in legacy.items()})
+    model_dir = save_tiny(model, tokenizer, tmp_path / "mnli")
+    header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tgold_label\n"
+    rows = "".join(f"{i}\t1\t1\tfic\tthe cat\tthe dog\tcontradiction\n" for i in range(4))
+    for name in ("dev_matched", "dev_mismatched"):
+        _write(tmp_path / "glue" / "MNLI" / f"{name}.tsv", header + rows)
+    records = evaluate(model_dir, EvalConfig(task="mnli", data_dir=str(tmp_path / "glue")))
+    assert [r["split"] for r in records] == ["dev_matched", "dev_mismatched"]
+    assert all(r["metrics"]["accuracy"] == 100.0 for r in records)
+    assert [r["split"] for r in read_metrics(model_dir)] == ["dev_matched", "dev_mismatched"]
+    preds = (model_dir / "predictions" / "mnli_dev_matched.tsv").read_text().splitlines()
+    assert preds[0] == "index\tprediction" and preds[1] == "0\tcontradiction"
+
+
+def test_label_mapping_errors():
+    config = make_tiny_model(num_labels=3).config
+    with pytest.raises(CompressError, match="has 3 outputs but SST-2 has 2 labels"):
+        output_to_task_labels(config, get_task("sst2"))
+    with pytest.raises(CompressError, match="regression task"):
+        output_to_task_labels(config, get_task("stsb"))
+    named = make_tiny_model(num_labels=2, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1}).config
+    with pytest.raises(CompressError, match="are not SST-2's"):
+        output_to_task_labels(named, get_task("sst2"))
+    assert output_to_task_labels(make_tiny_model(num_labels=2).config, get_task("sst2")) == [0, 1]
+
+
+# ---------------------------------------------------------------------------- metrics and outputs
+
+
+def test_accuracy_against_hand_count(tmp_path, tokenizer):
+    # Always predicts "positive"; 3 of 5 dev labels are positive -> 60.0
+    model_dir = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "m")
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\n" + "".join(f"the movie {i} .\t{lab}\n" for i, lab in enumerate([1, 0, 1, 1, 0])))
+    (record,) = evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path)))
+    assert record["metrics"]["accuracy"] == 60.0 and record["n"] == 5
+    assert read_metrics(model_dir)[-1]["metrics"]["accuracy"] == 60.0
+
+
+def test_regression_eval_and_clipped_predictions(tmp_path, tokenizer):
+    model = make_tiny_model(num_labels=1, problem_type="regression")
+    model_dir = save_tiny(model, tokenizer, tmp_path / "stsb")
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    body = "".join(f"{i}\tg\tf\ty\t0\tn\tn\tthe cat sat {i}\tthe dog {i}\t{i * 1.2:.3f}\n" for i in range(5))
+    _write(tmp_path / "STS-B" / "dev.tsv", header + body)
+    (record,) = evaluate(model_dir, EvalConfig(task="stsb", data_dir=str(tmp_path), record=False))
+    assert set(record["metrics"]) == {"pearson", "spearmanr", "n"}
+    assert read_metrics(model_dir) == []  # record=False leaves metrics.json alone
+
+
+def test_sst2_submission_file_and_zip(tmp_path, tokenizer):
+    model_dir = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "m")
+    _write(tmp_path / "SST-2" / "test.tsv", "index\tsentence\n" + "".join(f"{i}\tthe film .\n" for i in range(7)))
+    sub = tmp_path / "submit"
+    (record,) = evaluate(model_dir, EvalConfig(task="sst2", split="test", data_dir=str(tmp_path), submission=str(sub)))
+    assert "metrics" not in record
+    lines = (sub / "SST-2.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 8
+    assert lines[1:] == [f"{i}\t1" for i in range(7)]
+    with zipfile.ZipFile(sub / "submission.zip") as zf:
+        assert zf.namelist() == ["SST-2.tsv"]
+    assert read_metrics(model_dir) == []  # nothing to score on an unlabelled split
+
+
+def test_mnli_submission_includes_ax(tmp_path, tokenizer):
+    legacy = {0: "contradiction", 1: "entailment", 2: "neutral"}
+    model = _constant_classifier(3, 2, id2label=legacy, label2id={v: k for k, v in legacy.items()})
+    model_dir = save_tiny(model, tokenizer, tmp_path / "mnli")
+    glue = tmp_path / "glue"
+    header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\n"
+    _write(glue / "MNLI" / "test_matched.tsv", header + "0\t1\t1\tfic\tthe cat\tthe dog\n1\t1\t1\tfic\ta\tb\n")
+    _write(glue / "MNLI" / "test_mismatched.tsv", header + "0\t1\t1\tfic\tthe cat\tthe dog\n")
+    _write(glue / "diagnostic" / "diagnostic.tsv", "index\tsentence1\tsentence2\n0\tthe cat\tthe dog\n")
+    sub = tmp_path / "sub"
+    records = evaluate(model_dir, EvalConfig(task="mnli", split="test", data_dir=str(glue), submission=str(sub)))
+    assert [r["task"] for r in records] == ["mnli", "mnli", "ax"]
+    assert (sub / "MNLI-m.tsv").read_text().splitlines() == ["index\tprediction", "0\tneutral", "1\tneutral"]
+    assert (sub / "MNLI-mm.tsv").read_text().splitlines()[1] == "0\tneutral"
+    assert (sub / "AX.tsv").read_text().splitlines() == ["index\tprediction", "0\tneutral"]
+    with zipfile.ZipFile(sub / "submission.zip") as zf:
+        assert sorted(zf.namelist()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
+
+
+def test_submission_needs_test_split(tiny_model_dir, tmp_path):
+    with pytest.raises(CompressError, match="use --split test"):
+        evaluate(tiny_model_dir, EvalConfig(task="sst2", split="dev", data_dir=str(tmp_path), submission=str(tmp_path / "s")))
+
+
+def test_squad_eval_writes_official_predictions(tmp_path, tokenizer):
+    from eval.squad import squad_v1_scores
+
+    model_dir = save_tiny(make_tiny_model(head="question-answering"), tokenizer, tmp_path / "qa")
+    doc = {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "France",
+                "paragraphs": [
+                    {
+                        "context": "paris is the capital of france . the river is big .",
+                        "qas": [
+                            {"id": "a", "question": "what is the capital", "answers": [{"text": "paris", "answer_start": 0}]},
+                            {"id": "b", "question": "what is big", "answers": [{"text": "the river", "answer_start": 32}]},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    data = _write(tmp_path / "dev-v1.1.json", json.dumps(doc))
+    (record,) = evaluate(model_dir, EvalConfig(task="squad", data_file=str(data), max_length=14, doc_stride=4))
+    preds = json.loads((model_dir / "predictions" / "squad_dev.json").read_text())
+    assert set(preds) == {"a", "b"} and all(isinstance(v, str) for v in preds.values())
+    ds = load_split(get_task("squad"), "dev", DataSource(data_file=str(data)))
+    expected = squad_v1_scores(ds, preds)
+    assert record["metrics"]["f1"] == pytest.approx(expected["f1"])
+    assert record["metrics"]["exact_match"] == pytest.approx(expected["exact_match"])
+    assert record["n_features"] > 2  # the short max length forced several windows
+
+
+def test_eval_errors(tiny_model_dir, tmp_path):
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood .\t1\n")
+    with pytest.raises(CompressError, match="above the model's maximum of 64 positions"):
+        evaluate(tiny_model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path), max_length=512))
+    with pytest.raises(CompressError, match="no task given"):
+        evaluate(tiny_model_dir, EvalConfig(data_dir=str(tmp_path)))
+    with pytest.raises(CompressError, match="has 2 outputs but MNLI has 3 labels"):
+        evaluate(tiny_model_dir, EvalConfig(task="mnli", data_dir=str(tmp_path)))
+
+
+def test_vocab_mismatch_is_caught(tmp_path, tokenizer):
+    model = make_tiny_model(vocab_size=20)  # the tokenizer has more tokens than the embedding
+    model_dir = save_tiny(model, tokenizer, tmp_path / "m")
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood .\t1\n")
+    with pytest.raises(CompressError, match="tokens but the model's embedding has 20"):
+        evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path)))

@@ -1,0 +1,262 @@
+"""Latency engine: report shape, FLOP and size accounting, worker errors, config checks.
+
+Timings themselves are machine noise: only their ordering and sign are asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from compress.core.artifacts import read_metrics
+from compress.core.config import from_dict
+from compress.core.errors import CompressError
+from compress.core.structure import flops_per_sequence
+from eval.latency import (
+    LatencyConfig,
+    format_markdown,
+    measure_latency,
+    size_on_disk,
+    write_report,
+)
+
+from tests.conftest import make_tiny_model, save_tiny
+
+ROW_KEYS = {
+    "model", "name", "backend", "batch", "seq", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
+    "throughput", "params", "size_mb", "gflops_per_seq", "achieved_gflops", "pct_peak", "speedup",
+}
+
+
+def fast(**changes) -> LatencyConfig:
+    """A config that times tiny models in about a second per worker."""
+    base = {"warmup": 1, "repeats": 3, "seq": (16,), "threads": 1, "peak": False}
+    return from_dict(LatencyConfig, {**base, **changes})
+
+
+@pytest.fixture
+def two_models(tmp_path, tokenizer) -> list[Path]:
+    """The tiny classifier and a one-layer variant (a faster 'student')."""
+    big = save_tiny(make_tiny_model(), tokenizer, tmp_path / "teacher")
+    small = save_tiny(make_tiny_model(num_hidden_layers=1), tokenizer, tmp_path / "student")
+    return [big, small]
+
+
+@pytest.fixture(scope="module")
+def grid_report(tmp_path_factory):
+    """One real run over 2 models x 2 batch sizes, with a (small) GEMM peak, shared by tests."""
+    from tests.conftest import make_tokenizer
+
+    root = tmp_path_factory.mktemp("lat")
+    tok = make_tokenizer(root / "tok")
+    dirs = [
+        save_tiny(make_tiny_model(), tok, root / "teacher"),
+        save_tiny(make_tiny_model(num_hidden_layers=1), tok, root / "student"),
+    ]
+    import eval.latency as latency
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(latency, "PEAK_SIZES", (128, 256))  # the peak's mechanics, not its value
+    try:
+        report = measure_latency(dirs, fast(batch=(1, 2), peak=True, out=str(root / "out")))
+    finally:
+        mp.undo()
+    return dirs, report, root / "out"
+
+
+def test_one_row_per_model_and_grid_point(grid_report):
+    dirs, report, _ = grid_report
+    assert report["kind"] == "latency" and report["backend"] == "torch" and report["threads"] == 1
+    rows = report["rows"]
+    assert [(r["name"], r["batch"], r["seq"]) for r in rows] == [
+        ("teacher", 1, 16), ("teacher", 2, 16), ("student", 1, 16), ("student", 2, 16),
+    ]
+    for row in rows:
+        assert set(row) == ROW_KEYS
+        assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
+        assert row["mean_ms"] > 0 and row["throughput"] > 0 and row["achieved_gflops"] > 0
+        assert row["throughput"] == pytest.approx(row["batch"] / (row["p50_ms"] / 1e3))
+    assert report["peak_gflops"] > 0
+    assert all(r["pct_peak"] == pytest.approx(100 * r["achieved_gflops"] / report["peak_gflops"]) for r in rows)
+
+
+def test_speedup_is_against_the_first_model(grid_report):
+    _, report, _ = grid_report
+    first = {(r["batch"], r["seq"]): r["p50_ms"] for r in report["rows"] if r["name"] == "teacher"}
+    for row in report["rows"]:
+        expected = 1.0 if row["name"] == "teacher" else first[(row["batch"], row["seq"])] / row["p50_ms"]
+        assert row["speedup"] == pytest.approx(expected)
+
+
+def test_flops_params_and_size_match_hand_counts(grid_report):
+    dirs, report, _ = grid_report
+    teacher = [r for r in report["rows"] if r["name"] == "teacher"][0]
+    # Tiny config, per layer with s=16, h=32, a=4 heads*8=32, f=37 (multiply-adds):
+    #   4*s*h*a = 4*16*32*32 = 65536   (Q, K, V, output projections)
+    #   2*s*s*a = 2*16*16*32 = 16384   (QK^T scores and attention-weighted V)
+    #   2*s*h*f = 2*16*32*37 = 37888   (the two FFN matmuls)
+    # 119808 per layer, x 2 layers = 239616 MACs, x 2 FLOPs per MAC = 479232 FLOPs.
+    assert teacher["gflops_per_seq"] == pytest.approx(479232 / 1e9, rel=1e-12)
+    student = [r for r in report["rows"] if r["name"] == "student"][0]
+    assert student["gflops_per_seq"] == pytest.approx(479232 / 2 / 1e9, rel=1e-12)
+
+    from compress.core.artifacts import load_model
+
+    params = sum(p.numel() for p in load_model(dirs[0]).parameters())  # no tied weights here
+    assert teacher["params"] == params
+    weights = dirs[0] / "model.safetensors"
+    assert size_on_disk(dirs[0]) == weights.stat().st_size
+    assert teacher["size_mb"] == pytest.approx(weights.stat().st_size / 1e6)
+
+
+def test_bert_base_flops_at_128_tokens():
+    structure = {"num_layers": 12, "hidden_size": 768, "head_size": 64, "heads": [12] * 12, "ffn": [3072] * 12}
+    assert flops_per_sequence(structure, 128) / 1e9 == pytest.approx(22.35, abs=0.01)
+
+
+def test_reports_are_written_and_metrics_appended(grid_report):
+    dirs, report, out = grid_report
+    assert json.loads((out / "latency.json").read_text())["rows"] == json.loads(json.dumps(report["rows"]))
+    assert (out / "latency.md").read_text() == format_markdown(report)
+    assert not list(out.glob(".*tmp"))  # no temporary files left behind
+    for path in dirs:
+        record = [m for m in read_metrics(path) if m["kind"] == "latency"][-1]
+        assert record["threads"] == 1 and record["backend"] == "torch"
+        assert [(r["batch"], r["seq"]) for r in record["rows"]] == [(1, 16), (2, 16)]
+        assert record["peak_gflops"] == report["peak_gflops"] and record["hardware"]["cpu"]
+
+
+def test_markdown_has_header_and_one_row_per_result(grid_report):
+    _, report, _ = grid_report
+    text = format_markdown(report)
+    assert report["hardware"]["cpu"] in text and "GEMM peak" in text and "speed-up vs first" in text
+    table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+    assert len(table) == len(report["rows"])
+    for line, row in zip(table, report["rows"]):
+        assert line.startswith(f"| {row['name']} | {row['batch']} | {row['seq']} |")
+
+
+def fake_worker(seconds_by_model: dict[str, list[float]], calls: list[dict]):
+    """A stand-in for run_worker: canned timings, so the parent's arithmetic is checked exactly."""
+    def run(job, threads, label, bar=None):
+        calls.append(job)
+        seconds = seconds_by_model[Path(job["model"]).name]
+        points = [{"batch": b, "seq": s, "seconds": seconds} for b in job["config"]["batch"] for s in job["config"]["seq"]]
+        return {"points": points, "params": 1000, "flops": {"16": 2_000_000}}
+
+    return run
+
+
+def test_parent_arithmetic_without_peak_or_recording(monkeypatch, two_models):
+    import eval.latency as latency
+
+    calls: list[dict] = []
+    # teacher p50 = 20 ms, student p50 = 5 ms: the student is 4x faster.
+    monkeypatch.setattr(latency, "run_worker", fake_worker({"teacher": [0.01, 0.02, 0.03], "student": [0.005] * 3}, calls))
+    before = [read_metrics(d) for d in two_models]
+    report = measure_latency(two_models, fast(batch=(1, 4), peak=False, record=False, threads=2))
+
+    assert [job["mode"] for job in calls] == ["model", "model"]  # no peak worker
+    assert all(job["config"]["threads"] == 2 for job in calls)
+    teacher, student = report["rows"][0], report["rows"][2]
+    assert teacher["p50_ms"] == pytest.approx(20.0) and teacher["mean_ms"] == pytest.approx(20.0)
+    assert teacher["p90_ms"] == pytest.approx(28.0)  # numpy's linear interpolation
+    assert teacher["throughput"] == pytest.approx(50.0)
+    assert teacher["achieved_gflops"] == pytest.approx(2e6 / 0.02 / 1e9)
+    assert report["rows"][1]["achieved_gflops"] == pytest.approx(4 * 2e6 / 0.02 / 1e9)  # batch 4
+    assert teacher["speedup"] == 1.0 and student["speedup"] == pytest.approx(4.0)
+    assert report["peak_gflops"] is None and teacher["pct_peak"] is None
+    assert "n/a" in format_markdown(report) and "4.00x" in format_markdown(report)
+    assert [read_metrics(d) for d in two_models] == before
+
+
+def test_same_directory_names_are_told_apart(monkeypatch, tmp_path, tokenizer):
+    import eval.latency as latency
+
+    dirs = [save_tiny(make_tiny_model(), tokenizer, tmp_path / run / "model") for run in ("a", "b")]
+    monkeypatch.setattr(latency, "run_worker", fake_worker({"model": [0.001]}, []))
+    report = measure_latency(dirs, fast(record=False))
+    assert [r["name"] for r in report["rows"]] == ["a/model", "b/model"]
+
+
+def test_sequence_longer_than_positions_is_refused(tiny_model_dir):
+    with pytest.raises(CompressError) as err:
+        measure_latency([tiny_model_dir], fast(seq=(65,)))  # tiny models have 64 positions
+    message = str(err.value)
+    assert "\n" not in message and "max_position_embeddings (64)" in message and "--seq 64" in message
+
+
+def test_missing_model_dir_is_refused(tmp_path, tiny_model_dir):
+    with pytest.raises(CompressError, match="does not exist"):
+        measure_latency([tiny_model_dir, tmp_path / "nope"], fast())
+
+
+def test_worker_reports_a_compress_error_as_json(tmp_path, tiny_model_dir):
+    import io
+
+    from eval.latency import worker_config, worker_main
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((tiny_model_dir / "config.json").read_text())  # no weights
+    job = {"mode": "model", "model": str(broken), "threads": 1, "config": worker_config(fast(), 1)}
+    out = io.StringIO()
+    assert worker_main(io.StringIO(json.dumps(job)), out) == 2
+    message = json.loads(out.getvalue())["error"]
+    assert "has no weights" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "job, match",
+    [
+        # A CompressError inside the worker comes back as its own one-line message.
+        ({"mode": "model", "model": "x", "config": {"repeats": 0}}, r"^--repeats must be at least 1"),
+        # A crash (here a malformed job) becomes a CompressError naming the last stderr line.
+        ({"mode": "model"}, r"worker for tiny failed \(exit status 1\): KeyError: 'model'$"),
+    ],
+)
+def test_worker_failures_become_one_line_errors(job, match):
+    from eval.latency import run_worker
+
+    with pytest.raises(CompressError, match=match) as err:
+        run_worker(job, threads=1, label="tiny")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"batch": (0,)}, "--batch"),
+        ({"seq": (0, 128)}, "--seq"),
+        ({"seq": ()}, "--seq"),
+        ({"repeats": 0}, "--repeats"),
+        ({"warmup": -1}, "--warmup"),
+        ({"threads": 0}, "--threads"),
+        ({"min_seconds": -1.0}, "--min-seconds"),
+        ({"backend": "tensorrt"}, "valid: torch"),
+    ],
+)
+def test_config_validation(changes, match):
+    with pytest.raises(CompressError, match=match):
+        from_dict(LatencyConfig, changes)
+
+
+def test_config_from_command_line_strings():
+    cfg = from_dict(LatencyConfig, {"batch": "1,8", "seq": "128", "threads": "2"})
+    assert cfg.grid() == [(1, 128), (8, 128)] and cfg.threads == 2
+
+
+def test_write_report_refuses_a_file_as_out(tmp_path, grid_report):
+    _, report, _ = grid_report
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CompressError, match="not a directory"):
+        write_report(report, tmp_path / "file")
+
+
+def test_markdown_flags_rows_above_the_peak(grid_report):
+    _, report, _ = grid_report
+    assert "exceed the measured GEMM peak" not in format_markdown({**report, "rows": [{**r, "pct_peak": 50.0} for r in report["rows"]]})
+    above = {**report, "rows": [{**r, "pct_peak": 150.0} for r in report["rows"]]}
+    assert "exceed the measured GEMM peak" in format_markdown(above)
