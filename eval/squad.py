@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import re
 import string
@@ -328,8 +329,15 @@ def write_predictions(path: str | os.PathLike, predictions: Mapping[str, str]) -
 
 
 def write_null_odds(path: str | os.PathLike, odds: Mapping[str, float]) -> Path:
-    """Write ``{id: null odds}``, the na_prob file evaluate-v2.0.py reads, atomically."""
-    return _write_json_atomic(path, {k: float(v) for k, v in odds.items()})
+    """Write ``{id: null odds}``, the na_prob file evaluate-v2.0.py reads, atomically.
+
+    Infinite odds (no span qualified) are written as +-1e9: strict JSON has no Infinity.
+    """
+    return _write_json_atomic(path, {k: _finite(float(v)) for k, v in odds.items()})
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else math.copysign(1e9, value)
 
 
 def _write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
