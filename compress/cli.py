@@ -30,6 +30,7 @@ def _formatter(prog):
 
 
 COMMANDS: dict[str, tuple[str, str, Callable, Callable]] = {}
+GROUPS = {"teacher": "build the teacher: pretrain a BERT from scratch (MLM+NSP) or fine-tune one on a task"}
 
 
 def command(name: str, summary: str, examples: str):
@@ -209,6 +210,51 @@ def _latency_run(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- teacher finetune
+
+
+@command(
+    "teacher finetune",
+    "fine-tune a BERT (directory, bert-base/bert-large alias or hub id) on a GLUE task or SQuAD",
+    """\
+  compress teacher finetune --model bert-base --task sst2 --out models/sst2          # hub model and data
+  compress teacher finetune --model models/pretrained --task mrpc --data-dir ~/glue_data --out models/mrpc
+  compress teacher finetune --model bert-base --task rte --data-dir ~/glue_data --grid --out models/rte
+  compress teacher finetune --model models/minilm --task squad --train-file train.json --dev-file dev.json \\
+      --lr 5e-5 --epochs 2 --out models/squad
+  compress teacher finetune ... --resume        # continue an interrupted run into the same --out
+  torchrun --nproc_per_node 2 -m compress.cli teacher finetune ...   # same global --batch-size""",
+)
+def _finetune_args(p):
+    from compress.core.config import add_arguments
+    from teacher.finetune import FinetuneConfig
+
+    p.add_argument("--model", required=True, metavar="MODEL", help="model directory, alias (bert-base, bert-large, ...-cased) or hub id")
+    p.add_argument("--out", required=True, metavar="DIR", help="output model directory (the best dev checkpoint)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--grid", action="store_true", help="sweep batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; keep the best on dev")
+    _config_flag(p)
+    add_arguments(p, FinetuneConfig)
+
+
+@_finetune_args.run
+def _finetune_run(args) -> int:
+    from compress.core.artifacts import read_metrics
+    from compress.core.config import from_args
+    from teacher.finetune import FinetuneConfig, finetune, finetune_grid
+
+    cfg = from_args(FinetuneConfig, args, args.config)
+    run = finetune_grid if args.grid else finetune
+    out = run(args.model, args.out, cfg, overwrite=args.overwrite)
+    records = [r for r in read_metrics(out) if r.get("kind") == "eval"]
+    if records:
+        print(format_eval_table(records))
+    if args.grid and (out / "grid.md").is_file():
+        print((out / "grid.md").read_text())
+    _say(f"wrote {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- demo
 
 
@@ -257,13 +303,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"compress {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    groups: dict[str, argparse._SubParsersAction] = {}
     for name, (summary, examples, add, run) in COMMANDS.items():
-        sub = subs.add_parser(
-            name, help=summary, description=summary[0].upper() + summary[1:] + ".",
+        words = name.split()
+        target = subs
+        if len(words) == 2:  # "teacher finetune": a group with its own subcommands
+            if words[0] not in groups:
+                group = subs.add_parser(
+                    words[0], help=GROUPS[words[0]], description=GROUPS[words[0]] + ".", formatter_class=_formatter,
+                )
+                groups[words[0]] = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", parser_class=Parser)
+                group.set_defaults(run=None, group_parser=group)
+            target = groups[words[0]]
+        sub = target.add_parser(
+            words[-1], help=summary, description=summary[0].upper() + summary[1:] + ".",
             epilog="examples:\n" + examples, formatter_class=_formatter,
         )
         add(sub)
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, command=name)
     return parser
 
 
@@ -271,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
-        parser.print_help()
+        (getattr(args, "group_parser", None) or parser).print_help()
         return 2
     try:
         return int(args.run(args) or 0)

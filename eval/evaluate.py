@@ -209,25 +209,96 @@ def _ax_from_mnli(model, tokenizer, cfg, max_length, device, model_dir) -> dict[
         return {"kind": "eval", "task": "ax", "split": "test", "skipped": str(err)}
 
 
-def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
+# ---------------------------------------------------------------------------- scorers
+
+
+def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, device=None):
+    """Tokenise ``ds`` once; return ``score(model) -> (metrics or None, predictions)``.
+
+    Predictions are task label indices (floats for regression); metrics are None when
+    the split has no labels. Fine-tuning and distillation call the scorer every epoch.
+    """
     import numpy as np
 
-    from compress.core.data import collate, load_split, tokenize_classification
+    from compress.core.data import collate, tokenize_classification
     from eval.metrics import glue_metrics
 
-    ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
     features = tokenize_classification(ds, task, tokenizer, max_length)
-    mapping = output_to_task_labels(model.config, task)
-    (logits,) = predict(model, features, collate(tokenizer), cfg.batch_size, device, desc=f"{task.display} {split.name}")
-    logits = np.stack(logits)  # (n, num_labels)
-    if task.kind == REGRESSION:
-        preds = logits[:, 0]
-    else:
-        # Reorder the model's outputs into the task's label order, then argmax.
-        task_logits = np.empty_like(logits)
-        task_logits[:, mapping] = logits
-        preds = task_logits.argmax(axis=1)
     labels = np.array(ds["label"])
+    collator = collate(tokenizer)
+
+    def score(model):
+        mapping = output_to_task_labels(model.config, task)
+        target = device if device is not None else next(model.parameters()).device
+        (logits,) = predict(model, features, collator, batch_size, target, desc=f"{task.display} eval")
+        logits = np.stack(logits)  # (n, num_labels)
+        if task.kind == REGRESSION:
+            preds = logits[:, 0]
+        else:
+            # Reorder the model's outputs into the task's label order, then argmax.
+            task_logits = np.empty_like(logits)
+            task_logits[:, mapping] = logits
+            preds = task_logits.argmax(axis=1)
+        metrics = glue_metrics(task, preds, labels) if (labels != -1).all() else None
+        return metrics, preds
+
+    return score
+
+
+def squad_scorer(
+    tokenizer, task: Task, ds, *, max_length: int, doc_stride: int = 128, n_best: int = 20,
+    max_answer_length: int = 30, null_threshold: float = 0.0, batch_size: int = 32, device=None,
+):
+    """Build SQuAD windows once; return ``score(model) -> (metrics, (predictions, null_odds))``."""
+    import numpy as np
+
+    from compress.core.data import collate, squad_eval_features
+    from eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores
+
+    features = squad_eval_features(ds, tokenizer, max_length, doc_stride)
+    inputs = features.remove_columns(["offset_mapping", "example_id"])
+    collator = collate(tokenizer)
+    version_2 = task.name == "squad_v2"
+
+    def score(model):
+        target = device if device is not None else next(model.parameters()).device
+        starts, ends = predict(
+            model, inputs, collator, batch_size, target, outputs=("start_logits", "end_logits"), desc=f"{task.display} eval"
+        )
+        width = max(len(s) for s in starts)
+        start_logits = np.full((len(starts), width), -1e4, dtype=np.float32)  # (n_features, seq_len)
+        end_logits = np.full_like(start_logits, -1e4)
+        for i, (s, e) in enumerate(zip(starts, ends)):
+            start_logits[i, : len(s)] = s
+            end_logits[i, : len(e)] = e
+        preds, null_odds = postprocess_predictions(
+            ds, features, start_logits, end_logits, version_2=version_2, n_best=n_best,
+            max_answer_length=max_answer_length, null_threshold=null_threshold,
+        )
+        metrics = squad_v2_scores(ds, preds, na_probs=null_odds) if version_2 else squad_v1_scores(ds, preds)
+        metrics = {k: v for k, v in metrics.items() if k in task.metrics or k in ("total", "missing")}
+        return metrics, (preds, null_odds)
+
+    score.n_features = len(features)
+    return score
+
+
+def make_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device=None):
+    """The task's scorer with the evaluation options of ``cfg``."""
+    if task.kind == SPAN:
+        return squad_scorer(
+            tokenizer, task, ds, max_length=max_length, doc_stride=cfg.doc_stride, n_best=cfg.n_best,
+            max_answer_length=cfg.max_answer_length, null_threshold=cfg.null_threshold,
+            batch_size=cfg.batch_size, device=device,
+        )
+    return glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.batch_size, device=device)
+
+
+def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
+    from compress.core.data import load_split
+
+    ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
+    metrics, preds = glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.batch_size, device=device)(model)
     record: dict[str, Any] = {
         "kind": "eval",
         "task": task.name,
@@ -236,8 +307,8 @@ def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, 
         "data": data_source(cfg).description,
         "max_length": max_length,
     }
-    if (labels != -1).all():
-        record["metrics"] = glue_metrics(task, preds, labels)
+    if metrics is not None:
+        record["metrics"] = metrics
     elif split.labelled:
         raise CompressError(f"{task.display} {split.name} has examples without labels; check the data file")
     out = Path(cfg.predictions) if cfg.predictions else Path(model_dir) / "predictions"
@@ -248,52 +319,28 @@ def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, 
 
 
 def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
-    import numpy as np
-
-    from compress.core.data import collate, load_split, squad_eval_features
-    from eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
+    from compress.core.data import load_split
+    from eval.squad import write_null_odds, write_predictions
 
     ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
-    features = squad_eval_features(ds, tokenizer, max_length, cfg.doc_stride)
-    starts, ends = predict(
-        model, features.remove_columns(["offset_mapping", "example_id"]), collate(tokenizer),
-        cfg.batch_size, device, outputs=("start_logits", "end_logits"), desc=f"{task.display} {split.name}",
-    )
-    width = max(len(s) for s in starts)
-    start_logits = np.full((len(starts), width), -1e4, dtype=np.float32)  # (n_features, seq_len)
-    end_logits = np.full_like(start_logits, -1e4)
-    for i, (s, e) in enumerate(zip(starts, ends)):
-        start_logits[i, : len(s)] = s
-        end_logits[i, : len(e)] = e
-    version_2 = task.name == "squad_v2"
-    preds, null_odds = postprocess_predictions(
-        ds, features, start_logits, end_logits, version_2=version_2, n_best=cfg.n_best,
-        max_answer_length=cfg.max_answer_length, null_threshold=cfg.null_threshold,
-    )
-    if version_2:
-        metrics = squad_v2_scores(ds, preds, na_probs=null_odds)
-    else:
-        metrics = squad_v1_scores(ds, preds)
+    scorer = make_scorer(tokenizer, task, ds, cfg, max_length, device)
+    metrics, (preds, null_odds) = scorer(model)
     out = Path(cfg.predictions) if cfg.predictions else Path(model_dir) / "predictions"
-    out.mkdir(parents=True, exist_ok=True)
-    pred_file = out / f"{task.name}_{split.name}.json"
-    write_predictions(pred_file, preds)
+    pred_file = write_predictions(out / f"{task.name}_{split.name}.json", preds)
     record = {
         "kind": "eval",
         "task": task.name,
         "split": split.name,
         "n": len(ds),
-        "n_features": len(features),
+        "n_features": scorer.n_features,
         "data": data_source(cfg).description,
         "max_length": max_length,
         "doc_stride": cfg.doc_stride,
-        "metrics": {k: v for k, v in metrics.items() if k in task.metrics or k in ("total", "missing")},
+        "metrics": metrics,
         "predictions": str(pred_file),
     }
-    if version_2:
-        odds_file = out / f"{task.name}_{split.name}_null_odds.json"
-        write_null_odds(odds_file, null_odds)
-        record["null_odds"] = str(odds_file)
+    if task.name == "squad_v2":
+        record["null_odds"] = str(write_null_odds(out / f"{task.name}_{split.name}_null_odds.json", null_odds))
     return record
 
 

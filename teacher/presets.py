@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from compress.core.registry import Registry
 from compress.core.structure import Shape
 
@@ -26,3 +28,28 @@ HUB_ALIASES = {
     "bert-large-uncased": "google-bert/bert-large-uncased",
     "bert-large-cased": "google-bert/bert-large-cased",
 }
+
+
+def resolve_model(name: str | Path) -> Path:
+    """A local model directory for ``name``: a directory, an alias (``bert-base``) or a hub id.
+
+    Hub models are downloaded into the Hugging Face cache (safetensors only); offline,
+    this fails at once with a one-line message.
+    """
+    from compress.core.artifacts import require_model_dir
+    from compress.core.errors import CompressError
+    from compress.core.hub import download_model
+
+    text = str(name)
+    path = Path(text).expanduser()
+    if path.exists():
+        return require_model_dir(path)
+    repo = HUB_ALIASES.get(text.lower())
+    if repo is None and text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        repo = text  # looks like "org/name"
+    if repo is None:
+        raise CompressError(
+            f"model {text!r} is neither a directory nor a known hub model; pass a model directory, "
+            f"one of {', '.join(sorted(HUB_ALIASES))}, or a hub id such as google-bert/bert-base-uncased"
+        )
+    return require_model_dir(download_model(repo))

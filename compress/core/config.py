@@ -140,25 +140,65 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r}")
 
 
-def from_dict(cls: type[C], data: dict[str, Any], where: str = "config") -> C:
-    """Build a config from a mapping; keys may use dashes or underscores."""
+def _nested(cls) -> dict[str, type]:
+    """Fields of ``cls`` that are themselves configs (e.g. ``train: TrainConfig``)."""
     hints = _hints(cls)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(cls)
+        if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
+    }
+
+
+def field_names(cls) -> list[str]:
+    """Every option name of ``cls``, nested configs' options included (they are flat on the CLI)."""
+    names = []
+    for f in dataclasses.fields(cls):
+        nested = _nested(cls).get(f.name)
+        names.extend(field_names(nested) if nested else [f.name])
+    return names
+
+
+def from_dict(cls: type[C], data: dict[str, Any], where: str = "config", validate: bool = True) -> C:
+    """Build a config from a mapping; keys may use dashes or underscores.
+
+    A nested config field (``train: TrainConfig``) accepts a mapping, and its options
+    may also be given flat at the top level (``lr: 3e-5``), as on the command line.
+    """
+    hints = _hints(cls)
+    nested = _nested(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
+    values: dict[str, Any] = {}
+    routed: dict[str, dict[str, Any]] = {name: {} for name in nested}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise CompressError(f"{where}: unknown option {raw_key!r}{hint}; valid: {', '.join(names)}")
-        values[key] = coerce(value, hints[key], f"{where}: {raw_key}")
+        if key in nested:
+            if isinstance(value, nested[key]):
+                value = dataclasses.asdict(value)
+            if not isinstance(value, dict):
+                raise CompressError(f"{where}: {raw_key} must be a mapping of options")
+            routed[key].update(value)
+            continue
+        if key in names:
+            values[key] = coerce(value, hints[key], f"{where}: {raw_key}")
+            continue
+        owner = [n for n, sub in nested.items() if key in field_names(sub)]
+        if owner:
+            routed[owner[0]][key] = value
+            continue
+        valid = [n for n in names if n not in nested] + [n for sub in nested.values() for n in field_names(sub)]
+        close = difflib.get_close_matches(key, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CompressError(f"{where}: unknown option {raw_key!r}{hint}; valid: {', '.join(valid)}")
+    for name, sub in nested.items():
+        values[name] = from_dict(sub, routed[name], where, validate)
     try:
         cfg = cls(**values)
     except TypeError as err:
         raise CompressError(f"{where}: {err}") from None
-    validate = getattr(cfg, "validate", None)
-    if callable(validate):
-        validate()
+    check = getattr(cfg, "validate", None)
+    if validate and callable(check):
+        check()
     return cfg
 
 
@@ -179,11 +219,18 @@ def flag_name(f: dataclasses.Field) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--flag`` per config field; defaults stay in the dataclass (argparse sees None)."""
+    """Add one ``--flag`` per config field; defaults stay in the dataclass (argparse sees None).
+
+    Nested configs get their own argument group, with flat flag names.
+    """
     hints = _hints(cls)
-    group = parser.add_argument_group(f"options ({cls.__name__}; also settable in --config FILE)")
+    nested = _nested(cls)
+    group = parser.add_argument_group(f"{cls.__name__} options (also settable in --config FILE)")
     for f in dataclasses.fields(cls):
         if f.name in skip:
+            continue
+        if f.name in nested:
+            add_arguments(parser, nested[f.name], skip)
             continue
         tp = hints[f.name]
         default = f.default
@@ -212,15 +259,30 @@ def _metavar(tp: Any) -> str:
     return {int: "N", float: "X", str: "TEXT"}.get(tp, "VALUE")
 
 
+def _overrides(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    nested = _nested(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in nested:
+            sub = _overrides(nested[f.name], args)
+            if sub:
+                out[f.name] = sub
+        elif getattr(args, f.name, None) is not None:
+            out[f.name] = getattr(args, f.name)
+    return out
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        merged[key] = _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
 def from_args(cls: type[C], args: argparse.Namespace, config_file: str | None = None) -> C:
     """Config from an optional file, then the flags that were given on the command line."""
     data = load_file(config_file) if config_file else {}
     where = str(config_file) if config_file else "options"
-    base = from_dict(cls, data, where)  # validates the file on its own first
-    overrides = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(cls)
-        if getattr(args, f.name, None) is not None
-    }
-    merged = {**dataclasses.asdict(base), **overrides}
+    base = from_dict(cls, data, where, validate=False)  # names and types of the file's keys
+    merged = _deep_merge(dataclasses.asdict(base), _overrides(cls, args))
     return from_dict(cls, merged, "options")

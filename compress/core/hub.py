@@ -39,3 +39,46 @@ def hub_reachable(timeout: float = PROBE_TIMEOUT_S) -> bool:
         return True  # the server answered, even if with an error status
     except (OSError, ValueError):
         return False
+
+
+# Files a BERT model directory needs; weights in safetensors only (never pickles from the hub).
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
+               "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def download_model(repo_id: str, revision: str | None = None) -> "Path":
+    """Fetch a model repository's config, safetensors weights and tokenizer into the HF cache.
+
+    Fails within seconds, with one line, when the hub cannot be reached and the files are
+    not cached. Only safetensors weights are downloaded: a repository that has only
+    pickled ``pytorch_model.bin`` weights is refused rather than unpickled.
+    """
+    from pathlib import Path
+
+    from compress.core.errors import CompressError
+
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - a dependency
+        raise CompressError("huggingface_hub is not installed; pass a local model directory") from None
+    offline = hub_offline_mode() or not hub_reachable()
+    try:
+        path = Path(
+            snapshot_download(repo_id, revision=revision, allow_patterns=list(MODEL_FILES), local_files_only=offline)
+        )
+    except Exception as err:
+        if offline:
+            raise CompressError(
+                f"cannot download model {repo_id!r}: the Hugging Face hub is unreachable (or HF_HUB_OFFLINE is set) "
+                "and it is not in the local cache; pass a local model directory instead"
+            ) from None
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CompressError(f"cannot download model {repo_id!r} from the Hugging Face hub: {reason}") from None
+    if not (path / "config.json").is_file():
+        raise CompressError(f"hub repository {repo_id!r} has no config.json; is it a model repository?")
+    if not any(path.glob("*.safetensors")):
+        raise CompressError(
+            f"hub repository {repo_id!r} has no safetensors weights; compress does not unpickle downloaded "
+            "pytorch_model.bin files — convert it to safetensors locally and pass the directory"
+        )
+    return path

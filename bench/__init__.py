@@ -1,0 +1,1 @@
+"""Real-data benchmarks; results are committed under bench/results/."""

@@ -1,0 +1,84 @@
+"""Published results to compare against, each with its source.
+
+Numbers are as printed by the cited papers and official repositories (percent), on GLUE
+dev unless the table says otherwise. They are facts about other people's runs: reports
+always mark them "published", never "measured".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Published:
+    model: str
+    params_m: float | None  # millions of parameters
+    scores: dict[str, float]  # task -> primary metric (percent)
+    source: str
+    split: str = "dev"
+    shape: str | None = None  # layers-hidden, for matching a local model's shape
+    notes: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+_HF_DISTIL = "huggingface/transformers examples/research_projects/distillation/README.md"
+_MINILM = "microsoft/unilm minilm/README.md"
+_TINYBERT_QUOTED = "quoted in henrform/DLNLP_25W_Group4 README.md (TinyBERT paper)"
+
+# GLUE dev. Metrics: CoLA Matthews, SST-2 acc, MRPC F1, STS-B Pearson, QQP acc, MNLI-m acc,
+# QNLI acc, RTE acc, WNLI acc (the primary metrics of compress.core.tasks).
+GLUE_DEV: tuple[Published, ...] = (
+    Published("BERT-base-uncased", 110, {"cola": 56.3, "sst2": 92.7, "mrpc": 88.6, "stsb": 89.0, "qqp": 89.6,
+              "mnli": 84.7, "qnli": 91.8, "rte": 69.3, "wnli": 53.5}, _HF_DISTIL, shape="12L-768"),
+    Published("DistilBERT-base-uncased (6L-768)", 66, {"cola": 51.3, "sst2": 91.3, "mrpc": 87.5, "stsb": 86.9,
+              "qqp": 88.5, "mnli": 82.1, "qnli": 89.2, "rte": 59.9, "wnli": 56.3}, _HF_DISTIL, shape="6L-768"),
+    Published("BERT-base (MiniLM authors' run)", 110, {"cola": 58.9, "sst2": 93.2, "mrpc": 87.3, "qqp": 91.3,
+              "mnli": 84.5, "qnli": 91.7, "rte": 68.6}, _MINILM, shape="12L-768"),
+    Published("MiniLM-L12-H384", 33, {"cola": 58.5, "sst2": 93.0, "mrpc": 89.5, "qqp": 91.3, "mnli": 85.7,
+              "qnli": 91.5, "rte": 73.3}, _MINILM, shape="12L-384"),
+    Published("MiniLM-L6-H384", 22, {"cola": 47.5, "sst2": 91.5, "mrpc": 88.9, "qqp": 90.6, "mnli": 83.3,
+              "qnli": 90.5, "rte": 68.8}, _MINILM, shape="6L-384"),
+    Published("BERT-of-Theseus (6L)", 66, {"sst2": 91.8, "mrpc": 87.5, "stsb": 87.8, "qqp": 88.8, "mnli": 82.1,
+              "qnli": 88.8, "rte": 70.1}, "JetRunner/BERT-of-Theseus README.md", shape="6L-768"),
+    Published("TinyBERT-4L-312", 14.5, {"cola": 44.1, "sst2": 92.6, "mrpc": 86.4, "rte": 66.6}, _TINYBERT_QUOTED,
+              shape="4L-312"),
+    Published("TinyBERT-6L-768", 67, {"cola": 51.1, "sst2": 93.1, "mrpc": 87.3, "rte": 70.0}, _TINYBERT_QUOTED,
+              shape="6L-768"),
+)
+
+# GLUE test server (score = the GLUE average).
+GLUE_TEST: tuple[Published, ...] = (
+    Published("BERT-base (Devlin et al.)", 110, {"mnli": 84.6, "qqp": 71.2, "qnli": 90.5, "sst2": 93.5, "cola": 52.1,
+              "stsb": 85.8, "mrpc": 88.9, "rte": 66.4}, "BERT paper table 1 (via yoshitomo-matsubara/torchdistill configs README)",
+              split="test", extra={"mnli-mm": 83.4, "score": 79.6}),
+    Published("BERT-large (Devlin et al.)", 340, {"mnli": 86.7, "qqp": 72.1, "qnli": 92.7, "sst2": 94.9, "cola": 60.5,
+              "stsb": 86.5, "mrpc": 89.3, "rte": 70.1}, "BERT paper table 1 (via yoshitomo-matsubara/torchdistill configs README)",
+              split="test", extra={"mnli-mm": 85.9}),
+    Published("MobileBERT", 25.3, {}, "MobileBERT abstract", split="test", extra={"score": 77.7}),
+)
+
+# SQuAD dev: F1 (and EM where published).
+SQUAD_DEV: tuple[Published, ...] = (
+    Published("BERT-base", 110, {"squad": 88.5, "squad_v2": 76.8}, "BERT paper; unilm minilm README (v2.0)",
+              extra={"squad_em": 80.8}, shape="12L-768"),
+    Published("BERT-large", 340, {"squad": 90.9}, "BERT paper", extra={"squad_em": 84.1}, shape="24L-1024"),
+    Published("DistilBERT", 66, {"squad": 86.9}, _HF_DISTIL, notes="with SQuAD-stage distillation", shape="6L-768"),
+    Published("TinyBERT-4L", 14.5, {"squad": 82.1}, "TextBrewer README", extra={"squad_em": 72.7}, shape="4L-312"),
+    Published("MobileBERT", 25.3, {"squad": 90.0, "squad_v2": 79.2}, "MobileBERT abstract"),
+    Published("MiniLM-L12-H384", 33, {"squad_v2": 81.7}, _MINILM, shape="12L-384"),
+    Published("MiniLM-L6-H384", 22, {"squad_v2": 75.6}, _MINILM, shape="6L-384"),
+)
+
+
+def published(model: str, table: tuple[Published, ...] = GLUE_DEV + SQUAD_DEV) -> list[Published]:
+    """Rows whose model name starts with ``model`` (case-insensitive)."""
+    return [p for p in table if p.model.lower().startswith(model.lower())]
+
+
+def published_score(model: str, task: str) -> tuple[float, str] | None:
+    """The first published dev score of ``model`` on ``task``, with its source."""
+    for row in published(model):
+        if task in row.scores:
+            return row.scores[task], row.source
+    return None
