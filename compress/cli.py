@@ -210,6 +210,46 @@ def _latency_run(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- teacher pretrain
+
+
+@command(
+    "teacher pretrain",
+    "pretrain a BERT from scratch: WordPiece vocabulary, masked LM + next-sentence prediction, 128 -> 512 phases",
+    """\
+  compress teacher pretrain --corpus wiki/ --vocab-size 30522 --shape base --max-steps 1000000 --out models/bert
+  compress teacher pretrain --corpus books.txt,wiki.txt --shape 4L-256 --max-steps 2000 --batch-size 128 \\
+      --phase1-length 128 --phase2-length 512 --whole-word --out models/small-bert
+  compress teacher pretrain --corpus wiki/ --tokenizer models/bert-base --shape 8L-512 --out models/medium
+  compress teacher pretrain ... --resume                  # after a crash: continue into the same --out
+  torchrun --nproc_per_node 8 -m compress.cli teacher pretrain ... --precision bf16   # same global batch""",
+)
+def _pretrain_args(p):
+    from compress.core.config import add_arguments
+    from teacher.pretrain import PretrainConfig
+
+    p.add_argument("--out", required=True, metavar="DIR", help="output model directory (BertForPreTraining + tokenizer)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    _config_flag(p)
+    add_arguments(p, PretrainConfig)
+
+
+@_pretrain_args.run
+def _pretrain_run(args) -> int:
+    from compress.core.artifacts import read_metrics
+    from compress.core.config import from_args
+    from teacher.pretrain import PretrainConfig, pretrain
+
+    cfg = from_args(PretrainConfig, args, args.config)
+    out = pretrain(args.out, cfg, overwrite=args.overwrite)
+    heldout = [r for r in read_metrics(out) if r.get("task") == "pretraining"]
+    if heldout:
+        m = heldout[-1]["metrics"]
+        print(f"held-out MLM accuracy {m['mlm_accuracy']:.2f}%, NSP accuracy {m['nsp_accuracy']:.2f}%")
+    _say(f"wrote {out} (curves: {out}/pretraining_curves.png)")
+    return 0
+
+
 # ---------------------------------------------------------------------------- teacher finetune
 
 

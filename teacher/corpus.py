@@ -36,7 +36,9 @@ IGNORE_INDEX = -100  # label of positions without an MLM prediction (torch cross
 IS_NEXT, NOT_NEXT = 0, 1
 # What happened to a selected token (the reference's 80/10/10 rule).
 NONE, MASKED, KEPT, RANDOM = 0, 1, 2, 3
-_STAT_COUNTS = ("sequences", "maskable", "selected", "special_selected", "mask", "random", "random_same", "kept", "unchanged")
+_STAT_COUNTS = (
+    "sequences", "maskable", "selected", "special_selected", "mask", "random", "random_same", "kept", "unchanged",
+)  # fmt: skip
 
 # A sentence ends after . ! or ? followed by whitespace; a line break inside a block ends one too.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -159,8 +161,10 @@ def build_instances(
     ``docs_ids[d][s]`` is the token ids of sentence ``s`` of document ``d``. Every pair fits
     ``max_length`` with its three special tokens. Documents are shuffled and the instances
     shuffled at the end, with one ``random.Random(seed)``, as in the reference. One
-    deliberate difference: a random B always comes from another document (the reference
-    gives up after 10 draws of the same document).
+    deliberate differences: a random B always comes from another document (the reference
+    gives up after 10 draws of the same document), and a chunk of one sentence is cut in
+    two so the NSP coin still decides (the reference forces NotNext, which skews the 50/50
+    split on corpora of short documents).
     """
     if max_length < 5:
         raise CompressError(f"max_length must be at least 5 ([CLS] A [SEP] B [SEP] with 2 tokens), got {max_length}")
@@ -212,15 +216,23 @@ def _instances_from_document(
         chunk.append(document[i])
         chunk_length += len(document[i])
         if i == len(document) - 1 or chunk_length >= target_seq_length:
-            # a_end: how many of the chunk's sentences go into A.
+            chunk_was_split = len(chunk) == 1 and len(chunk[0]) >= 2
+            if chunk_was_split:
+                # A one-sentence chunk would force NotNext (the reference's behaviour), which
+                # skews NSP towards NotNext on corpora of short documents. The paper's
+                # "sentences" are arbitrary spans of contiguous text, so split it in two
+                # and let the coin decide, keeping IsNext/NotNext at 50/50.
+                cut = rng.randint(1, len(chunk[0]) - 1)
+                chunk = [chunk[0][:cut], chunk[0][cut:]]
+            # a_end: how many of the chunk's segments go into A.
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
             tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
-            # Short-circuit as the reference does: a one-sentence chunk draws no NSP coin.
             if len(chunk) == 1 or rng.random() < nsp_probability:
                 is_random_next = True
                 tokens_b = _random_continuation(documents, index, target_seq_length - len(tokens_a), rng)
-                # B did not use the chunk's remaining sentences: "put them back" for the next chunk.
-                i -= len(chunk) - a_end
+                # B did not use the chunk's remaining sentences: "put them back" for the next
+                # chunk (a split single sentence has nothing to put back: it is used up).
+                i -= max(0, len(chunk) - a_end - (1 if chunk_was_split else 0))
             else:
                 is_random_next = False
                 tokens_b = [t for sentence in chunk[a_end:] for t in sentence]
@@ -231,7 +243,9 @@ def _instances_from_document(
     return instances
 
 
-def _random_continuation(documents: list[list[list[int]]], index: int, target_length: int, rng: random.Random) -> list[int]:
+def _random_continuation(
+    documents: list[list[list[int]]], index: int, target_length: int, rng: random.Random
+) -> list[int]:
     """Sentences of another document, from a random sentence on, until ``target_length`` tokens."""
     other = rng.randint(0, len(documents) - 2)
     other += other >= index  # skip the current document: uniform over the others
@@ -413,7 +427,9 @@ class PretrainCollator:
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         self.pad_id, self.mask_id = tokenizer.pad_token_id, tokenizer.mask_token_id
         if None in (self.cls_id, self.sep_id, self.pad_id, self.mask_id):
-            raise CompressError("the tokenizer lacks one of [CLS], [SEP], [PAD], [MASK]; use a BERT WordPiece tokenizer")
+            raise CompressError(
+                "the tokenizer lacks one of [CLS], [SEP], [PAD], [MASK]; use a BERT WordPiece tokenizer"
+            )
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         self._continues = torch.tensor([t.startswith(CONTINUATION) for t in tokens])  # (vocab,) bool
         special = set(tokenizer.all_special_ids)

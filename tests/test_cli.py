@@ -27,7 +27,7 @@ def run_cli(*args, env=None):
 
 def test_top_level_help_lists_commands():
     text = build_parser().format_help()
-    for name in ("eval", "latency", "tasks", "init", "demo"):
+    for name in ("eval", "latency", "tasks", "init", "demo", "teacher"):
         assert name in text
     assert "examples:" in text
 
@@ -35,7 +35,7 @@ def test_top_level_help_lists_commands():
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_subcommand_help_has_examples(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main([name, "--help"])
+        main([*name.split(), "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and f"compress {name}" in out

@@ -190,8 +190,12 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str = "config", validat
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise CompressError(f"{where}: unknown option {raw_key!r}{hint}; valid: {', '.join(valid)}")
+    defaults = {f.name: f.default_factory() for f in dataclasses.fields(cls)
+                if f.name in nested and f.default_factory is not dataclasses.MISSING}
     for name, sub in nested.items():
-        values[name] = from_dict(sub, routed[name], where, validate)
+        # Start from the field's own default (a stage may default lr=1e-4 where TrainConfig says 2e-5).
+        base = dataclasses.asdict(defaults[name]) if name in defaults else {}
+        values[name] = from_dict(sub, {**base, **routed[name]}, where, validate)
     try:
         cfg = cls(**values)
     except TypeError as err:
@@ -218,10 +222,11 @@ def flag_name(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), defaults: Any = None) -> None:
     """Add one ``--flag`` per config field; defaults stay in the dataclass (argparse sees None).
 
-    Nested configs get their own argument group, with flat flag names.
+    Nested configs get their own argument group, with flat flag names; ``defaults`` is
+    the instance whose values the help shows (a nested field's own default).
     """
     hints = _hints(cls)
     nested = _nested(cls)
@@ -230,10 +235,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         if f.name in skip:
             continue
         if f.name in nested:
-            add_arguments(parser, nested[f.name], skip)
+            sub_default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            add_arguments(parser, nested[f.name], skip, sub_default)
             continue
         tp = hints[f.name]
-        default = f.default
+        default = getattr(defaults, f.name) if defaults is not None else f.default
         help_text = f.metadata.get("help", "")
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         help_text += f" (default: {shown})" if default not in (None, "", ()) else ""

@@ -71,6 +71,22 @@ def embeddings(model: nn.Module) -> nn.Module:
     return base_model(model).embeddings
 
 
+def pretraining_heads(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(MLM head: hidden -> vocab logits, NSP head: pooled -> 2 logits) of a BertForPreTraining."""
+    heads = getattr(model, "cls", None)
+    if heads is None or not hasattr(heads, "seq_relationship"):
+        raise CompressError(f"{type(model).__name__} has no pretraining heads; build a BertForPreTraining")
+    return heads.predictions, heads.seq_relationship
+
+
+def mlm_head(model: nn.Module) -> nn.Module:
+    """The MLM head (transform + decoder tied to the word embeddings) of a pretraining or MLM model."""
+    heads = getattr(model, "cls", None)
+    if heads is None:
+        raise CompressError(f"{type(model).__name__} has no masked-LM head")
+    return heads.predictions
+
+
 # ---------------------------------------------------------------------------- reading shapes
 
 

@@ -279,10 +279,37 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
 LossFn = Callable[[Any, dict], tuple[Any, dict[str, Any]]]
 
 
+@dataclass
+class Phase:
+    """A stretch of training with its own data, batching and length (BERT's 128 -> 512 phases).
+
+    ``steps`` None means ``cfg.max_steps`` or ``cfg.epochs`` passes over ``dataset``.
+    """
+
+    dataset: Sequence[Any]
+    collate: Callable[[list[Any], int], dict]  # (a process's items, global step) -> tensors
+    batch_size: int | None = None  # global batch; None: cfg.batch_size
+    steps: int | None = None
+    lengths: Sequence[int] | None = None  # tokens per example, for group_by_length
+    name: str = "train"
+
+
 def train(
     model,
     dataset: Sequence[Any],
     collate: Callable[[list[Any], int], dict],
+    cfg: TrainConfig,
+    *,
+    lengths: Sequence[int] | None = None,
+    **kwargs: Any,
+) -> TrainResult:
+    """Train ``model`` in place on one dataset (see :func:`train_phases` for the options)."""
+    return train_phases(model, [Phase(dataset, collate, lengths=lengths)], cfg, **kwargs)
+
+
+def train_phases(
+    model,
+    phases: Sequence[Phase],
     cfg: TrainConfig,
     *,
     loss_fn: LossFn,
@@ -293,16 +320,15 @@ def train(
     run_key: Any = None,
     desc: str = "training",
     shuffle: bool = True,
-    lengths: Sequence[int] | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place on ``dataset``; checkpoints and the best weights go to ``work_dir``.
+    """Train ``model`` in place through ``phases``; checkpoints and the best weights go to ``work_dir``.
 
-    ``collate(items, step)`` turns a process's share of a batch into tensors; the step
-    number lets it draw reproducible randomness (see :func:`step_seed`). ``select``
-    names the metric in ``evaluate``'s result that picks the best checkpoint (higher
-    is better). ``run_key`` (anything JSON-able: config, data size) must match for
-    ``resume`` to accept a checkpoint. ``lengths`` (tokens per example) enables
-    ``cfg.group_by_length``.
+    One optimizer and one warm-up/decay schedule span all phases. ``collate(items, step)``
+    turns a process's share of a batch into tensors; the step number lets it draw
+    reproducible randomness (see :func:`step_seed`). ``select`` names the metric in
+    ``evaluate``'s result that picks the best checkpoint (higher is better). ``run_key``
+    (anything JSON-able: config, data sizes) must match for ``resume`` to accept a
+    checkpoint.
     """
     import torch
     from tqdm.auto import tqdm
@@ -311,21 +337,14 @@ def train(
     work_dir = Path(work_dir)
     accelerator = make_accelerator(cfg.precision, cfg.device)
     world, rank = accelerator.num_processes, accelerator.process_index
-    if cfg.batch_size % (world * cfg.grad_accum):
-        raise CompressError(
-            f"--batch-size {cfg.batch_size} must be divisible by processes x --grad-accum ({world} x {cfg.grad_accum})"
-        )
-    torch.manual_seed(cfg.seed)
-    n = len(dataset)
-    batches = global_batches(n, cfg.batch_size, world)
-    if not batches:
-        raise CompressError(f"the training set has {n} examples, fewer than the {world} processes; add data")
-    steps_per_epoch = len(batches)
-    total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    plan = _plan(phases, cfg, world)
+    total = sum(p["steps"] for p in plan)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total)
-    eval_every = cfg.eval_every or steps_per_epoch
-    save_every = cfg.save_every or steps_per_epoch
-    key = fingerprint(asdict(cfg) | {"device": None, "keep_checkpoints": None}, n, world, run_key)
+    eval_every = cfg.eval_every or plan[0]["steps_per_epoch"]
+    save_every = cfg.save_every or plan[0]["steps_per_epoch"]
+    sizes = [(len(p["phase"].dataset), p["batch_size"], p["steps"]) for p in plan]
+    key = fingerprint(asdict(cfg) | {"device": None, "keep_checkpoints": None}, sizes, world, run_key)
+    torch.manual_seed(cfg.seed)
 
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
@@ -364,19 +383,23 @@ def train(
             "best_step": result.best_step, "best_value": best_value, "total": total,
         }
 
-    order_epoch, order = -1, []
+    cached: tuple[int, int] | None = None  # (phase, epoch) whose order is in `order`
+    order: list[int] = []
     while step < total:
-        epoch, index_in_epoch = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:  # one permutation per epoch, a pure function of (seed, epoch)
-            order_epoch = epoch
-            order = epoch_order(n, cfg.seed, epoch, shuffle, lengths if cfg.group_by_length else None, cfg.batch_size)
-        start, end = batches[index_in_epoch]
-        mine = order[start:end][rank::world]  # this process's interleaved share
+        p, local = _locate(plan, step)
+        phase, spe = plan[p]["phase"], plan[p]["steps_per_epoch"]
+        epoch, index_in_epoch = divmod(local, spe)
+        if cached != (p, epoch):  # one permutation per (phase, epoch): a pure function of the seed
+            cached = (p, epoch)
+            grouped = phase.lengths if cfg.group_by_length else None
+            order = epoch_order(len(phase.dataset), cfg.seed + 7 * p, epoch, shuffle, grouped, plan[p]["batch_size"])
+        start, end = plan[p]["batches"][index_in_epoch]
+        mine = order[start:end][rank::world]  # this process's interleaved share of the global batch
         micro = max(1, len(mine) // cfg.grad_accum)
         chunks = [mine[i : i + micro] for i in range(0, len(mine), micro)]
         logs_sum: dict[str, float] = {}
         for c, chunk in enumerate(chunks):
-            batch = collate([dataset[i] for i in chunk], step)
+            batch = phase.collate([phase.dataset[i] for i in chunk], step)
             batch = {k: v.to(accelerator.device) if hasattr(v, "to") else v for k, v in batch.items()}
             sync = c == len(chunks) - 1
             with contextlib.nullcontext() if sync or world == 1 else accelerator.no_sync(model):
@@ -385,7 +408,8 @@ def train(
                 _check_finite(loss, step, work_dir, accelerator)
                 accelerator.backward(loss / len(chunks))
             for k, v in {"loss": loss, **logs}.items():
-                logs_sum[k] = logs_sum.get(k, 0.0) + float(v) / len(chunks)
+                value = v.detach() if hasattr(v, "detach") else v
+                logs_sum[k] = logs_sum.get(k, 0.0) + float(value) / len(chunks)
         if cfg.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         optimizer.step()
@@ -397,7 +421,9 @@ def train(
             running[k] = running.get(k, 0.0) + v
         running_n += 1
         if step % cfg.log_every == 0 or step == total:
-            entry = {"step": step, "epoch": round(step / steps_per_epoch, 3), "lr": scheduler.get_last_lr()[0]}
+            entry = {"step": step, "epoch": round((local + 1) / spe, 3), "lr": scheduler.get_last_lr()[0]}
+            if len(plan) > 1:
+                entry["phase"] = phase.name
             entry.update({k: v / running_n for k, v in running.items()})
             result.history.append(entry)
             bar.set_postfix(loss=f"{entry['loss']:.4f}", lr=f"{entry['lr']:.2e}")
@@ -409,7 +435,7 @@ def train(
                 inner.eval()
                 metrics = evaluate(inner)
                 inner.train()
-                result.history.append({"step": step, "epoch": round(step / steps_per_epoch, 3), "eval": metrics})
+                result.history.append({"step": step, "epoch": round((local + 1) / spe, 3), "eval": metrics})
                 value = metrics.get(select) if select else None
                 if value is not None and (best_value is None or value > best_value):
                     best_value, result.best, result.best_step = float(value), metrics, step
@@ -432,6 +458,38 @@ def train(
     return result
 
 
+def _plan(phases: Sequence[Phase], cfg: TrainConfig, world: int) -> list[dict[str, Any]]:
+    """Batches and step counts of each phase."""
+    if not phases:
+        raise ValueError("train_phases needs at least one phase")
+    plan = []
+    for phase in phases:
+        batch_size = phase.batch_size or cfg.batch_size
+        if batch_size % (world * cfg.grad_accum):
+            raise CompressError(
+                f"--batch-size {batch_size} must be divisible by processes x --grad-accum ({world} x {cfg.grad_accum})"
+            )
+        batches = global_batches(len(phase.dataset), batch_size, world)
+        if not batches:
+            raise CompressError(
+                f"the {phase.name} data has {len(phase.dataset)} examples, fewer than the {world} processes; add data"
+            )
+        steps = phase.steps
+        if steps is None:
+            steps = cfg.max_steps or len(batches) * cfg.epochs
+        plan.append({"phase": phase, "batch_size": batch_size, "batches": batches, "steps_per_epoch": len(batches), "steps": steps})
+    return plan
+
+
+def _locate(plan: list[dict[str, Any]], step: int) -> tuple[int, int]:
+    """(phase index, step within that phase) of a global step."""
+    for p, entry in enumerate(plan):
+        if step < entry["steps"]:
+            return p, step
+        step -= entry["steps"]
+    return len(plan) - 1, plan[-1]["steps"] - 1
+
+
 def _check_finite(loss, step: int, work_dir: Path, accelerator) -> None:
     import torch
 
@@ -442,7 +500,7 @@ def _check_finite(loss, step: int, work_dir: Path, accelerator) -> None:
         last = list_checkpoints(work_dir)
         where = f"the last good checkpoint is {last[-1]} (resume with --resume)" if last else "no checkpoint was written yet"
         raise CompressError(
-            f"the loss became {float(loss)} at step {step + 1}; training stopped and {where}; "
+            f"the loss became {float(loss.detach())} at step {step + 1}; training stopped and {where}; "
             "lower --lr, use fp32, or check the data"
         )
 
