@@ -40,7 +40,7 @@ _STAT_COUNTS = (
     "sequences", "maskable", "selected", "special_selected", "mask", "random", "random_same", "kept", "unchanged",
 )  # fmt: skip
 
-# A sentence ends after . ! or ? followed by whitespace; a line break inside a block ends one too.
+# A sentence ends after . ! or ? followed by whitespace (lines of a block are joined first).
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _ENCODE_CHUNK = 10_000  # sentences per batch-encode call: bounds peak memory on big corpora
 
@@ -52,8 +52,8 @@ def read_documents(paths: str | Path | Iterable[str | Path]) -> list[list[str]]:
     """Read text files into documents of sentences (the reference's input format, relaxed).
 
     The reference wants one sentence per line and blank lines between documents. Here a
-    block of lines between blank lines is a document, and it is split into sentences at
-    line breaks and after ``.``, ``!`` or ``?`` followed by whitespace. WikiText headings
+    block of lines between blank lines is a document; its lines are joined and split into
+    sentences after ``.``, ``!`` or ``?`` followed by whitespace. WikiText headings
     (`` = = Title = = ``) are skipped. A directory stands for all ``*.txt`` files under it.
     """
     files = _text_files(paths)
@@ -87,19 +87,29 @@ def _text_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
 
 
 def _split_documents(text: str) -> list[list[str]]:
-    """Blank lines separate documents; each document becomes its non-empty sentences."""
+    """Blank lines separate documents; each document becomes its non-empty sentences.
+
+    Lines inside a block are joined before splitting at sentence ends, so prose wrapped
+    at a fixed width (Project Gutenberg) keeps whole sentences; one-sentence-per-line
+    files split the same way since their lines end with punctuation.
+    """
     documents: list[list[str]] = []
     current: list[str] = []
+
+    def close() -> None:
+        block = " ".join(current)
+        sentences = [s for s in (p.strip() for p in _SENTENCE_END.split(block)) if s]
+        if sentences:
+            documents.append(sentences)
+        current.clear()
+
     for line in text.splitlines():
         line = line.strip()
         if not line:
-            if current:
-                documents.append(current)
-                current = []
+            close()
         elif not _is_heading(line):
-            current.extend(s for s in (p.strip() for p in _SENTENCE_END.split(line)) if s)
-    if current:
-        documents.append(current)
+            current.append(line)
+    close()
     return documents
 
 

@@ -378,6 +378,9 @@ def test_read_documents_splits_blocks_sentences_and_skips_headings(tmp_path):
     (tmp_path / "notes.md").write_text("Ignored.\n", encoding="utf-8")
     assert read_documents(tmp_path)[-1] == ["Bee."]
     assert len(read_documents(tmp_path)) == 3
+    # Prose wrapped at a fixed width keeps whole sentences.
+    (tmp_path / "wrapped.txt").write_text("The cat\nsat on the mat. It\nslept.\n", encoding="utf-8")
+    assert read_documents(tmp_path / "wrapped.txt") == [["The cat sat on the mat.", "It slept."]]
 
 
 def test_read_documents_errors_are_one_line(tmp_path):
