@@ -52,6 +52,7 @@ def split_squad_dev(dev_file: Path, out: Path, n_train_articles: int = 36) -> tu
 
 def run_task(task: str, data: Path, models: Path, *, max_train: int | None, overwrite: bool) -> dict:
     from compress.core.artifacts import read_compression, read_metrics
+    from compress.core.data import TaskData
     from compress.core.train import TrainConfig
     from teacher.finetune import FinetuneConfig, finetune
 
@@ -60,10 +61,11 @@ def run_task(task: str, data: Path, models: Path, *, max_train: int | None, over
     out = models / f"minilm-{task}"
     if task == "squad":
         train_file, dev_file = split_squad_dev(data / "squad" / "dev-v1.1.json", models / "squad-split")
-        cfg = FinetuneConfig(task="squad", train_file=str(train_file), dev_file=str(dev_file), max_length=384,
-                             doc_stride=128, train=train, max_train_examples=max_train)
+        data_cfg = TaskData(train_file=str(train_file), dev_file=str(dev_file), max_length=384, doc_stride=128,
+                            max_train_examples=max_train)
     else:
-        cfg = FinetuneConfig(task=task, data_dir=str(data / "glue"), train=train, max_train_examples=max_train)
+        data_cfg = TaskData(data_dir=str(data / "glue"), max_train_examples=max_train)
+    cfg = FinetuneConfig(task=task, data=data_cfg, train=train)
     if not (out / "config.json").is_file() or overwrite:
         start = time.monotonic()
         finetune(minilm_path(), out, cfg, overwrite=True)

@@ -294,6 +294,38 @@ def make_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, dev
     return glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.batch_size, device=device)
 
 
+def dev_evaluator(task: Task, tokenizer, dev: dict, max_length: int, *, batch_size: int = 64, doc_stride: int = 128):
+    """``evaluate(model) -> metrics`` over the dev split(s): the first split's metrics as
+    they are, the others prefixed (``dev_mismatched/accuracy`` for MNLI)."""
+    cfg = EvalConfig(task=task.name, batch_size=batch_size, doc_stride=doc_stride)
+    scorers = {name: make_scorer(tokenizer, task, ds, cfg, max_length) for name, ds in dev.items()}
+    first = next(iter(scorers))
+
+    def evaluate_model(model) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, scorer in scorers.items():
+            metrics, _ = scorer(model)
+            for key, value in (metrics or {}).items():
+                out[key if name == first else f"{name}/{key}"] = value
+        return out
+
+    return evaluate_model
+
+
+def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> list[dict[str, Any]]:
+    """metrics.json records (one per dev split) from a :func:`dev_evaluator` result."""
+    from compress.core.artifacts import utc_now
+
+    records = []
+    for i, name in enumerate(dev):
+        prefix = "" if i == 0 else f"{name}/"
+        own = {k[len(prefix):]: v for k, v in metrics.items() if (k.startswith(prefix) if prefix else "/" not in k)}
+        if own:
+            records.append({"kind": "eval", "task": task.name, "split": name, "n": len(dev[name]),
+                            "metrics": own, "when": utc_now(), **extra})
+    return records
+
+
 def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
     from compress.core.data import load_split
 

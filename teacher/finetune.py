@@ -19,6 +19,7 @@ from typing import Any
 
 from compress.core.config import option
 from compress.core.errors import CompressError
+from compress.core.data import TaskData
 from compress.core.tasks import REGRESSION, SPAN, Task, get_task
 from compress.core.train import TrainConfig
 
@@ -29,58 +30,20 @@ PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3,
 @dataclass(frozen=True)
 class FinetuneConfig:
     task: str = option("", "task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, squad, squad_v2")
-    data_dir: str | None = option(None, "local GLUE root / task folder / SQuAD folder (default: the hub)", metavar="DIR")
-    train_file: str | None = option(None, "training data as one csv/tsv/json/jsonl/parquet/SQuAD file", metavar="FILE")
-    dev_file: str | None = option(None, "dev data as one file (with --train-file)", metavar="FILE")
-    columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping file columns to task fields", metavar="FIELD=COL[,...]")
-    max_train_examples: int | None = option(None, "train on a seeded random subsample of N examples (say so when reporting)")
-    max_eval_examples: int | None = option(None, "evaluate on the first N dev examples")
-    max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD)")
-    doc_stride: int = option(128, "SQuAD: overlap between windows of a long context")
-    eval_batch_size: int = option(64, "sequences per forward pass when evaluating")
     resume: bool = option(False, "continue from the last checkpoint of an interrupted run into the same --out")
+    data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> None:
         if not self.task:
             raise CompressError("no task given; pass --task, e.g. --task sst2")
         get_task(self.task)
-        if self.data_dir and (self.train_file or self.dev_file):
-            raise CompressError("pass either --data-dir or --train-file/--dev-file, not both")
-        if bool(self.train_file) != bool(self.dev_file):
-            raise CompressError("--train-file and --dev-file go together; pass both")
-        if self.columns and not self.train_file:
-            raise CompressError("--columns maps the columns of --train-file/--dev-file; pass those too")
-        for pair in self.columns:
-            if "=" not in pair:
-                raise CompressError(f"--columns expects FIELD=COLUMN pairs, got {pair!r}")
-        for name in ("max_train_examples", "max_eval_examples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise CompressError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-
-
-def head_for(task: Task) -> str:
-    return "question-answering" if task.kind == SPAN else "sequence-classification"
 
 
 def work_dir_for(out: Path) -> Path:
     """Checkpoints of a run live next to its output, so --resume finds them."""
     out = Path(out).absolute()
     return out.parent / f".{out.name}.work"
-
-
-def _sources(cfg: FinetuneConfig):
-    from compress.core.data import DataSource
-
-    columns = tuple(tuple(p.split("=", 1)) for p in cfg.columns)
-    if cfg.train_file:
-        return (
-            DataSource(data_file=cfg.train_file, columns=columns),
-            DataSource(data_file=cfg.dev_file, columns=columns),
-        )
-    source = DataSource(data_dir=cfg.data_dir)
-    return source, source
 
 
 def load_model_for_task(model_dir: Path, task: Task):
@@ -91,59 +54,17 @@ def load_model_for_task(model_dir: Path, task: Task):
         return load_model(model_dir, head="question-answering")
     id2label = None if task.kind == REGRESSION else dict(enumerate(task.label_names))
     model = load_model(model_dir, head="sequence-classification", num_labels=task.num_labels, id2label=id2label)
-    if task.kind == REGRESSION:
-        model.config.problem_type = "regression"
-    else:
-        model.config.problem_type = "single_label_classification"
+    model.config.problem_type = "regression" if task.kind == REGRESSION else "single_label_classification"
     return model
-
-
-def prepare_data(task: Task, tokenizer, cfg: FinetuneConfig, max_length: int):
-    """Tokenised training features and one raw dev dataset per dev split."""
-    from compress.core.data import load_split, squad_train_features, tokenize_classification
-
-    train_src, dev_src = _sources(cfg)
-    train_ds = load_split(task, "train", train_src)
-    if cfg.max_train_examples and cfg.max_train_examples < len(train_ds):
-        train_ds = train_ds.shuffle(seed=cfg.train.seed).select(range(cfg.max_train_examples))
-    if task.kind == SPAN:
-        features = squad_train_features(train_ds, tokenizer, max_length, cfg.doc_stride)
-    else:
-        features = tokenize_classification(train_ds, task, tokenizer, max_length).remove_columns(["idx"])
-    dev_splits = [s.name for s in task.resolve_splits("dev")]
-    if cfg.dev_file:
-        dev_splits = dev_splits[:1]
-    dev = {name: load_split(task, name, dev_src, cfg.max_eval_examples) for name in dev_splits}
-    return features, dev, len(train_ds)
-
-
-def make_evaluator(task: Task, tokenizer, dev: dict, cfg: FinetuneConfig, max_length: int):
-    """``evaluate(model) -> metrics``: the first dev split's metrics, others prefixed (MNLI-mm)."""
-    from eval.evaluate import EvalConfig, make_scorer
-
-    eval_cfg = EvalConfig(task=task.name, batch_size=cfg.eval_batch_size, doc_stride=cfg.doc_stride)
-    scorers = {name: make_scorer(tokenizer, task, ds, eval_cfg, max_length) for name, ds in dev.items()}
-    first = next(iter(scorers))
-
-    def evaluate(model) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, scorer in scorers.items():
-            metrics, _ = scorer(model)
-            for key, value in (metrics or {}).items():
-                out[key if name == first else f"{name}/{key}"] = value
-        return out
-
-    return evaluate
 
 
 def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwrite: bool = False) -> Path:
     """Fine-tune ``model`` on ``cfg.task`` and write the best dev checkpoint to ``out``."""
-    from compress.core.artifacts import (
-        check_output, compression_record, load_tokenizer, save_model_dir, utc_now,
-    )
-    from compress.core.data import check_max_length, collate
+    from compress.core.artifacts import check_output, compression_record, load_tokenizer, save_model_dir, utc_now
+    from compress.core.data import collate, load_task_data
     from compress.core.structure import count_parameters
     from compress.core.train import is_main_process, load_weights, train
+    from eval.evaluate import dev_evaluator, split_records
     from teacher.presets import resolve_model
 
     task = get_task(cfg.task)
@@ -153,9 +74,8 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     source = resolve_model(model)
     tokenizer = load_tokenizer(source)
     net = load_model_for_task(source, task)
-    max_length = cfg.max_length or min(384 if task.kind == SPAN else 128, net.config.max_position_embeddings)
-    check_max_length(max_length, net.config.max_position_embeddings)
-    features, dev, n_train = prepare_data(task, tokenizer, cfg, max_length)
+    max_length = cfg.data.resolved_max_length(task, net.config.max_position_embeddings)
+    features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
     pad = collate(tokenizer)
 
     def collate_step(items, step):
@@ -167,17 +87,17 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     work = work_dir_for(out)
     if not cfg.resume and work.exists():
         shutil.rmtree(work)
+    evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
     result = train(
-        net, features, collate_step, cfg.train, loss_fn=loss_fn, work_dir=work,
-        evaluate=make_evaluator(task, tokenizer, dev, cfg, max_length), select=task.primary_metric,
-        resume=cfg.resume, run_key=[str(source), task.name, n_train, max_length], desc=f"fine-tuning {task.display}",
-        lengths=[len(ids) for ids in features["input_ids"]],
+        net, features, collate_step, cfg.train, loss_fn=loss_fn, work_dir=work, evaluate=evaluate,
+        select=task.primary_metric, resume=cfg.resume, run_key=[str(source), task.name, n_train, max_length],
+        desc=f"fine-tuning {task.display}", lengths=[len(ids) for ids in features["input_ids"]],
     )
     if result.best_weights is not None:
         load_weights(net, result.best_weights)  # keep the best epoch, not the last one
     if not is_main_process():
         return out
-    records = _eval_records(task, dev, result.best or {}, max_length, cfg)
+    records = split_records(task, dev, result.best or {}, data=cfg.data.describe(), max_length=max_length)
     training = {
         "kind": "training", "stage": "finetune", "task": task.name, "steps": result.steps,
         "seconds": round(result.seconds, 1), "best_step": result.best_step, "n_train": n_train,
@@ -191,23 +111,6 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
                    metrics=[*records, training])
     shutil.rmtree(work, ignore_errors=True)
     return out
-
-
-def _eval_records(task: Task, dev: dict, best: dict[str, float], max_length: int, cfg: FinetuneConfig) -> list[dict[str, Any]]:
-    """metrics.json records for the best checkpoint, one per dev split."""
-    from compress.core.artifacts import utc_now
-
-    names = list(dev)
-    records = []
-    for i, name in enumerate(names):
-        prefix = "" if i == 0 else f"{name}/"
-        metrics = {k[len(prefix):]: v for k, v in best.items() if (k.startswith(prefix) if prefix else "/" not in k)}
-        if metrics:
-            records.append({
-                "kind": "eval", "task": task.name, "split": name, "n": len(dev[name]), "metrics": metrics,
-                "data": cfg.data_dir or cfg.dev_file or "hub", "max_length": max_length, "when": utc_now(),
-            })
-    return records
 
 
 # ---------------------------------------------------------------------------- the paper's grid

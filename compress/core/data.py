@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.hub import hub_offline_mode, hub_reachable
 from compress.core.tasks import REGRESSION, SPAN, Split, Task, TsvSpec
@@ -47,6 +48,76 @@ class DataSource:
         if self.data_dir:
             return self.data_dir
         return "the Hugging Face hub"
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """Where a training stage's train and dev data come from, and how they are cut."""
+
+    data_dir: str | None = option(None, "local GLUE root / task folder / SQuAD folder (default: the hub)", metavar="DIR")
+    train_file: str | None = option(None, "training data as one csv/tsv/json/jsonl/parquet/SQuAD file", metavar="FILE")
+    dev_file: str | None = option(None, "dev data as one file (with --train-file)", metavar="FILE")
+    columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping file columns to task fields", metavar="FIELD=COL[,...]")
+    max_train_examples: int | None = option(None, "train on a seeded random subsample of N examples (say so when reporting)")
+    max_eval_examples: int | None = option(None, "evaluate on the first N dev examples")
+    max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD)")
+    doc_stride: int = option(128, "SQuAD: overlap between windows of a long context")
+    eval_batch_size: int = option(64, "sequences per forward pass when evaluating")
+
+    def validate(self) -> None:
+        if self.data_dir and (self.train_file or self.dev_file):
+            raise CompressError("pass either --data-dir or --train-file/--dev-file, not both")
+        if bool(self.train_file) != bool(self.dev_file):
+            raise CompressError("--train-file and --dev-file go together; pass both")
+        if self.columns and not self.train_file:
+            raise CompressError("--columns maps the columns of --train-file/--dev-file; pass those too")
+        for pair in self.columns:
+            if "=" not in pair:
+                raise CompressError(f"--columns expects FIELD=COLUMN pairs, got {pair!r}")
+        for name in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise CompressError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.eval_batch_size < 1:
+            raise CompressError(f"--eval-batch-size must be at least 1, got {self.eval_batch_size}")
+
+    def sources(self) -> tuple["DataSource", "DataSource"]:
+        """(train source, dev source)."""
+        columns = tuple(tuple(p.split("=", 1)) for p in self.columns)
+        if self.train_file:
+            return DataSource(data_file=self.train_file, columns=columns), DataSource(data_file=self.dev_file, columns=columns)
+        source = DataSource(data_dir=self.data_dir)
+        return source, source
+
+    def describe(self) -> str:
+        return self.data_dir or self.train_file or "the Hugging Face hub"
+
+    def resolved_max_length(self, task: Task, model_max: int) -> int:
+        length = self.max_length or min(384 if task.kind == SPAN else 128, model_max)
+        check_max_length(length, model_max)
+        return length
+
+
+def load_task_data(task: Task, tokenizer, data: TaskData, max_length: int, seed: int = 0):
+    """Tokenised training features, one raw dev dataset per dev split, and the training-set size.
+
+    Classification/regression features hold input ids, segments, mask and ``labels``;
+    SQuAD features are windows with start/end positions. ``max_train_examples``
+    subsamples with ``seed`` (reports must say so).
+    """
+    train_src, dev_src = data.sources()
+    train_ds = load_split(task, "train", train_src)
+    if data.max_train_examples and data.max_train_examples < len(train_ds):
+        train_ds = train_ds.shuffle(seed=seed).select(range(data.max_train_examples))
+    if task.kind == SPAN:
+        features = squad_train_features(train_ds, tokenizer, max_length, data.doc_stride)
+    else:
+        features = tokenize_classification(train_ds, task, tokenizer, max_length).remove_columns(["idx"])
+    dev_splits = [s.name for s in task.resolve_splits("dev")]
+    if data.dev_file:
+        dev_splits = dev_splits[:1]
+    dev = {name: load_split(task, name, dev_src, data.max_eval_examples) for name in dev_splits}
+    return features, dev, len(train_ds)
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -183,9 +254,9 @@ def _column_index(header: list[str], want: str | int) -> int | None:
     if isinstance(want, int):
         return want
     names = [h.strip().lstrip("\ufeff") for h in header]
-    for option in want.split("|"):
+    for choice in want.split("|"):
         for i, name in enumerate(names):
-            if name == option or name.lower() == option.lower():
+            if name == choice or name.lower() == choice.lower():
                 return i
     return None
 

@@ -10,6 +10,7 @@ import functools
 import os
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 PROBE_TIMEOUT_S = 4.0
 
@@ -46,15 +47,13 @@ MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json
                "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def download_model(repo_id: str, revision: str | None = None) -> "Path":
+def download_model(repo_id: str, revision: str | None = None) -> Path:
     """Fetch a model repository's config, safetensors weights and tokenizer into the HF cache.
 
     Fails within seconds, with one line, when the hub cannot be reached and the files are
     not cached. Only safetensors weights are downloaded: a repository that has only
     pickled ``pytorch_model.bin`` weights is refused rather than unpickled.
     """
-    from pathlib import Path
-
     from compress.core.errors import CompressError
 
     try:

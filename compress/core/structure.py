@@ -15,8 +15,9 @@ A *structure* is a plain dict (it is stored in ``compression.json``)::
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -85,6 +86,29 @@ def mlm_head(model: nn.Module) -> nn.Module:
     if heads is None:
         raise CompressError(f"{type(model).__name__} has no masked-LM head")
     return heads.predictions
+
+
+def value_projection(model: nn.Module, layer_index: int) -> nn.Linear:
+    """The value Linear(hidden, heads*d) of one layer (MiniLM's value relations read its output)."""
+    return self_attention(encoder_layers(model)[layer_index]).value
+
+
+@contextlib.contextmanager
+def capture(modules: dict[str, nn.Module]) -> Iterator[dict[str, Any]]:
+    """Record the forward outputs of ``modules`` by name while the block runs.
+
+    The hooks are always removed on exit, also when the forward pass raises.
+    """
+    store: dict[str, Any] = {}
+    handles = [
+        module.register_forward_hook(lambda _m, _inp, out, name=name: store.__setitem__(name, out))
+        for name, module in modules.items()
+    ]
+    try:
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # ---------------------------------------------------------------------------- reading shapes
