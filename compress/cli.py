@@ -295,6 +295,49 @@ def _finetune_run(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- distill
+
+
+@command(
+    "distill",
+    "distil a fine-tuned teacher into a smaller student (logit KD, hidden/attention/embedding transfer)",
+    """\
+  compress distill --teacher models/sst2 --task sst2 --student 3L-384 --data-dir ~/glue_data --out models/sst2-3L
+  compress distill --teacher bert-base-sst2/ --task sst2 --student 6L-768 --init-layers 0,2,4,7,9,11 --out models/distil
+  compress distill --teacher models/mrpc --task mrpc --student 4L-312 --init random \\
+      --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT
+  compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/s
+  compress distill --teacher models/qa --task squad --student 6L-384 --train-file t.json --dev-file d.json --out models/qa6
+  compress distill general --teacher models/encoder --corpus wiki/ --student 4L-312 --out models/general-4L""",
+)
+def _distill_args(p):
+    from compress.core.config import add_arguments
+    from compress.distill import DistillConfig
+
+    p.add_argument("--teacher", required=True, metavar="MODEL", help="fine-tuned teacher: directory, alias or hub id")
+    p.add_argument("--out", required=True, metavar="DIR", help="output model directory (the best dev student)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    _config_flag(p)
+    add_arguments(p, DistillConfig)
+
+
+@_distill_args.run
+def _distill_run(args) -> int:
+    from compress.core.artifacts import read_metrics
+    from compress.core.config import from_args
+    from compress.distill import DistillConfig, distill
+
+    cfg = from_args(DistillConfig, args, args.config)
+    out = distill(args.teacher, args.out, cfg, overwrite=args.overwrite)
+    results = read_metrics(out)
+    print(format_eval_table([r for r in results if r.get("kind") == "eval"]))
+    for r in results:
+        if r.get("kind") == "retention" and r.get("ratio") is not None:
+            print(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['metric']}")
+    _say(f"wrote {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- demo
 
 
@@ -324,7 +367,18 @@ def _demo_run(args) -> int:
 # ---------------------------------------------------------------------------- main
 
 
-def build_parser() -> argparse.ArgumentParser:
+def selected_command(argv: list[str]) -> str | None:
+    """The registered command named by the leading words of ``argv`` (e.g. "teacher finetune")."""
+    words = [w for w in argv[:2] if not w.startswith("-")]
+    for n in (2, 1):
+        name = " ".join(words[:n])
+        if name in COMMANDS:
+            return name
+    return None
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with ``selected``, only that command's options are built (and imported)."""
     parser = Parser(
         prog=PROG,
         formatter_class=_formatter,
@@ -359,13 +413,15 @@ def build_parser() -> argparse.ArgumentParser:
             words[-1], help=summary, description=summary[0].upper() + summary[1:] + ".",
             epilog="examples:\n" + examples, formatter_class=_formatter,
         )
-        add(sub)
+        if selected is None or selected == name:
+            add(sub)  # imports the stage's config module: only for the command being run
         sub.set_defaults(run=run, command=name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(selected_command(argv) or "")
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         (getattr(args, "group_parser", None) or parser).print_help()

@@ -111,6 +111,23 @@ def capture(modules: dict[str, nn.Module]) -> Iterator[dict[str, Any]]:
             handle.remove()
 
 
+def pooler(model: nn.Module) -> nn.Module | None:
+    """The pooler (dense + tanh over [CLS]), or None when the model was built without one."""
+    return getattr(base_model(model), "pooler", None)
+
+
+def task_head(model: nn.Module) -> nn.Module | None:
+    """The head on top of the encoder: ``classifier``, ``qa_outputs`` or ``cls`` (MLM/pretraining).
+
+    None for a bare ``BertModel``.
+    """
+    for name in ("classifier", "qa_outputs", "cls"):
+        head = getattr(model, name, None)
+        if head is not None:
+            return head
+    return None
+
+
 # ---------------------------------------------------------------------------- reading shapes
 
 

@@ -185,8 +185,13 @@ def make_accelerator(precision: str, device: str):
     # One Accelerator per run: reset the mixed-precision state a previous run in this
     # process left behind (the process group, if any, is kept).
     AcceleratorState._reset_state(reset_partial_state=False)
+    from accelerate.utils import DistributedDataParallelKwargs
+
     mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
-    return Accelerator(mixed_precision=mixed, cpu=(device == "cpu"))
+    # Some stages train parameters that a given step does not use (a classifier during
+    # TinyBERT's intermediate stage): data-parallel training must tolerate that.
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
+    return Accelerator(mixed_precision=mixed, cpu=(device == "cpu"), kwargs_handlers=[ddp])
 
 
 def _atomic_dir(final: Path) -> contextlib.AbstractContextManager[Path]:
@@ -503,6 +508,13 @@ def _check_finite(loss, step: int, work_dir: Path, accelerator) -> None:
             f"the loss became {float(loss.detach())} at step {step + 1}; training stopped and {where}; "
             "lower --lr, use fp32, or check the data"
         )
+
+
+def main_process_first():
+    """A context in which rank 0 runs first and the others wait (e.g. to build a shared cache)."""
+    from accelerate import PartialState
+
+    return PartialState().main_process_first()
 
 
 def is_main_process() -> bool:
