@@ -108,7 +108,7 @@ def init_from_teacher(
     if problems:
         raise CompressError(
             f"cannot initialise a {shape.label} student from the teacher's layers: {'; '.join(problems)}; "
-            "use --init random or a pretrained student directory (--init pretrained)"
+            "use --init random, or --init DIR with a pretrained student of that shape"
         )
     n_teacher = len(st.encoder_layers(teacher))
     layers = _check_layers(every_kth(n_teacher, shape.layers) if layers is None else layers, n_teacher, shape.layers)

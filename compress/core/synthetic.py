@@ -62,12 +62,22 @@ def write_vocab(path: Path) -> Path:
     return path
 
 
-def write_sst2_layout(root: Path, n_train: int = 2000, n_dev: int = 400, n_test: int = 200, seed: int = 0) -> Path:
-    """Write ``root/SST-2/{train,dev,test}.tsv`` exactly as the GLUE download script lays them out."""
+def write_sst2_layout(
+    root: Path, n_train: int = 2000, n_dev: int = 400, n_test: int = 200, seed: int = 0, label_noise: float = 0.0
+) -> Path:
+    """Write ``root/SST-2/{train,dev,test}.tsv`` exactly as the GLUE download script lays them out.
+
+    ``label_noise`` flips that fraction of the *training* labels (dev stays clean): a
+    teacher that learned the rule then gives better targets than the gold labels, the
+    setting where distillation visibly beats training on labels alone.
+    """
     folder = Path(root) / "SST-2"
     folder.mkdir(parents=True, exist_ok=True)
     for name, n, offset in (("train", n_train, 0), ("dev", n_dev, 1), ("test", n_test, 2)):
         rows = examples(n, seed=seed * 1000 + offset)
+        if name == "train" and label_noise:
+            flip = random.Random(seed + 99)
+            rows = [(text, 1 - label if flip.random() < label_noise else label) for text, label in rows]
         if name == "test":
             lines = ["index\tsentence"] + [f"{i}\t{text}" for i, (text, _) in enumerate(rows)]
         else:

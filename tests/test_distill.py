@@ -1,0 +1,171 @@
+"""Distillation end to end on tiny models: KD against a hard-label twin, the cache, every term."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compress.core import synthetic
+from compress.core.artifacts import load_model, read_compression, read_metrics
+from compress.core.config import from_dict
+from compress.core.errors import CompressError
+from compress.distill import DistillConfig, distill
+from students.presets import resolve_shape
+from teacher.create import create_model
+from teacher.finetune import FinetuneConfig, finetune
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    """A 2-layer teacher fine-tuned on the generated sentiment task (shared by the tests here).
+
+    15% of the training labels are flipped. The teacher still learns the task's rule
+    (dev accuracy ~99.7%), so its soft targets are better than the gold labels: the
+    setting where a student trained by distillation clearly beats its twin trained on
+    the labels alone (seen: 84.7% vs 54.7-64.3% over three seeds).
+    """
+    root = tmp_path_factory.mktemp("distill")
+    data = synthetic.write_sst2_layout(root / "data", n_train=1200, n_dev=300, n_test=20, label_noise=0.15)
+    vocab = synthetic.write_vocab(root / "vocab.txt")
+    init = create_model(resolve_shape("2L-64"), root / "init", tokenizer=vocab, task="sst2", max_positions=64, seed=3)
+    cfg = from_dict(FinetuneConfig, {"task": "sst2", "data_dir": str(data), "epochs": 8, "lr": 1e-3, "seed": 3})
+    teacher = finetune(init, root / "teacher", cfg)
+    return root, data, teacher
+
+
+def _cfg(setting, **options):
+    root, data, _ = setting
+    base = {"task": "sst2", "student": "2L-32", "heads": 2, "init": "random", "data_dir": str(data), "epochs": 4,
+            "lr": 2e-3, "seed": 3, "cache_dir": str(root / "cache"), "relation_heads": 4}
+    base.update(options)
+    return from_dict(DistillConfig, base)
+
+
+def _dev(out):
+    return next(r for r in read_metrics(out) if r["kind"] == "eval")["metrics"]["accuracy"]
+
+
+def test_kd_student_matches_teacher_and_beats_hard_label_twin(setting, tmp_path):
+    root, _, teacher = setting
+    teacher_acc = _dev(teacher)
+    assert teacher_acc >= 95.0
+    kd = distill(teacher, tmp_path / "kd", _cfg(setting, losses=["kd"]))
+    twin = distill(teacher, tmp_path / "hard", _cfg(setting, losses=["hard"]))
+    assert _dev(kd) >= _dev(twin) + 10.0
+    retention = next(r for r in read_metrics(kd) if r["kind"] == "retention")
+    assert retention["teacher"] == pytest.approx(teacher_acc)
+    assert retention["ratio"] == pytest.approx(_dev(kd) / teacher_acc)
+
+
+def test_compression_record_describes_the_run(setting, tmp_path):
+    _, _, teacher = setting
+    out = distill(teacher, tmp_path / "s", _cfg(setting, epochs=1, student="1L-64", heads=None, init="teacher-layers",
+                                                 init_layers=[0]))
+    record = read_compression(out)
+    assert record["stage"] == "distill" and record["losses"] == ["kd", "hard"]
+    assert record["teacher"]["path"] == str(teacher.resolve()) and record["teacher"]["hash"].startswith("sha256:")
+    assert record["student_shape"]["layers"] == 1 and record["init"]["teacher_layers"] == [0]
+    assert record["layer_map"] == [[0, 0], [1, 2]]
+    model = load_model(out)
+    assert model.config.num_hidden_layers == 1 and model.config.id2label == {0: "negative", 1: "positive"}
+
+
+def test_teacher_cache_hits_and_invalidates(setting, tmp_path):
+    root, _, teacher = setting
+    cache = tmp_path / "cache"
+    first = distill(teacher, tmp_path / "a", _cfg(setting, epochs=1, cache_dir=str(cache)))
+    second = distill(teacher, tmp_path / "b", _cfg(setting, epochs=1, cache_dir=str(cache)))
+    third = distill(teacher, tmp_path / "c", _cfg(setting, epochs=1, cache_dir=str(cache), max_length=8))
+
+    def info(out):
+        return next(r for r in read_metrics(out) if r["kind"] == "training")["cache"][0]
+
+    assert info(first)["hit"] is False and info(second)["hit"] is True
+    assert info(second)["path"] == info(first)["path"]
+    assert info(third)["hit"] is False and info(third)["path"] != info(first)["path"]  # truncation changes the token ids
+    assert len(list(cache.iterdir())) == 2
+
+
+def test_cached_and_online_teacher_give_the_same_student(setting, tmp_path):
+    import torch
+
+    _, _, teacher = setting
+    cached = distill(teacher, tmp_path / "cached", _cfg(setting, epochs=1, cache_dir=str(tmp_path / "c")))
+    online = distill(teacher, tmp_path / "online", _cfg(setting, epochs=1, cache=False))
+    a, b = load_model(cached).state_dict(), load_model(online).state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+@pytest.mark.parametrize(
+    "losses", [["kd", "hidden", "attention", "embedding"], ["kd", "cosine"], ["kd", "minilm"]],
+)
+def test_intermediate_terms_across_widths(setting, tmp_path, losses):
+    _, _, teacher = setting
+    out = distill(teacher, tmp_path / "s", _cfg(setting, losses=losses, epochs=1))
+    training = next(r for r in read_metrics(out) if r["kind"] == "training")
+    logged = [h for h in training["history"] if "loss" in h]
+    for term in losses:
+        assert all(f"loss_{term}" in h and h[f"loss_{term}"] >= 0 for h in logged)
+    assert training["cache"] == []  # attention / hidden terms need the teacher online
+
+
+def test_hidden_cache_feeds_hidden_terms(setting, tmp_path):
+    _, _, teacher = setting
+    out = distill(teacher, tmp_path / "s", _cfg(setting, losses=["kd", "hidden"], cache_hidden=True, epochs=1,
+                                                 student="1L-64", heads=None, cache_dir=str(tmp_path / "c")))
+    cache = next(r for r in read_metrics(out) if r["kind"] == "training")["cache"][0]
+    assert cache["layers"] == [0, 2] and cache["hit"] is False
+
+
+def test_two_stage_tinybert_order(setting, tmp_path):
+    _, _, teacher = setting
+    out = distill(teacher, tmp_path / "s", _cfg(setting, losses=["kd", "hidden", "attention"], two_stage=True,
+                                                 intermediate_epochs=1, epochs=1))
+    history = next(r for r in read_metrics(out) if r["kind"] == "training")["history"]
+    stages = [h["stage"] for h in history]
+    assert stages[0] == "intermediate" and stages[-1] == "prediction"
+    first = [h for h in history if h["stage"] == "intermediate" and "loss" in h]
+    assert all("loss_kd" not in h and "loss_hidden" in h for h in first)
+
+
+def test_regression_kd(tmp_path):
+    from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
+
+    tok = make_tokenizer(tmp_path / "tok")
+    teacher = save_tiny(make_tiny_model(num_labels=1, problem_type="regression", num_hidden_layers=2), tok, tmp_path / "t")
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    rows = "".join(f"{i}\tg\tf\ty\t0\tn\tn\tthe cat sat {i % 7}\tthe dog {i % 5}\t{(i % 6):.1f}\n" for i in range(64))
+    (tmp_path / "STS-B").mkdir()
+    for split in ("train", "dev"):
+        (tmp_path / "STS-B" / f"{split}.tsv").write_text(header + rows)
+    cfg = from_dict(DistillConfig, {"task": "stsb", "student": "1L-32", "heads": 4, "init": "random",
+                                    "data_dir": str(tmp_path), "epochs": 1, "cache_dir": str(tmp_path / "c")})
+    out = distill(teacher, tmp_path / "s", cfg)
+    metrics = next(r for r in read_metrics(out) if r["kind"] == "eval")["metrics"]
+    assert set(metrics) >= {"pearson", "spearmanr"}
+
+
+def test_errors(setting, tmp_path):
+    _, data, teacher = setting
+    with pytest.raises(CompressError, match="hidden size 32 vs teacher 64; .*--init random"):
+        distill(teacher, tmp_path / "x", _cfg(setting, student="1L-32", init="teacher-layers"))
+    with pytest.raises(CompressError, match="has 2 outputs but MNLI has 3 labels"):
+        distill(teacher, tmp_path / "y", _cfg(setting, task="mnli"))
+    with pytest.raises(CompressError, match="unknown distillation loss 'kl'"):
+        _cfg(setting, losses=["kl"])
+    with pytest.raises(CompressError, match="--two-stage needs intermediate terms"):
+        _cfg(setting, two_stage=True)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_distill_cli(setting, tmp_path, capsys):
+    from compress.cli import main
+
+    _, data, teacher = setting
+    code = main(["distill", "--teacher", str(teacher), "--task", "sst2", "--student", "1L-64", "--data-dir", str(data),
+                 "--epochs", "1", "--lr", "2e-3", "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "s")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "retention:" in out and "accuracy" in out
+    assert json.loads((tmp_path / "s" / "compression.json").read_text())["stage"] == "distill"
