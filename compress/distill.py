@@ -31,7 +31,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ from compress.core.config import option
 from compress.core.data import TaskData
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, get_task
+from compress.core.tasks import REGRESSION, SPAN, get_task
 from compress.core.train import TrainConfig
 
 PREDICTION_TERMS = ("kd", "hard")
@@ -264,7 +264,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     )
     from compress.core.data import collate, load_task_data
     from compress.core.structure import count_parameters
-    from compress.core.train import is_main_process, load_weights, main_process_first, train
+    from compress.core.train import is_main_process, load_weights, main_process_first, prepare_work_dir, train
     from compress.teacher_cache import load_or_build
     from eval.evaluate import dev_evaluator, split_records
     from students.init import init_student
@@ -311,9 +311,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     projections = make_projections(student, teacher_model, cfg.losses)
     wrapper = Distiller(student, projections)
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
-    work = work_dir_for(out)
-    if not cfg.resume and work.exists():
-        shutil.rmtree(work)
+    work = prepare_work_dir(work_dir_for(out), cfg.resume)
     history, best, best_step, seconds, cache_info = [], None, None, 0.0, []
 
     for stage, terms in stages:
@@ -348,8 +346,9 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
         history += [{**h, "stage": stage} for h in result.history]
         seconds += result.seconds
         if result.best_weights is not None:
-            load_weights(wrapper, result.best_weights)
             best, best_step = result.best, result.best_step
+            if is_main_process():  # only rank 0 evaluated, so only it has the best weights
+                load_weights(wrapper, result.best_weights)
     if not is_main_process():
         return out
 

@@ -63,7 +63,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     from compress.core.artifacts import check_output, compression_record, load_tokenizer, save_model_dir, utc_now
     from compress.core.data import collate, load_task_data
     from compress.core.structure import count_parameters
-    from compress.core.train import is_main_process, load_weights, train
+    from compress.core.train import is_main_process, load_weights, prepare_work_dir, train
     from eval.evaluate import dev_evaluator, split_records
     from teacher.presets import resolve_model
 
@@ -84,19 +84,17 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     def loss_fn(m, batch):
         return m(**batch).loss, {}
 
-    work = work_dir_for(out)
-    if not cfg.resume and work.exists():
-        shutil.rmtree(work)
+    work = prepare_work_dir(work_dir_for(out), cfg.resume)
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
     result = train(
         net, features, collate_step, cfg.train, loss_fn=loss_fn, work_dir=work, evaluate=evaluate,
         select=task.primary_metric, resume=cfg.resume, run_key=[str(source), task.name, n_train, max_length],
         desc=f"fine-tuning {task.display}", lengths=[len(ids) for ids in features["input_ids"]],
     )
+    if not is_main_process():
+        return out  # rank 0 writes the output
     if result.best_weights is not None:
         load_weights(net, result.best_weights)  # keep the best epoch, not the last one
-    if not is_main_process():
-        return out
     records = split_records(task, dev, result.best or {}, data=cfg.data.describe(), max_length=max_length)
     training = {
         "kind": "training", "stage": "finetune", "task": task.name, "steps": result.steps,

@@ -176,7 +176,7 @@ def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -
     """Pretrain a BERT on ``cfg.corpus`` and write it (with its tokenizer) to ``out``."""
     from compress.core.artifacts import check_output, compression_record, save_model_dir, utc_now
     from compress.core.structure import count_parameters
-    from compress.core.train import Phase, is_main_process, train_phases
+    from compress.core.train import Phase, is_main_process, main_process_first, prepare_work_dir, train_phases
     from eval.plots import plot_curves
     from teacher.corpus import PretrainCollator, build_instances, masking_stats, read_documents, tokenize_documents
     from teacher.finetune import work_dir_for
@@ -184,12 +184,10 @@ def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -
     out = Path(out)
     if not cfg.resume:
         check_output(out, overwrite)
-    work = work_dir_for(out)
-    if not cfg.resume and work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
+    work = prepare_work_dir(work_dir_for(out), cfg.resume)
     documents = read_documents(list(cfg.corpus))
-    tokenizer = _tokenizer(cfg, work)
+    with main_process_first():  # rank 0 trains (and saves) the vocabulary, the others load it
+        tokenizer = _tokenizer(cfg, work)
     docs_ids = tokenize_documents(documents, tokenizer)
     n_tokens = sum(len(s) for d in docs_ids for s in d)
     seed = cfg.train.seed

@@ -191,7 +191,8 @@ def make_accelerator(precision: str, device: str):
     # Some stages train parameters that a given step does not use (a classifier during
     # TinyBERT's intermediate stage): data-parallel training must tolerate that.
     ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
-    return Accelerator(mixed_precision=mixed, cpu=(device == "cpu"), kwargs_handlers=[ddp])
+    state = distributed_state(device)  # the process group first, with the right CPU flag
+    return Accelerator(mixed_precision=mixed, cpu=state.device.type == "cpu", kwargs_handlers=[ddp])
 
 
 def _atomic_dir(final: Path) -> contextlib.AbstractContextManager[Path]:
@@ -510,11 +511,32 @@ def _check_finite(loss, step: int, work_dir: Path, accelerator) -> None:
         )
 
 
-def main_process_first():
-    """A context in which rank 0 runs first and the others wait (e.g. to build a shared cache)."""
+def distributed_state(device: str = "auto"):
+    """The process group of this run (created on first use from torchrun/accelerate's environment).
+
+    Accelerate sets up multi-process CPU training (gloo) only when told the run is on a
+    CPU, so the flag is decided here once, for every caller.
+    """
+    import torch
     from accelerate import PartialState
 
-    return PartialState().main_process_first()
+    cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return PartialState(cpu=cpu)
+
+
+def main_process_first():
+    """A context in which rank 0 runs first and the others wait (e.g. to build a shared cache)."""
+    return distributed_state().main_process_first()
+
+
+def prepare_work_dir(work: Path, resume: bool) -> Path:
+    """Create the checkpoint directory (emptied first unless resuming), once, on rank 0."""
+    with main_process_first():
+        if is_main_process():
+            if not resume and work.exists():
+                shutil.rmtree(work)
+            work.mkdir(parents=True, exist_ok=True)
+    return work
 
 
 def is_main_process() -> bool:
