@@ -308,7 +308,7 @@ def _finetune_run(args) -> int:
       --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT
   compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/s
   compress distill --teacher models/qa --task squad --student 6L-384 --train-file t.json --dev-file d.json --out models/qa6
-  compress distill general --teacher models/encoder --corpus wiki/ --student 4L-312 --out models/general-4L""",
+  compress distill-general --teacher models/encoder --corpus wiki/ --student 4L-312 --out models/general-4L""",
 )
 def _distill_args(p):
     from compress.core.config import add_arguments
@@ -335,6 +335,38 @@ def _distill_run(args) -> int:
         if r.get("kind") == "retention" and r.get("ratio") is not None:
             print(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['metric']}")
     _say(f"wrote {out}")
+    return 0
+
+
+@command(
+    "distill-general",
+    "task-agnostic distillation of an encoder on raw text (MiniLM relations, or DistilBERT MLM + KD + cosine)",
+    """\
+  compress distill-general --teacher models/minilm --corpus wiki/,books/ --student 4L-312 --max-steps 2000 \\
+      --out models/general-4L                                 # MiniLM: attention + value relations
+  compress distill-general --teacher models/pretrained-bert --corpus wiki/ --student 6L-768 \\
+      --init teacher-layers --losses kd,mlm,cosine --out models/distilbert   # DistilBERT (needs MLM heads)
+  compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/sst2-4L""",
+)
+def _distill_general_args(p):
+    from compress.core.config import add_arguments
+    from compress.distill import GeneralDistillConfig
+
+    p.add_argument("--teacher", required=True, metavar="MODEL", help="teacher encoder: directory, alias or hub id")
+    p.add_argument("--out", required=True, metavar="DIR", help="output encoder directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    _config_flag(p)
+    add_arguments(p, GeneralDistillConfig)
+
+
+@_distill_general_args.run
+def _distill_general_run(args) -> int:
+    from compress.core.config import from_args
+    from compress.distill import GeneralDistillConfig, distill_general
+
+    cfg = from_args(GeneralDistillConfig, args, args.config)
+    out = distill_general(args.teacher, args.out, cfg, overwrite=args.overwrite)
+    _say(f"wrote {out}; distil it on a task with: compress distill --init {out} ...")
     return 0
 
 

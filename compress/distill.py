@@ -44,6 +44,7 @@ from compress.core.tasks import REGRESSION, SPAN, get_task
 from compress.core.train import TrainConfig
 
 PREDICTION_TERMS = ("kd", "hard")
+MLM = "mlm"  # the kind of a general-distillation batch with masked-LM targets
 INTERMEDIATE_TERMS = ("hidden", "embedding", "attention", "cosine", "minilm")
 
 
@@ -145,6 +146,8 @@ def _hard(step: Step) -> torch.Tensor:
     from compress import losses as L
 
     s, batch = step.student.logits, step.batch
+    if step.kind == MLM:
+        return L.hard_label_ce(s["logits"], batch["labels"][batch["labels"] != -100])  # masked-LM loss
     if step.kind == SPAN:
         return (L.hard_label_ce(s["start_logits"], batch["start_positions"]) + L.hard_label_ce(s["end_logits"], batch["end_positions"])) / 2
     if step.kind == REGRESSION:
@@ -209,14 +212,22 @@ def needs_of(terms: tuple[str, ...]) -> set[str]:
 
 def run_model(model, batch: dict[str, torch.Tensor], needs: set[str], hidden_index: set[int], kind: str) -> Outputs:
     """Forward pass returning the outputs the loss terms need (hooks only while it runs)."""
-    from compress.core.structure import capture, encoder_layers, value_projection
+    from compress.core.structure import base_model, capture, encoder_layers, mlm_head, value_projection
 
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
     watch = {"values": value_projection(model, len(encoder_layers(model)) - 1)} if "values" in needs else {}
+    flags = {"output_hidden_states": "hidden" in needs, "output_attentions": "attentions" in needs}
     with capture(watch) as seen:
-        out = model(**inputs, output_hidden_states="hidden" in needs, output_attentions="attentions" in needs)
+        if kind == MLM:
+            out = base_model(model)(**inputs, **flags)
+        else:
+            out = model(**inputs, **flags)
     result = Outputs(values=seen.get("values"))
-    if kind == SPAN:
+    if kind == MLM:
+        # MLM logits only where a token was selected: (n_selected, vocab), not (batch, seq, vocab).
+        selected = batch["labels"] != -100
+        result.logits = {"logits": mlm_head(model)(out.last_hidden_state[selected])}
+    elif kind == SPAN:
         result.logits = {"start_logits": out.start_logits, "end_logits": out.end_logits}
     elif getattr(out, "logits", None) is not None:
         result.logits = {"logits": out.logits}
@@ -453,3 +464,164 @@ def _teacher_outputs(kind, teacher_model, cache, batch, index, needs, hidden_pai
         return result
     with torch.no_grad():
         return run_model(teacher_model, batch, needs | {"logits"}, set(hidden_pairs), kind)
+
+
+# ---------------------------------------------------------------------------- general distillation
+
+
+def _general_defaults() -> TrainConfig:
+    return TrainConfig(lr=5e-4, batch_size=64, max_steps=1000, warmup_ratio=0.05, log_every=10, save_every=200)
+
+
+@dataclass(frozen=True)
+class GeneralDistillConfig:
+    corpus: tuple[str, ...] = option((), "text files or folders of *.txt (documents separated by blank lines)", metavar="PATH[,...]")
+    student: str = option("4L-312", "student shape: 6L-768, 4L-312, 6L-384, 3L-384, 2L-128 or LAYERSL-HIDDEN[-FFN]")
+    heads: int | None = option(None, "student attention heads (overrides the shape's)")
+    init: str = option("random", "student initialisation: random, teacher-layers, or a pretrained model DIR")
+    init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
+    losses: tuple[str, ...] = option(
+        ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
+    )
+    max_length: int = option(128, "tokens per training sequence (contiguous text)")
+    mlm_probability: float = option(0.15, "fraction of tokens masked for the mlm/kd terms")
+    temperature: float = option(2.0, "softmax temperature of the kd term on MLM logits")
+    alpha: float = option(0.5, "weight of kd against mlm")
+    hidden_weight: float = option(1.0, "weight of the hidden term")
+    embedding_weight: float = option(1.0, "weight of the embedding term")
+    attention_weight: float = option(1.0, "weight of the attention term")
+    cosine_weight: float = option(1.0, "weight of the cosine term")
+    minilm_weight: float = option(1.0, "weight of the minilm term")
+    relation_heads: int = option(12, "minilm: heads the value relations are split into")
+    layer_map: str = option("uniform", "student<-teacher layers for intermediate terms: uniform, last, 2,4,6 or 1:2,2:4")
+    heldout_fraction: float = option(0.01, "sequences held out to report the distillation loss")
+    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
+    train: TrainConfig = field(default_factory=_general_defaults)
+
+    def validate(self) -> None:
+        if not self.corpus:
+            raise CompressError("no corpus given; pass --corpus FILE_OR_DIR[,...]")
+        for term in self.losses:
+            if term not in ("minilm", "hidden", "attention", "embedding", "cosine", "kd", "mlm"):
+                raise CompressError(
+                    f"unknown general distillation loss {term!r}; valid: minilm, hidden, attention, embedding, cosine, kd, mlm"
+                )
+        if self.max_length < 8:
+            raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
+
+
+def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillConfig, *, overwrite: bool = False) -> Path:
+    """Task-agnostic distillation of an encoder on raw text (DistilBERT's first stage, MiniLM).
+
+    MiniLM-style (``minilm``: last-layer attention and value relations) needs no MLM
+    head, so any BERT encoder can teach, and widths may differ. DistilBERT-style
+    (``mlm`` + ``kd`` on masked-LM logits + ``cosine``) needs teacher and student MLM
+    heads. The output is an encoder directory to start task distillation from
+    (``compress distill --init DIR``).
+    """
+    from compress.core.artifacts import (
+        check_output, compression_record, dir_hash, load_model, load_tokenizer, save_model_dir, saved_head, utc_now,
+    )
+    from compress.core.structure import Shape, count_parameters
+    from compress.core.train import Phase, is_main_process, load_weights, prepare_work_dir, train_phases
+    from students.init import init_student
+    from students.layer_map import parse_layer_map
+    from students.presets import resolve_shape
+    from teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
+    from teacher.finetune import work_dir_for
+    from teacher.presets import resolve_model
+
+    out = Path(out)
+    if not cfg.resume:
+        check_output(out, overwrite)
+    teacher_dir = resolve_model(teacher)
+    uses_mlm = bool({"kd", "mlm"} & set(cfg.losses))
+    head = "masked-lm" if uses_mlm else "base"
+    if uses_mlm and saved_head(teacher_dir) not in ("masked-lm", "pretraining"):
+        raise CompressError(
+            f"the kd/mlm terms need a teacher with a masked-LM head and {teacher_dir} has none; "
+            "use --losses minilm (or hidden/attention/cosine)"
+        )
+    tokenizer = load_tokenizer(teacher_dir)
+    needs = needs_of(tuple(t for t in cfg.losses if t != "mlm"))
+    teacher_model = load_model(teacher_dir, head=head, attn_implementation="eager" if "attentions" in needs else None)
+    shape = resolve_shape(cfg.student)
+    if cfg.heads:
+        shape = Shape(shape.layers, shape.hidden, cfg.heads, shape.ffn)
+    method, pretrained = (cfg.init, None) if cfg.init in ("teacher-layers", "random") else ("pretrained", cfg.init)
+    student, init_info = init_student(teacher_model, shape, method=method, layers=list(cfg.init_layers) or None,
+                                      seed=cfg.train.seed, pretrained=pretrained)
+    pairs = parse_layer_map(cfg.layer_map, student.config.num_hidden_layers, teacher_model.config.num_hidden_layers)
+
+    docs = tokenize_documents(read_documents(list(cfg.corpus)), tokenizer)
+    # Contiguous text in [CLS] A [SEP] B [SEP] form (no NotNext pairs: NSP is not distilled).
+    instances = build_instances(docs, cfg.max_length, cfg.train.seed, nsp_probability=0.0)
+    n_held = int(len(instances) * cfg.heldout_fraction)
+    heldout, train_set = instances[:n_held], instances[n_held:]
+    masker = PretrainCollator(tokenizer, mlm_probability=cfg.mlm_probability, seed=cfg.train.seed)
+
+    def collate_step(items, step):
+        batch = masker(items, step)
+        batch.pop("next_sentence_label")
+        if not uses_mlm:  # MiniLM-style terms read clean text: undo the masking
+            selected = batch["labels"] != -100
+            batch["input_ids"] = torch.where(selected, batch["labels"], batch["input_ids"])
+            batch.pop("labels")
+        return batch
+
+    terms = tuple("hard" if t == "mlm" else t for t in cfg.losses)  # mlm is the "hard" term of an MLM batch
+    task_cfg = DistillConfig(
+        task="sst2", losses=terms, alpha=cfg.alpha, temperature=cfg.temperature, hidden_weight=cfg.hidden_weight,
+        embedding_weight=cfg.embedding_weight, attention_weight=cfg.attention_weight, cosine_weight=cfg.cosine_weight,
+        minilm_weight=cfg.minilm_weight, relation_heads=cfg.relation_heads,
+    )  # the loss terms read their weights from a DistillConfig; its task is not used here
+    if "attentions" in needs:
+        student.config._attn_implementation = "eager"
+    device = _device(cfg.train.device)
+    teacher_model.to(device)
+    hidden_pairs = {t for _, t in pairs} if "hidden" in needs else set()
+    kind = MLM if uses_mlm else "encoder"
+    loss_fn = _loss_fn(kind, terms, task_cfg, teacher_model, None, pairs, needs, hidden_pairs)
+    wrapper = Distiller(student, make_projections(student, teacher_model, terms))
+    held_batches = [collate_step(heldout[i : i + 64], 10**9 + i) for i in range(0, len(heldout), 64)]
+
+    def evaluate(model) -> dict[str, float]:
+        total, n = 0.0, 0
+        with torch.inference_mode():
+            for batch in held_batches:
+                batch = {k: v.to(device) for k, v in batch.items()}
+                batch["cache_index"] = torch.zeros(len(batch["input_ids"]), dtype=torch.long)
+                loss, _ = loss_fn(model, dict(batch))
+                total, n = total + float(loss) * len(batch["input_ids"]), n + len(batch["input_ids"])
+        return {"heldout_loss": total / max(1, n), "neg_heldout_loss": -total / max(1, n)}
+
+    def with_index(items, step):
+        batch = collate_step(items, step)
+        batch["cache_index"] = torch.zeros(len(items), dtype=torch.long)  # no cache: a placeholder
+        return batch
+
+    work = prepare_work_dir(work_dir_for(out), cfg.resume)
+    lengths = [len(x.tokens_a) + len(x.tokens_b) + 3 for x in train_set]
+    result = train_phases(
+        wrapper, [Phase(train_set, with_index, lengths=lengths, name="corpus")], cfg.train, loss_fn=loss_fn,
+        work_dir=work, evaluate=evaluate if held_batches else None, select="neg_heldout_loss" if held_batches else None,
+        resume=cfg.resume, run_key=[dir_hash(teacher_dir), len(train_set), shape.label, list(cfg.losses)],
+        desc="general distillation",
+    )
+    if not is_main_process():
+        return out
+    if result.best_weights is not None:
+        load_weights(wrapper, result.best_weights)
+    training = {
+        "kind": "training", "stage": "distill-general", "steps": result.steps, "seconds": round(result.seconds, 1),
+        "sequences": len(train_set), "history": result.history, "best": result.best, "when": utc_now(),
+    }
+    record = compression_record(
+        stage="distill-general", method="+".join(cfg.losses), config=cfg, parent=teacher_dir, seed=cfg.train.seed,
+        extra={"teacher": {"path": str(teacher_dir), "hash": dir_hash(teacher_dir)}, "student_shape": shape.__dict__,
+               "init": init_info, "layer_map": [list(p) for p in pairs], "params": count_parameters(student)},
+    )
+    save_model_dir(student, out, tokenizer=tokenizer, record=record, overwrite=True if cfg.resume else overwrite,
+                   metrics=[training])
+    shutil.rmtree(work, ignore_errors=True)
+    return out

@@ -169,3 +169,50 @@ def test_distill_cli(setting, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "retention:" in out and "accuracy" in out
     assert json.loads((tmp_path / "s" / "compression.json").read_text())["stage"] == "distill"
+
+
+# ---------------------------------------------------------------------------- general distillation
+
+
+def _corpus(path):
+    rows = synthetic.examples(240, seed=5)
+    docs = ["\n".join(t for t, _ in rows[i : i + 6]) for i in range(0, 240, 6)]
+    path.write_text("\n\n".join(docs) + "\n")
+    return path
+
+
+def test_general_distillation_minilm_then_task(setting, tmp_path):
+    from compress.distill import GeneralDistillConfig, distill_general
+
+    _, data, teacher = setting
+    corpus = _corpus(tmp_path / "corpus.txt")
+    cfg = from_dict(GeneralDistillConfig, {"corpus": [str(corpus)], "student": "2L-32", "heads": 2, "relation_heads": 4,
+                                           "max_length": 32, "max_steps": 30, "batch_size": 16, "eval_every": 10,
+                                           "heldout_fraction": 0.2})
+    general = distill_general(teacher, tmp_path / "general", cfg)
+    model = load_model(general)
+    assert type(model).__name__ == "BertModel" and model.config.hidden_size == 32
+    history = next(r for r in read_metrics(general) if r["kind"] == "training")["history"]
+    evals = [h["eval"]["heldout_loss"] for h in history if "eval" in h]
+    assert evals[-1] < evals[0]  # the student's attention/value relations move towards the teacher's
+    # and the general student is a starting point for task distillation
+    out = distill(teacher, tmp_path / "task", _cfg(setting, init=str(general), epochs=1))
+    assert read_compression(out)["init"]["method"] == "pretrained"
+
+
+def test_general_distillation_distilbert_style_needs_mlm_heads(setting, tmp_path):
+    from compress.distill import GeneralDistillConfig, distill_general
+    from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
+
+    _, _, teacher = setting
+    corpus = _corpus(tmp_path / "corpus.txt")
+    options = {"corpus": [str(corpus)], "student": "1L-32", "heads": 4, "losses": ["kd", "mlm", "cosine"],
+               "max_length": 32, "max_steps": 6, "batch_size": 8}
+    with pytest.raises(CompressError, match="need a teacher with a masked-LM head"):
+        distill_general(teacher, tmp_path / "x", from_dict(GeneralDistillConfig, options))
+    tok = make_tokenizer(tmp_path / "tok")
+    mlm_teacher = save_tiny(make_tiny_model(head="masked-lm"), tok, tmp_path / "mlm")
+    out = distill_general(mlm_teacher, tmp_path / "distilbert", from_dict(GeneralDistillConfig, options))
+    assert type(load_model(out)).__name__ == "BertForMaskedLM"
+    logged = [h for h in next(r for r in read_metrics(out) if r["kind"] == "training")["history"] if "loss" in h]
+    assert {"loss_kd", "loss_hard", "loss_cosine"} <= set(logged[-1])
