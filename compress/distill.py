@@ -331,7 +331,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
         cached_outputs = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
         use_cache = cfg.cache and needs <= cached_outputs
         cache = None
-        if use_cache and "logits" in needs | {"logits"}:
+        if use_cache and "logits" in needs:  # a hard-label-only run needs no teacher outputs at all
             names = ["start_logits", "end_logits"] if task.kind == SPAN else ["logits"]
             layers = sorted(hidden_pairs) if "hidden" in needs else []
             with main_process_first():  # one process computes the teacher outputs, the others read them
