@@ -15,7 +15,6 @@ Needs the teachers of ``bench.teachers`` (minilm-sst2, minilm-mrpc). Produces:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

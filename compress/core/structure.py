@@ -63,6 +63,11 @@ def ffn_in(layer: nn.Module) -> nn.Linear:
     return layer.intermediate.dense
 
 
+def ffn_activation(layer: nn.Module) -> nn.Module:
+    """The module whose output is one layer's FFN activations (batch, seq, ffn), after GELU."""
+    return layer.intermediate
+
+
 def ffn_out(layer: nn.Module) -> nn.Linear:
     """Second FFN Linear(ffn, hidden) of one layer."""
     return layer.output.dense

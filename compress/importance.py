@@ -1,0 +1,217 @@
+"""How much each attention head, FFN neuron and layer matters: measured with hooks.
+
+Gates are multiplied into a unit's output by forward hooks inside context managers that
+always remove them; nothing here edits weights (``compress.prune`` does the surgery).
+
+* Heads: the absolute gradient of the loss w.r.t. a per-head gate on the head's output
+  (Michel et al. 2019, "Are Sixteen Heads Really Better than One?"), accumulated over
+  batches and optionally normalised per layer; or the weight magnitude of the head's
+  Q/K/V rows and output columns; or (negated) attention entropy.
+* FFN neurons: |activation x gradient| (first-order Taylor, Molchanov et al. 2017) or the
+  magnitude of the neuron's input row and output column.
+* Layers: the absolute gradient w.r.t. a gate on the layer's residual contribution.
+
+Per-layer results are lists of 1-D tensors, because pruned models have different head
+counts and FFN widths per layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from compress.core import structure as st
+
+LossFn = Callable[[nn.Module, dict], torch.Tensor]
+
+
+def model_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """The task loss the model's head computes from the batch's labels (or start/end positions)."""
+    return model(**batch).loss
+
+
+# ---------------------------------------------------------------------------- gates
+
+
+@contextlib.contextmanager
+def head_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Multiply head h of layer l's output by ``gates[l][h]`` while the block runs.
+
+    A head's output is its slice of the context layer (batch, seq, heads * d) before the
+    output projection, so a gate of 0 is exactly removing the head.
+    """
+    handles = []
+    for layer, gate in zip(st.encoder_layers(model), gates):
+        attn = st.self_attention(layer)
+
+        def hook(_module, _inputs, output, gate=gate, heads=attn.num_attention_heads):
+            context = output[0]  # (batch, seq, heads * d)
+            b, s, width = context.shape
+            gated = (context.view(b, s, heads, width // heads) * gate.to(context.dtype).view(1, 1, heads, 1)).view(b, s, width)
+            return (gated, *output[1:])
+
+        handles.append(attn.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def masked_heads(model: nn.Module, keep: Sequence[Sequence[bool]]) -> Iterator[None]:
+    """Evaluate as if the heads with ``keep[l][h] == False`` were removed (no surgery)."""
+    gates = [torch.tensor([1.0 if k else 0.0 for k in row]) for row in keep]
+    with head_gates(model, gates):
+        yield
+
+
+@contextlib.contextmanager
+def ffn_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Multiply FFN neuron i of layer l (after the activation) by ``gates[l][i]``."""
+    handles = []
+    for layer, gate in zip(st.encoder_layers(model), gates):
+
+        def hook(_module, _inputs, output, gate=gate):
+            return output * gate.to(output.dtype)  # (batch, seq, ffn) after GELU
+
+        handles.append(st.ffn_activation(layer).register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def layer_gates(model: nn.Module, gates: torch.Tensor) -> Iterator[None]:
+    """Scale each layer's residual contribution: out = x + g * (layer(x) - x); g = 0 skips it."""
+    handles = []
+    for layer, gate in zip(st.encoder_layers(model), gates):
+        seen: dict[str, torch.Tensor] = {}
+
+        def pre(_module, args, kwargs, seen=seen):
+            seen["x"] = args[0] if args else kwargs["hidden_states"]
+
+        def post(_module, _inputs, output, gate=gate, seen=seen):
+            out = output[0] if isinstance(output, tuple) else output
+            gated = seen["x"] + gate.to(out.dtype) * (out - seen["x"])
+            return (gated, *output[1:]) if isinstance(output, tuple) else gated
+
+        handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(layer.register_forward_hook(post))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+# ---------------------------------------------------------------------------- scores
+
+
+def _to(batch: dict, device) -> dict:
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def head_importance_gradient(
+    model: nn.Module, batches: Iterable[dict], *, loss_fn: LossFn = model_loss, normalize: bool = True
+) -> list[torch.Tensor]:
+    """Michel et al.'s head importance: sum over batches of |dL/d gate_h|, gates at 1.
+
+    With ``normalize`` each layer's scores are divided by their L2 norm (as in the
+    authors' code), so layers with large gradients do not take every pruning slot.
+    """
+    device = next(model.parameters()).device
+    gates = [torch.ones(n, device=device, requires_grad=True) for n in st.heads_per_layer(model)]
+    scores = [torch.zeros(n) for n in st.heads_per_layer(model)]
+    was_training = model.training
+    model.eval()  # no dropout: the score measures the trained function
+    with head_gates(model, gates):
+        for batch in batches:
+            loss = loss_fn(model, _to(batch, device))
+            grads = torch.autograd.grad(loss, gates)
+            for i, g in enumerate(grads):
+                scores[i] += g.detach().abs().cpu()
+    model.train(was_training)
+    if normalize:
+        scores = [s / (s.norm() + 1e-12) for s in scores]
+    return scores
+
+
+def head_importance_magnitude(model: nn.Module) -> list[torch.Tensor]:
+    """L2 norm of each head's Q, K, V rows and output-projection columns."""
+    scores = []
+    for layer in st.encoder_layers(model):
+        attn = st.self_attention(layer)
+        heads, d = attn.num_attention_heads, attn.attention_head_size
+        total = torch.zeros(heads)
+        for linear in (attn.query, attn.key, attn.value):
+            total += linear.weight.detach().view(heads, d, -1).pow(2).sum(dim=(1, 2)).cpu()  # rows of head h
+        out = st.attention_output(layer).weight.detach()  # (hidden, heads * d)
+        total += out.view(out.shape[0], heads, d).pow(2).sum(dim=(0, 2)).cpu()
+        scores.append(total.sqrt())
+    return scores
+
+
+def head_importance_entropy(model: nn.Module, batches: Iterable[dict]) -> list[torch.Tensor]:
+    """Negative mean attention entropy: a head that spreads attention evenly scores low."""
+    device = next(model.parameters()).device
+    sums = [torch.zeros(n) for n in st.heads_per_layer(model)]
+    count = 0
+    with torch.no_grad():
+        for batch in batches:
+            batch = _to(batch, device)
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+            out = model(**inputs, output_attentions=True)
+            mask = batch["attention_mask"].float()  # (batch, seq)
+            for i, att in enumerate(out.attentions):  # (batch, heads, seq, seq)
+                ent = -(att * torch.log(att.clamp_min(1e-12))).sum(-1)  # (batch, heads, seq)
+                sums[i] += ((ent * mask[:, None, :]).sum(dim=(0, 2)) / mask.sum()).cpu()
+            count += 1
+    return [-(s / max(1, count)) for s in sums]
+
+
+def ffn_importance_taylor(model: nn.Module, batches: Iterable[dict], *, loss_fn: LossFn = model_loss) -> list[torch.Tensor]:
+    """|sum over tokens of activation x gradient| per FFN neuron (first-order Taylor)."""
+    device = next(model.parameters()).device
+    gates = [torch.ones(w, device=device, requires_grad=True) for w in st.ffn_widths(model)]
+    scores = [torch.zeros(w) for w in st.ffn_widths(model)]
+    was_training = model.training
+    model.eval()
+    with ffn_gates(model, gates):
+        for batch in batches:
+            # d L / d gate_i = sum over tokens of a_i * dL/da_i: the Taylor estimate of removing neuron i.
+            grads = torch.autograd.grad(loss_fn(model, _to(batch, device)), gates)
+            for i, g in enumerate(grads):
+                scores[i] += g.detach().abs().cpu()
+    model.train(was_training)
+    return scores
+
+
+def ffn_importance_magnitude(model: nn.Module) -> list[torch.Tensor]:
+    """L2 norm of each neuron's input row and output column."""
+    scores = []
+    for layer in st.encoder_layers(model):
+        w_in = st.ffn_in(layer).weight.detach()  # (ffn, hidden)
+        w_out = st.ffn_out(layer).weight.detach()  # (hidden, ffn)
+        scores.append((w_in.pow(2).sum(1) + w_out.pow(2).sum(0)).sqrt().cpu())
+    return scores
+
+
+def layer_importance_gradient(model: nn.Module, batches: Iterable[dict], *, loss_fn: LossFn = model_loss) -> torch.Tensor:
+    """|dL/d g_l| summed over batches, g_l gating layer l's residual contribution."""
+    device = next(model.parameters()).device
+    gates = torch.ones(len(st.encoder_layers(model)), device=device, requires_grad=True)
+    scores = torch.zeros(len(gates))
+    was_training = model.training
+    model.eval()
+    with layer_gates(model, gates):
+        for batch in batches:
+            (grad,) = torch.autograd.grad(loss_fn(model, _to(batch, device)), [gates])
+            scores += grad.detach().abs().cpu()
+    model.train(was_training)
+    return scores
