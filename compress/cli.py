@@ -370,6 +370,51 @@ def _distill_general_run(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- prune
+
+
+@command(
+    "prune",
+    "remove attention heads, whole layers and FFN neurons (physically: smaller and faster), then optionally recover",
+    """\
+  compress prune --model models/sst2 --task sst2 --data-dir ~/glue_data --heads 0.5 --out models/sst2-h50
+  compress prune --model models/sst2 --task sst2 --heads 0.5 --iterations 5 --recovery distill --out models/sst2-h50r
+  compress prune --model models/mnli --task mnli --until 0.99 --out models/mnli-michel      # Michel et al. threshold
+  compress prune --model models/sst2 --task sst2 --layers top:4 --out models/sst2-8L        # Poor Man's BERT
+  compress prune --model models/sst2 --task sst2 --ffn 0.3 --ffn-scope uniform --out models/sst2-ffn70
+  compress prune --model models/sst2 --task sst2 --heads 48 --head-criterion magnitude --layers alternate --out m/""",
+)
+def _prune_args(p):
+    from compress.core.config import add_arguments
+    from compress.prune import PruneConfig
+
+    p.add_argument("--model", required=True, metavar="DIR", help="fine-tuned model directory")
+    p.add_argument("--out", required=True, metavar="DIR", help="output model directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    _config_flag(p)
+    add_arguments(p, PruneConfig)
+
+
+@_prune_args.run
+def _prune_run(args) -> int:
+    from compress.core.artifacts import read_metrics
+    from compress.core.config import from_args
+    from compress.prune import PruneConfig, prune
+
+    cfg = from_args(PruneConfig, args, args.config)
+    out = prune(args.model, args.out, cfg, overwrite=args.overwrite)
+    summary = next(r for r in read_metrics(out) if r.get("kind") == "prune")
+    rows = [("", "params", summary["metric"])]
+    rows.append(("before", f"{summary['params_before'] / 1e6:.2f}M", f"{summary['before']:.2f}"))
+    rows.append(("pruned", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_prune']:.2f}"))
+    if summary.get("after_recovery") is not None:
+        rows.append(("recovered", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_recovery']:.2f}"))
+    for r in rows:
+        print(f"{r[0]:<10} {r[1]:>10} {r[2]:>10}")
+    _say(f"wrote {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- demo
 
 

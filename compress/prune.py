@@ -39,7 +39,7 @@ class PruneConfig:
     head_criterion: Literal["gradient", "magnitude", "entropy", "random"] = option("gradient", "head importance: Michel's gate gradient, weight magnitude, attention entropy, random")
     normalize: bool = option(True, "normalise gradient importance per layer (Michel et al.)")
     iterations: int = option(1, "prune the heads in this many equal steps, re-scoring (and recovering, if set) in between")
-    until: float | None = option(None, "instead of --heads: mask heads 10%% at a time while the dev metric stays above this fraction of the start (e.g. 0.99)")
+    until: float | None = option(None, "instead of --heads: mask heads 10% at a time while the dev metric stays above this fraction of the start (e.g. 0.99)")
     until_step: float = option(0.1, "with --until: fraction of the original heads masked per step")
     layers: str | None = option(None, "layers to drop: top:N, bottom:N, alternate, importance:N, or 0-based ids 1,3,5")
     ffn: float | None = option(None, "fraction of FFN neurons to remove")
@@ -47,7 +47,6 @@ class PruneConfig:
     ffn_scope: Literal["uniform", "global"] = option("uniform", "uniform: the same width in every layer (loads with stock from_pretrained); global: rank all neurons")
     recovery: Literal["none", "finetune", "distill"] = option("none", "after pruning: fine-tune on the task, or distil from the unpruned model")
     importance_examples: int = option(512, "training examples used to score units")
-    seed: int = option(0, "seed for random criteria and example sampling")
     data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=_recovery_defaults)
 
@@ -239,9 +238,9 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     model = load_model_for_task(model_dir, task)
     max_length = cfg.data.resolved_max_length(task, model.config.max_position_embeddings)
     features, dev, _ = load_task_data(task, tokenizer, replace(cfg.data, max_train_examples=cfg.importance_examples),
-                                      max_length, seed=cfg.seed)
+                                      max_length, seed=cfg.train.seed)
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
-    ctx = PruneContext(task, tokenizer, _batches(features, tokenizer), evaluate, cfg, random.Random(cfg.seed))
+    ctx = PruneContext(task, tokenizer, _batches(features, tokenizer), evaluate, cfg, random.Random(cfg.train.seed))
 
     before = {"params": st.count_parameters(model), "structure": st.describe(model), "dev": evaluate(model)}
     ctx.log.append({"step": "start", "params": before["params"], "dev": before["dev"]})
@@ -269,7 +268,7 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
         "params_before": before["params"], "params_after": st.count_parameters(model), "steps": ctx.log, "when": utc_now(),
     }
     record = compression_record(
-        stage="prune", method=_method(cfg), config=cfg, parent=model_dir, seed=cfg.seed,
+        stage="prune", method=_method(cfg), config=cfg, parent=model_dir, seed=cfg.train.seed,
         extra={"task": task.name, "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"}},
     )
     records = split_records(task, dev, final, data=cfg.data.describe(), max_length=max_length)

@@ -1,0 +1,88 @@
+"""Export any model directory, pruned shapes included, to ONNX: deployable without this package.
+
+The exporter traces the model as ``load_model`` rebuilt it, so per-layer head counts and
+FFN widths survive (rebuilding from ``config.json`` alone, as generic exporters do,
+would lose them). The output is a model directory like any other: ``model.onnx`` plus
+``config.json``, the tokenizer and ``compression.json`` (stage ``export``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+from compress.core.errors import CompressError
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUTS = {
+    "sequence-classification": ("logits",),
+    "question-answering": ("start_logits", "end_logits"),
+    "base": ("last_hidden_state",),
+    "masked-lm": ("logits",),
+}
+
+
+class _Positional:
+    """Call a Hugging Face model with positional inputs and return a tuple of named outputs."""
+
+    def __init__(self, model, outputs: tuple[str, ...]):
+        import torch
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                out = self.inner(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+                return tuple(getattr(out, name) for name in outputs)
+
+        self.module = Wrapper(model).eval()
+
+
+def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = 17, overwrite: bool = False) -> Path:
+    """Write ``out/model.onnx`` (dynamic batch and sequence axes) for the model in ``model_dir``."""
+    import torch
+
+    from compress.core.artifacts import (
+        compression_record, load_model, load_tokenizer, output_dir, require_model_dir, saved_head, write_json_atomic,
+    )
+    from compress.core.structure import describe
+
+    model_dir = require_model_dir(model_dir)
+    head = saved_head(model_dir)
+    if head not in OUTPUTS:
+        raise CompressError(f"ONNX export supports {', '.join(OUTPUTS)} models; {model_dir} is a {head} model")
+    model = load_model(model_dir, attn_implementation="eager")  # plain ops: every ONNX runtime runs them
+    tokenizer = load_tokenizer(model_dir)
+    names = OUTPUTS[head]
+    wrapper = _Positional(model, names).module
+    example = tokenizer(["an example input", "a second, longer example input for tracing"], padding=True, return_tensors="pt")
+    args = tuple(example[k] if k in example else torch.zeros_like(example["input_ids"]) for k in INPUTS)
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
+    axes.update({name: {0: "batch"} if name == "logits" and head == "sequence-classification" else {0: "batch", 1: "sequence"} for name in names})
+    with output_dir(out, overwrite) as tmp:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes
+            torch.onnx.export(
+                wrapper, args, str(tmp / "model.onnx"), input_names=list(INPUTS), output_names=list(names),
+                dynamic_axes=axes, opset_version=opset, dynamo=False,
+            )
+        model.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        record = compression_record(
+            stage="export", method="onnx", parent=model_dir, structure=describe(model),
+            config={"opset": opset, "inputs": list(INPUTS), "outputs": list(names)},
+            extra={"format": "onnx", "backend": "onnxruntime", "head": head, "precision": "fp32"},
+        )
+        write_json_atomic(tmp / "compression.json", record)
+        write_json_atomic(tmp / "metrics.json", {"results": []})
+    return Path(out)
+
+
+def copy_sidecars(source: Path, target: Path) -> None:
+    """Copy config and tokenizer files from one model directory to another."""
+    for path in source.iterdir():
+        if path.is_file() and (path.name == "config.json" or "token" in path.name or path.name == "vocab.txt"):
+            shutil.copy2(path, target / path.name)

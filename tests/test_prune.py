@@ -1,0 +1,255 @@
+"""Structured pruning: gate gradients, physical removal, reloading, ONNX parity, the full command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from compress.core import structure as st
+from compress.core import synthetic
+from compress.core.artifacts import load_model, read_compression, read_metrics
+from compress.core.config import from_dict
+from compress.core.errors import CompressError
+from compress.importance import (
+    ffn_gates,
+    ffn_importance_magnitude,
+    head_gates,
+    head_importance_gradient,
+    head_importance_magnitude,
+    layer_importance_gradient,
+    masked_heads,
+)
+from compress.prune import PruneConfig, ffn_to_keep, head_count, heads_to_remove, layers_to_keep, prune
+from tests.conftest import VOCAB, make_tiny_model, save_tiny
+
+
+def _batch(seed=0, batch=4, seq=10, vocab=len(VOCAB)):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
+            "labels": torch.tensor([0, 1, 1, 0])[:batch]}
+
+
+def _logits(model, batch):
+    with torch.no_grad():
+        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+
+
+# ---------------------------------------------------------------------------- importance
+
+
+def test_gate_gradients_equal_finite_differences():
+    model = make_tiny_model(num_hidden_layers=2).double()  # float64: finite differences need the precision
+    batch = _batch()
+    (scores,) = [head_importance_gradient(model, [batch], normalize=False)]
+
+    def loss_at(layer, head, value):
+        gates = [torch.ones(4, dtype=torch.float64) for _ in range(2)]
+        gates[layer][head] = value
+        with head_gates(model, gates), torch.no_grad():
+            return float(model(**batch).loss)
+
+    eps = 1e-5
+    for layer in range(2):
+        for head in range(4):
+            numeric = (loss_at(layer, head, 1 + eps) - loss_at(layer, head, 1 - eps)) / (2 * eps)
+            assert float(scores[layer][head]) == pytest.approx(abs(numeric), rel=1e-4, abs=1e-9)
+
+
+def test_hooks_are_always_removed():
+    model = make_tiny_model()
+    layer = st.encoder_layers(model)[0]
+    with pytest.raises(RuntimeError):
+        with head_gates(model, [torch.zeros(4), torch.zeros(4)]):
+            raise RuntimeError("boom")
+    assert not st.self_attention(layer)._forward_hooks
+    with ffn_gates(model, [torch.ones(37), torch.ones(37)]):
+        pass
+    assert not st.ffn_activation(layer)._forward_hooks
+
+
+def test_pruning_a_zeroed_head_matches_masking_it():
+    model = make_tiny_model()
+    batch = _batch(1)
+    keep = [[True, False, True, True], [True, True, True, False]]
+    with masked_heads(model, keep):
+        masked = _logits(model, batch)
+    st.prune_heads(model, {0: [1], 1: [3]})
+    assert torch.allclose(masked, _logits(model, batch), atol=1e-6)
+    assert st.heads_per_layer(model) == [3, 3]
+
+
+def test_magnitude_scores_by_hand():
+    model = make_tiny_model(num_hidden_layers=1)
+    attn = st.self_attention(st.encoder_layers(model)[0])
+    with torch.no_grad():
+        for lin in (attn.query, attn.key, attn.value, st.attention_output(st.encoder_layers(model)[0])):
+            lin.weight.zero_()
+        attn.value.weight[8:16] = 1.0  # head 1: 8 rows x 32 inputs of ones -> norm sqrt(256) = 16
+    scores = head_importance_magnitude(model)[0]
+    assert scores.tolist() == pytest.approx([0.0, 16.0, 0.0, 0.0])
+    ffn = ffn_importance_magnitude(model)[0]
+    assert ffn.shape == (37,)
+
+
+def test_layer_gate_zero_skips_the_layer():
+    model = make_tiny_model(num_hidden_layers=3)
+    batch = _batch(2)
+    from compress.importance import layer_gates
+
+    with layer_gates(model, torch.tensor([1.0, 0.0, 1.0])):
+        skipped = _logits(model, batch)
+    st.drop_layers(model, [0, 2])
+    assert torch.allclose(skipped, _logits(model, batch), atol=1e-5)
+    assert layer_importance_gradient(make_tiny_model(num_hidden_layers=3), [batch]).shape == (3,)
+
+
+# ---------------------------------------------------------------------------- choosing
+
+
+def test_heads_to_remove_keeps_one_per_layer():
+    scores = [[0.1, 0.2, 0.3], [0.0, 0.05, 0.9]]
+    assert heads_to_remove(scores, 3) == {0: [0], 1: [0, 1]}  # global: the 3 lowest
+    assert heads_to_remove(scores, 4) == {0: [0, 1], 1: [0, 1]}  # every removable head
+    with pytest.raises(CompressError, match="only 4 can go while keeping one per layer"):
+        heads_to_remove(scores, 5)
+    assert heads_to_remove(scores, 2, scope="layer") == {0: [0], 1: [0]}
+    assert head_count(144, 0.5) == 72 and head_count(144, 10) == 10
+
+
+def test_layer_strategies():
+    assert layers_to_keep("top:2", 6) == [0, 1, 2, 3]
+    assert layers_to_keep("bottom:2", 6) == [2, 3, 4, 5]
+    assert layers_to_keep("alternate", 6) == [0, 2, 4]
+    assert layers_to_keep("1,3", 6) == [0, 2, 4, 5]
+    assert layers_to_keep("importance:2", 4, [0.5, 0.1, 0.9, 0.2]) == [0, 2]
+    with pytest.raises(CompressError, match="can drop 1 to 5 of 6 layers"):
+        layers_to_keep("top:6", 6)
+    with pytest.raises(CompressError, match="layer ids must be in 0..5"):
+        layers_to_keep("7", 6)
+
+
+def test_ffn_selection():
+    scores = [[0.9, 0.1, 0.5, 0.3], [0.2, 0.8, 0.7, 0.6]]
+    assert ffn_to_keep(scores, 0.5, "uniform") == [[0, 2], [1, 2]]
+    glob = ffn_to_keep(scores, 0.5, "global")  # remove 0.1, 0.2, 0.3, 0.5
+    assert glob == [[0], [1, 2, 3]]
+
+
+# ---------------------------------------------------------------------------- artifacts
+
+
+def test_non_uniform_pruned_model_saves_loads_and_exports(tmp_path, tokenizer):
+    import numpy as np
+    import onnxruntime as ort
+
+    from compress.export import export_onnx
+
+    model = make_tiny_model(num_hidden_layers=3)
+    st.prune_heads(model, {0: [0, 1], 2: [3]})
+    st.resize_ffn(model, 1, range(0, 37, 3))
+    st.drop_layers(model, [0, 1])
+    out = save_tiny(model, tokenizer, tmp_path / "pruned")
+    loaded = load_model(out)
+    batch = _batch(3)
+    assert torch.equal(_logits(model, batch), _logits(loaded, batch))
+    assert st.heads_per_layer(loaded) == [2, 4] and st.ffn_widths(loaded) == [37, 13]
+    # parameter count drops by exactly the removed rows and columns
+    full = make_tiny_model(num_hidden_layers=2)
+    removed_heads = 2 * (3 * (8 * 32 + 8) + 32 * 8)  # Q,K,V rows (+bias) and output columns of 2 heads
+    removed_ffn = (37 - 13) * (32 + 1) + 32 * (37 - 13)
+    assert st.count_parameters(loaded) == st.count_parameters(full) - removed_heads - removed_ffn
+
+    onnx_dir = export_onnx(out, tmp_path / "onnx")
+    session = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {k: v.numpy() for k, v in batch.items() if k != "labels"}
+    assert np.allclose(session.run(None, feeds)[0], _logits(loaded, batch).numpy(), atol=1e-5)
+    assert read_compression(onnx_dir)["structure"]["heads"] == [2, 4]
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from students.presets import resolve_shape
+    from teacher.create import create_model
+    from teacher.finetune import FinetuneConfig, finetune
+
+    root = tmp_path_factory.mktemp("prune")
+    data = synthetic.write_sst2_layout(root / "data", n_train=800, n_dev=200, n_test=10)
+    vocab = synthetic.write_vocab(root / "vocab.txt")
+    init = create_model(resolve_shape("2L-64-128-4H"), root / "init", tokenizer=vocab, task="sst2", max_positions=64, seed=3)
+    cfg = from_dict(FinetuneConfig, {"task": "sst2", "data_dir": str(data), "epochs": 4, "lr": 2e-3, "seed": 3})
+    return data, finetune(init, root / "model", cfg)
+
+
+def _prune_cfg(data, **options):
+    return from_dict(PruneConfig, {"task": "sst2", "data_dir": str(data), "importance_examples": 128, **options})
+
+
+def test_prune_half_the_heads(trained, tmp_path):
+    data, model_dir = trained
+    out = prune(model_dir, tmp_path / "p", _prune_cfg(data, heads=0.5))
+    model = load_model(out)
+    assert sum(st.heads_per_layer(model)) == 4 and min(st.heads_per_layer(model)) >= 1
+    summary = next(r for r in read_metrics(out) if r["kind"] == "prune")
+    assert summary["params_after"] <= summary["params_before"]
+
+
+def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
+    from students.presets import resolve_shape
+    from teacher.create import create_model
+    from teacher.finetune import FinetuneConfig, finetune
+
+    data, _ = trained
+    vocab = synthetic.write_vocab(tmp_path / "vocab.txt")
+    init = create_model(resolve_shape("3L-64-128-4H"), tmp_path / "init", tokenizer=vocab, task="sst2", max_positions=64, seed=5)
+    base = finetune(init, tmp_path / "base", from_dict(FinetuneConfig, {"task": "sst2", "data_dir": str(data), "epochs": 3, "lr": 2e-3, "seed": 5}))
+    cfg = _prune_cfg(data, heads=0.5, ffn=0.25, layers="top:1", recovery="finetune", epochs=1, lr=1e-3)
+    out = prune(base, tmp_path / "p", cfg)
+    model = load_model(out)
+    assert model.config.num_hidden_layers == 2
+    assert sum(st.heads_per_layer(model)) == 4 and all(h >= 1 for h in st.heads_per_layer(model))
+    assert st.ffn_widths(model) == [96, 96]
+    summary = next(r for r in read_metrics(out) if r["kind"] == "prune")
+    assert summary["after_recovery"] is not None
+    assert summary["params_after"] < summary["params_before"]
+    record = read_compression(out)
+    assert record["structure"]["heads"] == st.heads_per_layer(model) and record["structure"]["kept_layers"] == [0, 1]
+    # uniform FFN width + config.pruned_heads: stock transformers reloads it with identical logits
+    from transformers import AutoModelForSequenceClassification
+
+    stock = AutoModelForSequenceClassification.from_pretrained(out)
+    batch = _batch(4, vocab=model.config.vocab_size)
+    assert torch.allclose(_logits(model, batch), _logits(stock, batch), atol=1e-5)
+
+
+def test_until_threshold(trained, tmp_path):
+    from students.presets import resolve_shape
+    from teacher.create import create_model
+
+    data, model_dir = trained
+    vocab = synthetic.write_vocab(tmp_path / "vocab.txt")
+    init = create_model(resolve_shape("2L-64-128-8H"), tmp_path / "init", tokenizer=vocab, task="sst2", max_positions=64)
+    out = prune(init, tmp_path / "p", _prune_cfg(data, until=0.0001, until_step=0.25))
+    step = next(s for s in next(r for r in read_metrics(out) if r["kind"] == "prune")["steps"] if s["step"] == "heads (until)")
+    assert [c["removed"] for c in step["curve"]] == [4, 8, 12]  # 25% of 16 heads per step, 14 removable
+    assert st.heads_per_layer(load_model(out)) != [8, 8]
+
+
+def test_prune_errors(trained, tmp_path):
+    data, model_dir = trained
+    with pytest.raises(CompressError, match="nothing to prune"):
+        _prune_cfg(data)
+    with pytest.raises(CompressError, match="--heads must be a fraction"):
+        _prune_cfg(data, heads=1.5)
+    with pytest.raises(CompressError, match="--ffn must be a fraction in \\(0, 1\\)"):
+        _prune_cfg(data, ffn=1.0)
+    with pytest.raises(CompressError, match="would remove all 8 heads"):
+        prune(model_dir, tmp_path / "x", _prune_cfg(data, heads=8))
+    assert not (tmp_path / "x").exists()
