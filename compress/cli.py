@@ -415,29 +415,109 @@ def _prune_run(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- heads
+
+
+@command(
+    "heads",
+    "analyse attention heads: what they attend to (Clark et al.), importance and the pruning curve (Michel et al.)",
+    """\
+  compress heads --model models/sst2 --task sst2 --data-dir ~/glue_data --out reports/heads-sst2
+  compress heads --model models/mrpc --task mrpc --data-dir ~/glue_data --max-examples 128 --no-curve --out reports/h
+  compress heads --model models/encoder --text sentences.txt --max-length 256 --out reports/heads-encoder""",
+)
+def _heads_args(p):
+    from compress.core.config import add_arguments
+    from eval.heads import HeadsConfig
+
+    p.add_argument("--model", required=True, metavar="DIR", help="model directory (a fine-tuned one with --task)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory: PNG plots, heads.json, summary.md")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    _config_flag(p)
+    add_arguments(p, HeadsConfig, skip=("max_train_examples",))  # --importance-examples sizes the sample
+
+
+@_heads_args.run
+def _heads_run(args) -> int:
+    from compress.core.config import from_args
+    from eval.heads import HeadsConfig, analyze_heads
+
+    cfg = from_args(HeadsConfig, args, args.config)
+    out = analyze_heads(args.model, args.out, cfg, overwrite=args.overwrite)
+    lines = (out / "summary.md").read_text(encoding="utf-8").splitlines()
+    end = next((i for i, line in enumerate(lines) if line.startswith("## Importance")), len(lines))
+    print("\n".join(lines[:end]).rstrip())
+    _say(f"wrote {out} (summary.md, heads.json and the plots)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- run (recipes)
+
+
+@command(
+    "run",
+    "run a recipe: stages (pretrain, finetune, distill, prune, quantize, eval, latency, heads, leaderboard) chained",
+    """\
+  compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
+  compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped
+  compress run my.yaml --out runs/x --force                      # re-run every stage
+recipe format (YAML or JSON):
+  name: sst2-study
+  defaults: {task: sst2, data_dir: "{{glue}}"}        # {{var}} comes from --var; {{run_dir}} is the run directory
+  stages:
+    - {name: teacher, run: finetune, model: bert-base, config: {epochs: 3}}
+    - {name: student, run: distill, teacher: ${teacher}, config: {student: 6L-384}}
+    - {name: int8, run: quantize, model: ${student}, config: {backend: onnxruntime}}
+    - {name: latency, run: latency, models: [${teacher}, ${student}, ${int8}]}""",
+)
+def _run_args(p):
+    p.add_argument("recipe", metavar="RECIPE", help="YAML or JSON recipe file")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory: one folder per stage + manifest.json + report")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="value for {{NAME}} in the recipe (repeatable)")
+    p.add_argument("--force", action="store_true", help="re-run every stage even when unchanged")
+
+
+@_run_args.run
+def _run_run(args) -> int:
+    from compress.pipeline import run_recipe
+
+    variables = {}
+    for item in args.var:
+        if "=" not in item:
+            raise CompressError(f"--var expects NAME=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        variables[key.strip()] = value
+    out = run_recipe(args.recipe, args.out, variables=variables, force=args.force, say=_say)
+    report = out / "report.md"
+    _say(f"run directory: {out}" + (f"; report: {report}" if report.is_file() else ""))
+    return 0
+
+
 # ---------------------------------------------------------------------------- demo
 
 
 @command(
     "demo",
-    "run the whole flow offline on a generated task and a tiny model (a few minutes on 2 CPU cores)",
+    "run the whole flow offline on a generated task: pretrain, fine-tune, distil, prune, quantize, measure, report",
     """\
-  compress demo --out runs/demo
+  compress demo --out runs/demo                                  # generated data, a few minutes on 2 CPU cores
+  compress demo --out runs/demo-sst2 --data-dir ~/glue_data       # the same pipeline on real SST-2
   compress demo --out runs/demo --overwrite""",
 )
 def _demo_args(p):
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="run directory (default: runs/demo)")
+    p.add_argument("--data-dir", metavar="DIR", help="a real GLUE folder with SST-2/ (default: generate the data)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--seed", type=int, default=0)
 
 
 @_demo_args.run
 def _demo_run(args) -> int:
-    from compress.demo import run_demo
+    from compress.demo import headline, run_demo
 
-    report = run_demo(args.out, overwrite=args.overwrite, seed=args.seed)
-    print(report.read_text())
-    _say(f"demo report: {report}")
+    report = run_demo(args.out, overwrite=args.overwrite, seed=args.seed, data_dir=args.data_dir, say=_say)
+    print(headline(report))
+    _say(f"demo report: {report} (and {report.with_suffix('.html')})")
     return 0
 
 

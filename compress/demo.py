@@ -1,65 +1,71 @@
-"""``compress demo``: the toolkit's flow on generated data, offline, in minutes on a CPU.
+"""``compress demo``: the whole toolkit on generated data, offline, in minutes on a CPU.
 
-Today it exercises the measuring half of the flow: it generates a sentiment task in the
-GLUE SST-2 layout and a WordPiece vocabulary, creates two small BERTs, evaluates them
-with the official metrics and times them against a GEMM peak, and writes a Markdown
-report. The training and compression stages join as they land.
+It generates a text corpus and a sentiment task whose label follows a rule (negation
+flips the polarity) in the GLUE SST-2 layout, then runs ``recipes/demo.yaml``: pretrain a
+tiny BERT with MLM + NSP, fine-tune it, distil a smaller student, prune half of the
+teacher's heads with recovery, quantize to int8 (ONNX Runtime and PyTorch), measure
+latency, and write the leaderboard report. With ``data_dir`` the same pipeline runs on
+a real GLUE SST-2 folder (its training sentences double as the pretraining corpus).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-import shutil
-
 from compress.core.artifacts import check_output
+from compress.core.errors import CompressError
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo.yaml"
 
 
-def run_demo(out: str | Path, *, overwrite: bool = False, seed: int = 0) -> Path:
-    """Run the demo into the run directory ``out`` and return the report's path.
+def _write_corpus(path: Path, sentences: list[str], per_document: int = 8) -> Path:
+    """Documents of ``per_document`` sentences separated by blank lines (the pretraining format)."""
+    docs = [" ".join(sentences[i : i + per_document]) for i in range(0, len(sentences), per_document)]
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
 
-    Each model directory inside is written atomically by its stage; the run directory
-    itself is refused when it is not empty, unless ``overwrite``.
-    """
+
+def prepare_data(out: Path, data_dir: str | Path | None, seed: int) -> tuple[Path, dict[str, str]]:
+    """Task data and pretraining corpus for the demo; returns the task folder and recipe variables."""
     from compress.core import synthetic
+    from compress.core.data import DataSource, load_split
     from compress.core.tasks import get_task
-    from eval.evaluate import EvalConfig, evaluate
-    from eval.latency import LatencyConfig, format_markdown, measure_latency
-    from students.presets import resolve_shape
-    from teacher.create import create_model
 
-    out = Path(out)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if data_dir is None:
+        synthetic.write_sst2_layout(data, n_train=2000, n_dev=400, n_test=100, seed=seed)
+        sentences = [text for text, _ in synthetic.examples(4000, seed=seed + 7)]
+        variables = {"data_dir": str(data), "train_examples": "2000", "vocab_size": "200"}
+    else:
+        train = load_split(get_task("sst2"), "train", DataSource(data_dir=str(data_dir)))
+        sentences = train["sentence"][:20000]
+        variables = {"data_dir": str(Path(data_dir).absolute()), "train_examples": "4000", "vocab_size": "4000"}
+    _write_corpus(data / "corpus.txt", sentences)
+    return data, variables
+
+
+def run_demo(out: str | Path, *, overwrite: bool = False, seed: int = 0, data_dir: str | Path | None = None, say=print) -> Path:
+    """Run the demo into the run directory ``out``; return the report's path."""
+    from compress.pipeline import run_recipe
+
+    if not RECIPE.is_file():
+        raise CompressError(f"the demo recipe {RECIPE} is missing; reinstall compress from its repository")
+    out = Path(out).absolute()
     check_output(out, overwrite)
     if out.exists():
         shutil.rmtree(out)
-    data = synthetic.write_sst2_layout(out / "data", seed=seed)
-    vocab = synthetic.write_vocab(out / "vocab" / "vocab.txt")
-    models = []
-    for shape in ("2L-128", "4L-256"):
-        model_dir = out / "models" / f"random-{shape}"
-        create_model(resolve_shape(shape), model_dir, tokenizer=vocab, task="sst2", seed=seed, max_positions=128)
-        models.append(model_dir)
-    evals = [
-        evaluate(m, EvalConfig(task="sst2", split="dev", data_dir=str(data), batch_size=64))[0] for m in models
-    ]
-    latency = measure_latency(
-        models, LatencyConfig(batch=(1, 8), seq=(64,), repeats=20, warmup=3, out=str(out / "latency"))
-    )
+    _, variables = prepare_data(out, data_dir, seed)
+    run_recipe(RECIPE, out, variables=variables, say=say)
+    return out / "report.md"
 
-    task = get_task("sst2")
-    lines = [
-        "# compress demo",
-        "",
-        f"Generated task: {task.display} layout, rule-based sentiment (see compress/core/synthetic.py), "
-        f"data in `data/`. Models are randomly initialised, so accuracy is near chance until the "
-        "training stages run.",
-        "",
-        "| model | dev accuracy | n |",
-        "|---|---|---|",
-    ]
-    for model, record in zip(models, evals):
-        lines.append(f"| {model.name} | {record['metrics']['accuracy']:.2f} | {record['n']} |")
-    lines += ["", format_markdown(latency)]
-    report = out / "report.md"
-    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return report
+
+def headline(report: Path) -> str:
+    """The first table of the report (what the demo prints at the end)."""
+    lines = report.read_text(encoding="utf-8").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])

@@ -1,0 +1,398 @@
+"""Recipes: a YAML/JSON list of stages that chains the toolkit into one reproducible study.
+
+    name: sst2-study
+    defaults: {task: sst2, data_dir: ~/glue_data}      # merged into every stage that accepts them
+    stages:
+      - {name: teacher, run: finetune, model: bert-base, config: {epochs: 3}}
+      - {name: student, run: distill, teacher: ${teacher}, config: {student: 6L-384}}
+      - {name: pruned, run: prune, model: ${student}, config: {heads: 0.5}}
+      - {name: int8, run: quantize, model: ${pruned}, config: {backend: onnxruntime}}
+      - {name: latency, run: latency, models: [${teacher}, ${student}, ${pruned}, ${int8}]}
+
+``run_recipe(recipe, run_dir)`` validates every stage's config into that stage's frozen
+dataclass before anything runs (unknown keys, wrong types and missing inputs are
+reported with the stage's name), then runs the stages in order, each into
+``run_dir/<name>/``. ``manifest.json`` records a hash of each stage's kind, resolved
+config and inputs (input directories hashed by content): a re-run skips stages whose
+hash is unchanged and re-runs a changed stage and, through the hashes, everything that
+depends on it. The leaderboard report of every model produced lands at the top of the
+run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from compress.core.errors import CompressError
+from compress.core.registry import Registry
+
+MANIFEST = "manifest.json"
+REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_\-]+)\}$")
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """One kind of stage: its config class, which inputs it takes, and how to run it."""
+
+    config: Callable[[], type]  # the stage's config dataclass (imported lazily)
+    inputs: tuple[str, ...]  # "model", "teacher" (one directory) or "models", "runs" (several)
+    run: Callable[..., Path]  # (inputs, cfg, out) -> output directory
+    produces_model: bool = True
+
+
+STAGES: Registry[StageKind] = Registry("recipe stage")
+
+
+def _finetune():
+    from teacher.finetune import FinetuneConfig
+
+    return FinetuneConfig
+
+
+def _run_finetune(inputs, cfg, out):
+    from teacher.finetune import finetune
+
+    return finetune(inputs["model"], out, cfg, overwrite=True)
+
+
+def _pretrain():
+    from teacher.pretrain import PretrainConfig
+
+    return PretrainConfig
+
+
+def _run_pretrain(inputs, cfg, out):
+    from teacher.pretrain import pretrain
+
+    return pretrain(out, cfg, overwrite=True)
+
+
+def _distill():
+    from compress.distill import DistillConfig
+
+    return DistillConfig
+
+
+def _run_distill(inputs, cfg, out):
+    from compress.distill import distill
+
+    return distill(inputs["teacher"], out, cfg, overwrite=True)
+
+
+def _general():
+    from compress.distill import GeneralDistillConfig
+
+    return GeneralDistillConfig
+
+
+def _run_general(inputs, cfg, out):
+    from compress.distill import distill_general
+
+    return distill_general(inputs["teacher"], out, cfg, overwrite=True)
+
+
+def _prune():
+    from compress.prune import PruneConfig
+
+    return PruneConfig
+
+
+def _run_prune(inputs, cfg, out):
+    from compress.prune import prune
+
+    return prune(inputs["model"], out, cfg, overwrite=True)
+
+
+def _quantize():
+    from compress.quantize import QuantizeConfig
+
+    return QuantizeConfig
+
+
+def _run_quantize(inputs, cfg, out):
+    from compress.quantize import quantize
+
+    return quantize(inputs["model"], out, cfg, overwrite=True)
+
+
+def _eval():
+    from eval.evaluate import EvalConfig
+
+    return EvalConfig
+
+
+def _run_eval(inputs, cfg, out):
+    from compress.core.artifacts import write_json_atomic
+    from eval.evaluate import evaluate
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = {str(m): evaluate(m, dataclasses.replace(cfg, predictions=str(out / Path(m).name))) for m in inputs["models"]}
+    write_json_atomic(out / "eval.json", results)
+    return out
+
+
+def _latency():
+    from eval.latency import LatencyConfig
+
+    return LatencyConfig
+
+
+def _run_latency(inputs, cfg, out):
+    from eval.latency import measure_latency
+
+    measure_latency(inputs["models"], dataclasses.replace(cfg, out=str(out)))
+    return out
+
+
+def _heads():
+    from eval.heads import HeadsConfig
+
+    return HeadsConfig
+
+
+def _run_heads(inputs, cfg, out):
+    from eval.heads import analyze_heads
+
+    return analyze_heads(inputs["model"], out, cfg, overwrite=True)
+
+
+def _leaderboard():
+    from eval.leaderboard import LeaderboardConfig
+
+    return LeaderboardConfig
+
+
+def _run_leaderboard(inputs, cfg, out):
+    from eval.leaderboard import leaderboard
+
+    return leaderboard(inputs["runs"], out, cfg, overwrite=True)
+
+
+STAGES.register("pretrain", StageKind(_pretrain, (), _run_pretrain))
+STAGES.register("finetune", StageKind(_finetune, ("model",), _run_finetune))
+STAGES.register("distill", StageKind(_distill, ("teacher",), _run_distill))
+STAGES.register("distill-general", StageKind(_general, ("teacher",), _run_general))
+STAGES.register("prune", StageKind(_prune, ("model",), _run_prune))
+STAGES.register("quantize", StageKind(_quantize, ("model",), _run_quantize))
+STAGES.register("eval", StageKind(_eval, ("models",), _run_eval, produces_model=False))
+STAGES.register("latency", StageKind(_latency, ("models",), _run_latency, produces_model=False))
+STAGES.register("heads", StageKind(_heads, ("model",), _run_heads, produces_model=False))
+STAGES.register("leaderboard", StageKind(_leaderboard, ("runs",), _run_leaderboard, produces_model=False))
+
+
+# ---------------------------------------------------------------------------- parsing and validation
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kind: str
+    inputs: dict[str, Any]  # input name -> reference "${stage}" / path / list of those
+    config: Any  # the stage's validated config dataclass
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    stages: tuple[Stage, ...]
+    report: bool  # write the leaderboard report of all produced models at the top of the run dir
+
+
+VARIABLE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+def substitute(value: Any, variables: dict[str, str], where: str) -> Any:
+    """Replace ``{{name}}`` in every string of a recipe by ``variables[name]``."""
+    if isinstance(value, dict):
+        return {k: substitute(v, variables, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, variables, where) for v in value]
+    if isinstance(value, str):
+        def replace(match):
+            name = match.group(1)
+            if name not in variables:
+                raise CompressError(f"{where}: unknown variable {{{{{name}}}}}; pass --var {name}=VALUE")
+            return str(variables[name])
+
+        return VARIABLE.sub(replace, value)
+    return value
+
+
+def load_recipe(source: str | Path | dict, where: str | None = None, variables: dict[str, str] | None = None) -> Recipe:
+    """Read and validate a recipe (file path or mapping); every error names its stage.
+
+    ``{{name}}`` in any string is replaced from ``variables`` (``run_dir`` is always set
+    by :func:`run_recipe`).
+    """
+    from compress.core.config import from_dict, load_file
+
+    data = load_file(source) if not isinstance(source, dict) else source
+    where = where or (str(source) if not isinstance(source, dict) else "recipe")
+    data = substitute(data, dict(variables or {}), where)
+    unknown = set(data) - {"name", "defaults", "stages", "report"}
+    if unknown:
+        raise CompressError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid: name, defaults, stages, report")
+    raw_stages = data.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise CompressError(f"{where}: 'stages' must be a non-empty list of stages")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise CompressError(f"{where}: 'defaults' must be a mapping of options")
+    stages: list[Stage] = []
+    seen: dict[str, Stage] = {}
+    for i, raw in enumerate(raw_stages):
+        if not isinstance(raw, dict):
+            raise CompressError(f"{where}: stage {i + 1} must be a mapping with name, run and config")
+        name = str(raw.get("name") or f"stage{i + 1}")
+        label = f"{where}: stage '{name}'"
+        if name in seen:
+            raise CompressError(f"{label}: the name is used twice; stage names must be unique")
+        if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
+            raise CompressError(f"{label}: use letters, digits, '-' and '_' in stage names")
+        if "run" not in raw:
+            raise CompressError(f"{label}: missing 'run' (one of {', '.join(STAGES.names())})")
+        try:
+            kind = STAGES.get(str(raw["run"]))
+        except CompressError as err:
+            raise CompressError(f"{label}: {err}") from None
+        extra = set(raw) - {"name", "run", "config", *kind.inputs}
+        if extra:
+            valid = ", ".join(["name", "run", "config", *kind.inputs])
+            raise CompressError(f"{label}: unknown key(s) {', '.join(sorted(extra))}; valid for {raw['run']}: {valid}")
+        inputs = {}
+        for key in kind.inputs:
+            if key not in raw:
+                raise CompressError(f"{label}: missing input '{key}' (a directory, a hub name, or ${{stage}})")
+            inputs[key] = _check_inputs(raw[key], key, seen, label)
+        cls = kind.config()
+        allowed = set(_field_names(cls))
+        merged = {k: v for k, v in defaults.items() if k.replace("-", "_") in allowed}
+        config = raw.get("config") or {}
+        if not isinstance(config, dict):
+            raise CompressError(f"{label}: 'config' must be a mapping of options")
+        merged.update(config)
+        cfg = from_dict(cls, merged, label)
+        stage = Stage(name, str(raw["run"]), inputs, cfg)
+        stages.append(stage)
+        seen[name] = stage
+    return Recipe(str(data.get("name") or Path(str(where)).stem), tuple(stages), bool(data.get("report", True)))
+
+
+def _field_names(cls) -> list[str]:
+    from compress.core.config import field_names
+
+    return field_names(cls)
+
+
+def _check_inputs(value: Any, key: str, seen: dict[str, Stage], label: str) -> Any:
+    many = key in ("models", "runs")
+    values = value if isinstance(value, list) else [value]
+    if not many and isinstance(value, list):
+        raise CompressError(f"{label}: '{key}' takes one input, got a list")
+    for v in values:
+        m = REFERENCE.match(str(v))
+        if m:
+            ref = m.group(1)
+            if ref not in seen:
+                raise CompressError(f"{label}: '{key}' refers to ${{{ref}}}, which is not an earlier stage")
+            if not STAGES.get(seen[ref].kind).produces_model and key != "runs":
+                raise CompressError(f"{label}: '{key}' refers to ${{{ref}}}, a {seen[ref].kind} stage that produces no model")
+    return values if many else value
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def _resolve(value: Any, run_dir: Path) -> Any:
+    if isinstance(value, list):
+        return [_resolve(v, run_dir) for v in value]
+    m = REFERENCE.match(str(value))
+    return run_dir / m.group(1) if m else value
+
+
+def _input_digest(value: Any, run_dir: Path, manifest: dict) -> Any:
+    """What an input contributes to a stage's hash: an upstream stage's hash, or a directory's content."""
+    from compress.core.artifacts import dir_hash
+
+    if isinstance(value, list):
+        return [_input_digest(v, run_dir, manifest) for v in value]
+    m = REFERENCE.match(str(value))
+    if m:
+        return manifest.get(m.group(1), {}).get("hash")
+    path = Path(str(value)).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return dir_hash(path)
+    return str(value)  # a hub name: its revision is pinned by the cache
+
+
+def stage_hash(stage: Stage, inputs_digest: Any) -> str:
+    from compress.core.train import fingerprint
+
+    return fingerprint(stage.kind, dataclasses.asdict(stage.config), inputs_digest)
+
+
+def run_recipe(
+    recipe: Recipe | str | Path | dict, run_dir: str | Path, *, variables: dict[str, str] | None = None,
+    force: bool = False, say=print,
+) -> Path:
+    """Run ``recipe`` into ``run_dir``: skip unchanged stages, re-run changed ones and what follows."""
+    from compress.core.artifacts import write_json_atomic
+
+    run_dir = Path(run_dir).absolute()
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe, variables={"run_dir": str(run_dir), **(variables or {})})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = run_dir / MANIFEST
+    previous = json.loads(manifest_path.read_text())["stages"] if manifest_path.is_file() else {}
+    for stage in recipe.stages:
+        inputs = {k: _resolve(v, run_dir) for k, v in stage.inputs.items()}
+        for key, value in inputs.items():
+            for path in value if isinstance(value, list) else [value]:
+                _check_exists(path, stage, key)
+        digest = stage_hash(stage, {k: _input_digest(v, run_dir, previous) for k, v in stage.inputs.items()})
+        out = run_dir / stage.name
+        done = previous.get(stage.name, {})
+        if not force and done.get("hash") == digest and done.get("status") == "done" and out.exists():
+            say(f"[{stage.name}] unchanged, skipped")
+            continue
+        say(f"[{stage.name}] running {stage.kind}")
+        start = time.monotonic()
+        previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "running"}
+        write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
+        if out.exists():
+            shutil.rmtree(out)
+        STAGES.get(stage.kind).run(inputs, stage.config, out)
+        previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1)}
+        write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
+    models = [run_dir / s.name for s in recipe.stages if STAGES.get(s.kind).produces_model]
+    if recipe.report and models:
+        from eval.leaderboard import LeaderboardConfig, leaderboard
+
+        leaderboard(models, run_dir / "report", LeaderboardConfig(), overwrite=True)
+        for name in ("report.md", "report.html"):
+            if (run_dir / "report" / name).is_file():
+                shutil.copy2(run_dir / "report" / name, run_dir / name)
+    return run_dir
+
+
+def _check_exists(path: Any, stage: Stage, key: str) -> None:
+    """Inputs must exist before a stage starts: an upstream output, a directory, or a hub name."""
+    from teacher.presets import HUB_ALIASES
+
+    if isinstance(path, Path):  # an upstream stage's output
+        if not path.exists():
+            raise CompressError(f"recipe stage '{stage.name}': input '{key}' {path} was not produced")
+        return
+    text = str(path)
+    if Path(text).expanduser().exists():
+        return
+    if text.lower() in HUB_ALIASES or (text.count("/") == 1 and not text.startswith((".", "/", "~"))):
+        return  # resolved (and checked) by the stage itself
+    raise CompressError(f"recipe stage '{stage.name}': input '{key}' {text} does not exist and is not a hub model name")

@@ -1,0 +1,108 @@
+"""Recipes: validation with clear errors, stage outputs, skipping unchanged stages, re-running changed ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compress.core import synthetic
+from compress.core.artifacts import load_model
+from compress.core.errors import CompressError
+from compress.pipeline import load_recipe, run_recipe
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    from students.presets import resolve_shape
+    from teacher.create import create_model
+
+    root = tmp_path_factory.mktemp("pipe")
+    data = synthetic.write_sst2_layout(root / "data", n_train=256, n_dev=64, n_test=8)
+    vocab = synthetic.write_vocab(root / "vocab.txt")
+    init = create_model(resolve_shape("2L-32-64-4H"), root / "init", tokenizer=vocab, task="sst2", max_positions=64)
+    return data, init
+
+
+def _recipe(data, init, epochs=1, **extra):
+    return {
+        "name": "t",
+        "report": False,
+        "defaults": {"task": "sst2", "data_dir": str(data), "max_length": 32},
+        "stages": [
+            {"name": "teacher", "run": "finetune", "model": str(init), "config": {"epochs": epochs, "lr": 1e-3}},
+            {"name": "student", "run": "distill", "teacher": "${teacher}",
+             "config": {"student": "1L-32-64-4H", "epochs": 1, "lr": 1e-3, "cache": False, **extra}},
+            {"name": "speed", "run": "latency", "models": ["${teacher}", "${student}"],
+             "config": {"batch": [1], "seq": [16], "repeats": 2, "warmup": 1, "peak": False}},
+        ],
+    }
+
+
+def test_run_skip_and_rerun(inputs, tmp_path):
+    data, init = inputs
+    run = tmp_path / "run"
+    said: list[str] = []
+    run_recipe(_recipe(data, init), run, say=said.append)
+    assert load_model(run / "student").config.num_hidden_layers == 1
+    assert (run / "speed" / "latency.md").is_file()
+    manifest = json.loads((run / "manifest.json").read_text())["stages"]
+    assert [manifest[s]["status"] for s in ("teacher", "student", "speed")] == ["done"] * 3
+    first_hashes = {k: v["hash"] for k, v in manifest.items()}
+
+    said.clear()
+    run_recipe(_recipe(data, init), run, say=said.append)
+    assert said == ["[teacher] unchanged, skipped", "[student] unchanged, skipped", "[speed] unchanged, skipped"]
+
+    # A change to the teacher's config re-runs it and everything after it.
+    said.clear()
+    run_recipe(_recipe(data, init, epochs=2), run, say=said.append)
+    assert said == ["[teacher] running finetune", "[student] running distill", "[speed] running latency"]
+    manifest = json.loads((run / "manifest.json").read_text())["stages"]
+    assert all(manifest[k]["hash"] != first_hashes[k] for k in first_hashes)
+
+    # A change to the student only leaves the teacher alone.
+    said.clear()
+    run_recipe(_recipe(data, init, epochs=2, alpha=0.9), run, say=said.append)
+    assert said[0] == "[teacher] unchanged, skipped" and said[1] == "[student] running distill"
+
+
+def test_validation_errors_name_the_stage(inputs, tmp_path):
+    data, init = inputs
+    bad = _recipe(data, init)
+    bad["stages"][1]["config"]["studnet"] = "x"
+    with pytest.raises(CompressError, match="stage 'student': unknown option 'studnet' \\(did you mean 'student'\\?\\)"):
+        load_recipe(bad)
+    bad = _recipe(data, init)
+    bad["stages"][0]["config"]["epochs"] = "many"
+    with pytest.raises(CompressError, match="stage 'teacher': epochs: expected an integer"):
+        load_recipe(bad)
+    bad = _recipe(data, init)
+    bad["stages"][1]["teacher"] = "${nope}"
+    with pytest.raises(CompressError, match="stage 'student': 'teacher' refers to \\$\\{nope\\}, which is not an earlier stage"):
+        load_recipe(bad)
+    bad = _recipe(data, init)
+    bad["stages"][0]["run"] = "finetun"
+    with pytest.raises(CompressError, match="unknown recipe stage 'finetun' \\(did you mean 'finetune'\\?\\)"):
+        load_recipe(bad)
+    bad = _recipe(data, init)
+    del bad["stages"][1]["teacher"]
+    with pytest.raises(CompressError, match="stage 'student': missing input 'teacher'"):
+        load_recipe(bad)
+    bad = _recipe(data, init)
+    bad["stages"][0]["model"] = str(tmp_path / "missing-model")
+    with pytest.raises(CompressError, match="input 'model' .*missing-model does not exist"):
+        run_recipe(bad, tmp_path / "run")
+    with pytest.raises(CompressError, match="unknown variable \\{\\{glue\\}\\}; pass --var glue=VALUE"):
+        load_recipe({"stages": [{"name": "a", "run": "eval", "models": ["x"], "config": {"task": "sst2", "data_dir": "{{glue}}"}}]})
+
+
+def test_committed_recipes_validate(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "recipes"
+    demo = load_recipe(root / "demo.yaml", variables={"run_dir": str(tmp_path), "data_dir": str(tmp_path),
+                                                      "train_examples": "100", "vocab_size": "200"})
+    assert [s.kind for s in demo.stages][:3] == ["pretrain", "finetune", "distill"]
+    study = load_recipe(root / "bert-base-sst2.yaml", variables={"glue": str(tmp_path)})
+    assert study.stages[0].inputs["model"] == "bert-base"
