@@ -169,8 +169,8 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     if cfg.submission and any(s.submission_file is None for s in splits):
         raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
     head = "question-answering" if task.kind == SPAN else "sequence-classification"
+    model = load_model(model_dir, head=head)  # config and weights first: their errors are the clearest
     tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, head=head)
     check_vocab(tokenizer, model.config, model_dir)
     if task.kind != SPAN:
         output_to_task_labels(model.config, task)  # fail before loading any data

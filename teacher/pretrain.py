@@ -184,8 +184,8 @@ def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -
     out = Path(out)
     if not cfg.resume:
         check_output(out, overwrite)
+    documents = read_documents(list(cfg.corpus))  # bad input fails here, before anything is written
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
-    documents = read_documents(list(cfg.corpus))
     with main_process_first():  # rank 0 trains (and saves) the vocabulary, the others load it
         tokenizer = _tokenizer(cfg, work)
     docs_ids = tokenize_documents(documents, tokenizer)
