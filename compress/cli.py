@@ -451,6 +451,42 @@ def _heads_run(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- leaderboard
+
+
+@command(
+    "leaderboard",
+    "compare model directories with each other and with published results: tables, Pareto plots, report",
+    """\
+  compress leaderboard --runs runs/sst2 --out reports/sst2                    # every model dir under runs/sst2
+  compress leaderboard --runs models/teacher models/student models/int8 --teacher models/teacher --out report/
+  compress leaderboard --runs runs/ --reference-model models/bert-base-random --batch 1 --seq 128 --out report/""",
+)
+def _leaderboard_args(p):
+    from compress.core.config import add_arguments
+    from eval.leaderboard import LeaderboardConfig
+
+    p.add_argument("--runs", required=True, nargs="+", metavar="DIR", help="model directories, or folders holding them")
+    p.add_argument("--out", required=True, metavar="DIR", help="report directory (report.md, report.html, plots, JSON)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    _config_flag(p)
+    add_arguments(p, LeaderboardConfig)
+
+
+@_leaderboard_args.run
+def _leaderboard_run(args) -> int:
+    from compress.core.config import from_args
+    from eval.leaderboard import LeaderboardConfig, leaderboard
+
+    cfg = from_args(LeaderboardConfig, args, args.config)
+    out = leaderboard(args.runs, args.out, cfg, overwrite=args.overwrite)
+    from compress.demo import headline
+
+    print(headline(out / "report.md"))
+    _say(f"report: {out}/report.md and {out}/report.html")
+    return 0
+
+
 # ---------------------------------------------------------------------------- run (recipes)
 
 

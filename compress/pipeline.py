@@ -375,7 +375,10 @@ def run_recipe(
     if recipe.report and models:
         from eval.leaderboard import LeaderboardConfig, leaderboard
 
-        leaderboard(models, run_dir / "report", LeaderboardConfig(), overwrite=True)
+        # The table's latency column is read at the point the recipe's own latency stage measured.
+        timed = next((s.config for s in recipe.stages if s.kind == "latency"), None)
+        point = {"batch": timed.batch[0], "seq": timed.seq[0]} if timed else {}
+        leaderboard(models, run_dir / "report", LeaderboardConfig(**point), overwrite=True)
         for name in ("report.md", "report.html"):
             if (run_dir / "report" / name).is_file():
                 shutil.copy2(run_dir / "report" / name, run_dir / name)

@@ -1,0 +1,754 @@
+"""The leaderboard: every model's dev metrics, size and latency in one table, next to published results.
+
+``leaderboard(run_dirs, out, cfg) -> out`` reads the ``metrics.json`` and
+``compression.json`` of each model directory (nothing is re-run), builds the table and
+writes ``report.md``, ``report.html`` and ``leaderboard.json`` (see ``eval.report``).
+The steps are importable on their own::
+
+    rows = collect(["runs/sst2-study"], batch=1, seq=128)   # list[ModelRow]
+    table = build_table(rows, LeaderboardConfig())            # plain JSON-able dict
+    print(format_markdown(table))
+
+How the numbers are put together:
+
+* metric: per task the primary metric of ``compress.core.tasks`` (CoLA Matthews corr.,
+  MRPC F1, STS-B Pearson, SQuAD F1, accuracy elsewhere; MNLI = matched), from the
+  model's latest dev evaluation record.
+* GLUE average: the unweighted mean over the GLUE tasks that every model with GLUE
+  results was evaluated on, so all averages in one table cover the same tasks. Published
+  rows get the same average only when they publish all of those tasks.
+* retention: a model's metric / its teacher's (per task; for the average, the ratio of
+  the averages), in percent. The teacher is ``cfg.teacher``, else the model's nearest
+  ancestor (``compression.json`` parent links) among the models shown, else the first
+  model of the table (rows keep the order of the runs, except that ancestors move up
+  before their descendants, so the first row is never a student of another row).
+* speed-up: the teacher's p50 / the model's p50 at one (batch, seq) point. Latencies are
+  only comparable within one ``compress latency`` run (one machine state, one set-up), so
+  the latest run that measured both is used; a ratio across runs is marked ``*``.
+
+Published rows (``eval.references``) are carried separately, flagged ``published``, and
+never enter a measured column, an average of measured rows, or a ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from compress.core.config import option
+from compress.core.errors import CompressError
+
+CROSS_RUN = "*"  # marks a speed-up whose two p50s come from different latency runs
+DEV_SPLITS = ("dev", "dev_matched")  # MNLI reports matched as its primary dev split
+MAX_ANCESTORS = 64  # parent links followed before giving up (a guard against cycles)
+
+METRIC_LABELS = {"accuracy": "acc", "f1": "F1", "pearson": "Pearson", "matthews_correlation": "MCC"}
+
+
+@dataclass(frozen=True)
+class LeaderboardConfig:
+    teacher: str | None = option(None, "model directory every model is compared with (retention, speed-up); "
+                                 "default: each model's nearest ancestor among the runs, else the first run",
+                                 metavar="DIR")
+    speed_reference: str | None = option(None, "model directory for an extra speed-up column, e.g. a BERT-base-shaped model",
+                                         flag="--reference-model", metavar="DIR")
+    batch: int = option(1, "batch size of the latency point shown in the table")
+    seq: int = option(128, "sequence length of the latency point shown in the table")
+    tasks: tuple[str, ...] = option((), "tasks to show (default: every task some model was evaluated on)", metavar="TASK[,...]")
+    published: bool = option(True, "add the published results of eval/references.py (flagged, never mixed with measured ones)")
+
+    def validate(self) -> None:
+        """Refuse a latency point below 1 and unknown task names."""
+        from compress.core.tasks import get_task
+
+        if self.batch < 1:
+            raise CompressError(f"--batch must be at least 1, got {self.batch}")
+        if self.seq < 1:
+            raise CompressError(f"--seq must be at least 1, got {self.seq}")
+        for name in self.tasks:
+            get_task(name)  # unknown names list the valid ones
+
+
+# ---------------------------------------------------------------------------- collecting
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    """One model's p50 at the table's (batch, seq), from one latency run."""
+
+    p50_ms: float
+    backend: str
+    run: str  # identifies the latency run: rows of one run share it
+    when: str
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """What one model directory's sidecars say, reduced to the leaderboard's needs."""
+
+    path: Path  # resolved
+    name: str
+    stage: str | None = None
+    method: str | None = None
+    parent: Path | None = None
+    ancestors: tuple[Path, ...] = ()  # parent, grandparent, ... (resolved), as far as the links go
+    params: int | None = None
+    params_source: str | None = None  # "latency", "compression.json" or "estimate"
+    size_mb: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)  # task -> primary metric (percent)
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> split, n, when, extra metrics
+    latency: LatencyPoint | None = None  # the latest run's point at (batch, seq)
+    latency_runs: dict[str, LatencyPoint] = field(default_factory=dict)  # run id -> point at (batch, seq)
+    latency_points: tuple[tuple[int, int], ...] = ()  # every (batch, seq) ever measured
+
+    @property
+    def has_metrics(self) -> bool:
+        """Whether the model has a dev evaluation or any latency result."""
+        return bool(self.scores or self.latency_points)
+
+
+def expand_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
+    """Model directories named by ``run_dirs``: each is a model dir or a folder of them (two levels deep)."""
+    from compress.core.artifacts import is_model_dir
+
+    found: list[Path] = []
+    for arg in run_dirs:
+        path = Path(arg)
+        if not path.exists():
+            raise CompressError(f"run directory {path} does not exist")
+        if is_model_dir(path):
+            models = [path]
+        elif path.is_dir():
+            models = _model_dirs_below(path)
+        else:
+            raise CompressError(f"{path} is a file; pass a model directory or a folder of model directories")
+        if not models:
+            raise CompressError(
+                f"{path} holds no model directories (folders with config.json, directly or one level down)"
+            )
+        found.extend(m.resolve() for m in models)
+    return list(dict.fromkeys(found))  # a model named twice is shown once
+
+
+def _model_dirs_below(folder: Path) -> list[Path]:
+    """Model directories among ``folder``'s subfolders and their subfolders, sorted."""
+    from compress.core.artifacts import is_model_dir
+
+    models = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if is_model_dir(child):
+            models.append(child)
+        else:
+            models.extend(sorted(g for g in child.iterdir() if is_model_dir(g)))
+    return models
+
+
+def collect(model_dirs: Sequence[str | Path], *, batch: int = 1, seq: int = 128) -> list[ModelRow]:
+    """One :class:`ModelRow` per model directory found in ``model_dirs`` (see :func:`expand_runs`).
+
+    Raises a CompressError when no model has a dev evaluation or a latency result.
+    """
+    from eval.latency import display_names
+
+    paths = expand_runs(model_dirs)
+    rows = [read_row(path, name, batch, seq) for path, name in zip(paths, display_names(paths))]
+    if not any(row.has_metrics for row in rows):
+        names = ", ".join(str(p) for p in paths)
+        raise CompressError(
+            f"no dev evaluation or latency result in metrics.json of {names}; "
+            "run `compress eval` and `compress latency` on the models first"
+        )
+    return rows
+
+
+def read_row(path: Path, name: str, batch: int, seq: int) -> ModelRow:
+    """The leaderboard's view of one model directory."""
+    from compress.core.artifacts import read_compression, read_metrics
+
+    records = read_metrics(path)
+    comp = read_compression(path)
+    runs, points = latency_runs(records, batch, seq)
+    latest = max(runs.values(), key=lambda p: p.when, default=None)
+    params, source = model_params(path, records, comp)
+    scores, evals = dev_scores(records)
+    parent = (comp.get("parent") or {}).get("path")
+    return ModelRow(
+        path=path, name=name, stage=comp.get("stage"), method=comp.get("method"),
+        parent=Path(parent) if parent else None, ancestors=ancestors(path),
+        params=params, params_source=source, size_mb=model_size_mb(path, records),
+        scores=scores, evals=evals, latency=latest, latency_runs=runs, latency_points=points,
+    )
+
+
+def _order(indexed: tuple[int, dict[str, Any]]) -> tuple[str, int]:
+    """Sort key of an (index, record) pair: oldest first."""
+    # Latest = latest "when"; records are appended, so the file order breaks ties.
+    index, record = indexed
+    return str(record.get("when") or ""), index
+
+
+def dev_scores(records: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """Per task, the primary metric of the latest dev (MNLI: dev_matched) evaluation, and its details."""
+    from compress.core.tasks import get_task
+
+    scores: dict[str, float] = {}
+    details: dict[str, dict[str, Any]] = {}
+    for _, record in sorted(enumerate(records), key=_order):  # oldest first: later ones overwrite
+        if record.get("kind") != "eval" or not isinstance(record.get("metrics"), dict):
+            continue
+        try:
+            task = get_task(str(record.get("task")))
+        except CompressError:
+            continue  # e.g. the pretraining held-out loss: not a benchmark task
+        value = record["metrics"].get(task.primary_metric)
+        if record.get("split") == "dev_mismatched" and value is not None:
+            details.setdefault(task.name, {})["mismatched"] = float(value)
+        if record.get("split") not in DEV_SPLITS or value is None:
+            continue
+        scores[task.name] = float(value)
+        details[task.name] = {**details.get(task.name, {}), "split": record["split"], "n": record.get("n"),
+                              "when": record.get("when"), "metric": task.primary_metric}
+    return scores, {t: d for t, d in details.items() if t in scores}
+
+
+def latency_runs(records: list[dict[str, Any]], batch: int, seq: int) -> tuple[dict[str, LatencyPoint], tuple]:
+    """Each latency run's point at (batch, seq), by run id; and every (batch, seq) measured."""
+    runs: dict[str, LatencyPoint] = {}
+    points: set[tuple[int, int]] = set()
+    for _, record in sorted(enumerate(records), key=_order):
+        if record.get("kind") != "latency":
+            continue
+        # measure_latency writes one "when" and one "speedup_vs" into every model's record of a run.
+        run = f"{record.get('when')}|{record.get('speedup_vs')}|{record.get('backend')}"
+        for row in record.get("rows") or []:
+            if "batch" not in row or "seq" not in row:
+                continue  # not a row eval.latency wrote
+            points.add((int(row["batch"]), int(row["seq"])))
+            if row["batch"] == batch and row["seq"] == seq and row.get("p50_ms"):
+                backend = str(row.get("backend") or record.get("backend") or "?")
+                runs[run] = LatencyPoint(float(row["p50_ms"]), backend, run, str(record.get("when") or ""))
+    return runs, tuple(sorted(points))
+
+
+def _latency_rows_newest_first(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of every latency record, the latest record's first."""
+    ordered = sorted(enumerate(records), key=_order, reverse=True)
+    return [row for _, r in ordered if r.get("kind") == "latency" for row in r.get("rows") or []]
+
+
+def model_params(path: Path, records: list[dict[str, Any]], comp: dict[str, Any]) -> tuple[int | None, str | None]:
+    """Parameter count and where it came from: a latency row, compression.json, or an estimate from the structure."""
+    for row in _latency_rows_newest_first(records):
+        if row.get("params"):
+            return int(row["params"]), "latency"
+    summary = comp.get("summary") if isinstance(comp.get("summary"), dict) else {}
+    for value in (comp.get("params"), summary.get("params_after")):
+        if value:
+            return int(value), "compression.json"
+    estimate = estimate_params(comp.get("structure"), _read_config(path))
+    return (estimate, "estimate") if estimate else (None, None)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """config.json as a dict ({} when unreadable: the estimate is then skipped)."""
+    from compress.core.artifacts import read_json
+
+    try:
+        config = read_json(path / "config.json")
+    except CompressError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def estimate_params(structure: dict[str, Any] | None, config: dict[str, Any]) -> int | None:
+    """Parameters of embeddings + encoder + pooler from a structure dict and config.json (task head left out)."""
+    if not structure or "vocab_size" not in config:
+        return None
+    h, d = structure["hidden_size"], structure["head_size"]
+    positions = config.get("max_position_embeddings", 512) + config.get("type_vocab_size", 2)
+    total = (config["vocab_size"] + positions) * h + 2 * h  # word/position/type embeddings + LayerNorm
+    for heads, ffn in zip(structure["heads"], structure["ffn"]):
+        a = heads * d  # attention width of this layer
+        total += 3 * (h * a + a) + (a * h + h) + 2 * h  # Q, K, V, output projection, LayerNorm
+        total += (h * ffn + ffn) + (ffn * h + h) + 2 * h  # FFN in, out, LayerNorm
+    return total + h * h + h  # pooler
+
+
+def model_size_mb(path: Path, records: list[dict[str, Any]]) -> float | None:
+    """Weight files' size in MB: from the latest latency row, else measured on disk now."""
+    from eval.latency import size_on_disk
+
+    for row in _latency_rows_newest_first(records):
+        if row.get("size_mb") is not None:
+            return float(row["size_mb"])
+    size = size_on_disk(path)
+    return size / 1e6 if size else None
+
+
+def ancestors(path: Path) -> tuple[Path, ...]:
+    """Parent, grandparent, ... of a model directory through compression.json parent links (resolved paths)."""
+    from compress.core.artifacts import read_compression
+
+    chain: list[Path] = []
+    current = path
+    while len(chain) < MAX_ANCESTORS:
+        try:
+            parent = (read_compression(current).get("parent") or {}).get("path") if current.is_dir() else None
+        except CompressError:
+            break  # an unreadable compression.json ends the chain
+        if not parent:
+            break
+        current = Path(parent).resolve()
+        if current in chain or current == path:
+            break
+        chain.append(current)
+    return tuple(chain)
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the (latency, metric) points no other point dominates, by increasing latency.
+
+    A point dominates another when its latency is lower or equal and its metric higher or
+    equal, one of them strictly; identical points do not dominate each other.
+    """
+    def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        """Whether ``a`` is at least as fast and as good as ``b``, and strictly one of them."""
+        return a[0] <= b[0] and a[1] >= b[1] and (a[0] < b[0] or a[1] > b[1])
+
+    front = [i for i, p in enumerate(points) if not any(dominates(q, p) for q in points)]
+    return sorted(front, key=lambda i: (points[i][0], -points[i][1], i))
+
+
+def shown_tasks(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> list[str]:
+    """Tasks in the table, in registry order: cfg.tasks, else every task some model was evaluated on."""
+    from compress.core.tasks import TASKS, get_task
+
+    wanted = {get_task(t).name for t in cfg.tasks} if cfg.tasks else {t for r in rows for t in r.scores}
+    return [name for name in TASKS if name in wanted]
+
+
+def average_tasks(rows: Sequence[ModelRow], tasks: Sequence[str]) -> list[str]:
+    """The GLUE tasks shown that every model with GLUE results was evaluated on."""
+    from compress.core.tasks import GLUE_TASKS
+
+    glue = [t for t in tasks if t in GLUE_TASKS]
+    with_glue = [r for r in rows if any(t in r.scores for t in glue)]
+    return [t for t in glue if with_glue and all(t in r.scores for r in with_glue)]
+
+
+def mean_over(scores: dict[str, float], tasks: Sequence[str]) -> float | None:
+    """Unweighted mean of ``scores`` over ``tasks`` (None unless at least two tasks, all present)."""
+    if len(tasks) < 2 or any(t not in scores for t in tasks):
+        return None
+    return statistics.fmean(scores[t] for t in tasks)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, None when either is missing or the denominator is 0."""
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def speedup(model: ModelRow, reference: ModelRow) -> tuple[float | None, bool]:
+    """reference p50 / model p50 at the table's point, and whether both came from one latency run."""
+    if model.latency is None or reference.latency is None:
+        return None, True
+    common = [run for run in model.latency_runs if run in reference.latency_runs]
+    if common:
+        run = max(common, key=lambda r: model.latency_runs[r].when)  # the latest run that timed both
+        return reference.latency_runs[run].p50_ms / model.latency_runs[run].p50_ms, True
+    return reference.latency.p50_ms / model.latency.p50_ms, False
+
+
+def lineage_order(rows: Sequence[ModelRow]) -> list[ModelRow]:
+    """``rows`` in their order, except that a model's ancestors among them move up before it."""
+    by_path = {r.path: r for r in rows}
+    ordered: dict[Path, ModelRow] = {}
+    for row in rows:
+        for ancestor in reversed(row.ancestors):  # the oldest first
+            if ancestor in by_path:
+                ordered.setdefault(ancestor, by_path[ancestor])
+        ordered.setdefault(row.path, row)
+    return list(ordered.values())
+
+
+def teacher_of(row: ModelRow, rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> ModelRow:
+    """The model ``row`` is compared with: cfg.teacher, else its nearest ancestor shown, else the first row."""
+    by_path = {r.path: r for r in rows}
+    if cfg.teacher:
+        return _find(by_path, cfg.teacher, "--teacher")
+    for ancestor in row.ancestors:
+        if ancestor in by_path:
+            return by_path[ancestor]
+    return rows[0]
+
+
+def _find(by_path: dict[Path, ModelRow], path: str, flag: str) -> ModelRow:
+    """The row of the model directory ``path`` (given with ``flag``), or a CompressError."""
+    row = by_path.get(Path(path).resolve())
+    if row is None:
+        raise CompressError(
+            f"{flag} {path} is not among the models of the table, or has no dev evaluation or latency "
+            "in its metrics.json; pass it with --runs and measure it first"
+        )
+    return row
+
+
+def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> dict[str, Any]:
+    """The leaderboard as a JSON-able dict: measured models, published rows, and the notes that explain them."""
+    from compress.core.artifacts import utc_now
+    from compress.core.tasks import get_task
+
+    cfg.validate()
+    kept = lineage_order([r for r in rows if r.has_metrics])
+    if not kept:
+        raise CompressError("no model has a dev evaluation or a latency result; nothing to put in a leaderboard")
+    tasks = shown_tasks(kept, cfg)
+    averaged = average_tasks(kept, tasks)
+    reference = _find({r.path: r for r in kept}, cfg.speed_reference, "--reference-model") if cfg.speed_reference else None
+    models = [model_entry(r, teacher_of(r, kept, cfg), reference, tasks, averaged) for r in kept]
+    table = {
+        "kind": "leaderboard",
+        "when": utc_now(),
+        "point": {"batch": cfg.batch, "seq": cfg.seq},
+        "tasks": tasks,
+        "task_names": {t: get_task(t).display for t in tasks},
+        "task_metrics": {t: get_task(t).primary_metric for t in tasks},
+        "average_tasks": averaged,
+        "teacher": str(Path(cfg.teacher).resolve()) if cfg.teacher else None,
+        "speed_reference": reference.name if reference else None,
+        "models": models,
+        "published": published_entries(tasks, averaged) if cfg.published else [],
+        "skipped": [{"name": r.name, "path": str(r.path)} for r in rows if not r.has_metrics],
+        "other_points": other_points(kept, cfg),
+    }
+    table["notes"] = measured_notes(table)
+    table["published_notes"] = published_notes(table) if table["published"] else []
+    return table
+
+
+def model_entry(row: ModelRow, teacher: ModelRow, reference: ModelRow | None,
+                tasks: Sequence[str], averaged: Sequence[str]) -> dict[str, Any]:
+    """One measured model's numbers: metrics, average, retention and speed-ups (ratios as plain numbers)."""
+    scores = {t: row.scores[t] for t in tasks if t in row.scores}
+    average = mean_over(row.scores, averaged)
+    teacher_average = mean_over(teacher.scores, averaged)
+    to_teacher, same_teacher = speedup(row, teacher)
+    to_reference, same_reference = speedup(row, reference) if reference else (None, True)
+    retention = {t: 100 * r for t in tasks if (r := ratio(row.scores.get(t), teacher.scores.get(t))) is not None}
+    avg_ratio = ratio(average, teacher_average)
+    return {
+        "published": False,
+        "name": row.name,
+        "path": str(row.path),
+        "stage": row.stage,
+        "method": row.method,
+        "params": row.params,
+        "params_source": row.params_source,
+        "size_mb": row.size_mb,
+        "scores": scores,
+        "evals": {t: row.evals[t] for t in scores},
+        "glue_avg": average,
+        "teacher": teacher.name,
+        "retention": retention,
+        "retention_avg": None if avg_ratio is None else 100 * avg_ratio,
+        "p50_ms": row.latency.p50_ms if row.latency else None,
+        "backend": row.latency.backend if row.latency else None,
+        "latency_run": row.latency.run if row.latency else None,
+        "speedup_teacher": to_teacher,
+        "speedup_teacher_same_run": same_teacher,
+        "speedup_reference": to_reference,
+        "speedup_reference_same_run": same_reference,
+    }
+
+
+def published_entries(tasks: Sequence[str], averaged: Sequence[str]) -> list[dict[str, Any]]:
+    """Published dev rows with a score on a shown task: their params, those scores and the same average."""
+    from eval.references import GLUE_DEV, SQUAD_DEV
+
+    entries = []
+    for ref in GLUE_DEV + SQUAD_DEV:
+        scores = {t: ref.scores[t] for t in tasks if t in ref.scores}
+        if not scores:
+            continue
+        entries.append({
+            "published": True,
+            "model": ref.model,
+            "params_m": ref.params_m,
+            "split": ref.split,
+            "scores": scores,
+            "glue_avg": mean_over(ref.scores, averaged),
+            "source": ref.source,
+            "notes": ref.notes,
+        })
+    return entries
+
+
+def other_points(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> list[list[int]]:
+    """(batch, seq) points measured for some model, when no model was measured at the table's point."""
+    if any(r.latency for r in rows):
+        return []
+    return [list(p) for p in sorted({p for r in rows for p in r.latency_points})]
+
+
+# ---------------------------------------------------------------------------- notes and Markdown
+
+
+def _task_list(table: dict[str, Any], tasks: Sequence[str]) -> str:
+    """ "SST-2 (accuracy), MRPC (F1)": tasks with their primary metric."""
+    names = {"f1": "F1", "pearson": "Pearson", "matthews_correlation": "Matthews corr."}
+    return ", ".join(f"{table['task_names'][t]} ({names.get(table['task_metrics'][t], table['task_metrics'][t])})"
+                     for t in tasks)
+
+
+def measured_notes(table: dict[str, Any]) -> list[str]:
+    """Footnotes on how the measured table's averages and ratios were computed."""
+    point = table["point"]
+    notes = ["Metrics: the latest dev evaluation in each model's metrics.json, in percent; "
+             "MNLI is reported on the matched dev set."]
+    if len(table["average_tasks"]) >= 2:
+        notes.append(f"GLUE avg: unweighted mean over {_task_list(table, table['average_tasks'])}, the GLUE tasks every "
+                     "model with GLUE results was evaluated on (the published convention: CoLA Matthews corr., "
+                     "MRPC F1, STS-B Pearson, accuracy elsewhere).")
+    else:
+        notes.append("GLUE avg: not computed; fewer than two GLUE tasks were evaluated on every model with GLUE results.")
+    teacher = ("the --teacher model" if table["teacher"] else
+               "the model's nearest ancestor in this table by compression.json parent links, else the first row")
+    notes.append(f"retention: the model's metric / its teacher's, in percent; for the GLUE avg the ratio of the two "
+                 f"averages. The teacher column names the model compared with: {teacher}.")
+    notes.append(f"p50 ms: median latency at batch {point['batch']}, seq {point['seq']} from the latest latency run "
+                 "of the model; speed-up = the teacher's (or reference's) p50 / this p50, from the latest latency "
+                 "run that timed both.")
+    if _cross_run(table):
+        notes.append(f"Speed-ups marked {CROSS_RUN}: the two p50s come from different latency runs, so the ratio also carries "
+                     "run-to-run drift (machine load, settings); time both models in one `compress latency` run "
+                     "for a like-for-like ratio.")
+    if table["other_points"]:
+        measured = ", ".join(f"batch {b} seq {s}" for b, s in table["other_points"])
+        notes.append(f"No latency at batch {point['batch']}, seq {point['seq']}; measured: {measured} "
+                     "(choose one with --batch / --seq).")
+    if table["skipped"]:
+        names = ", ".join(s["name"] for s in table["skipped"])
+        notes.append(f"Not shown (no dev evaluation or latency in metrics.json): {names}.")
+    return notes
+
+
+def _cross_run(table: dict[str, Any]) -> bool:
+    """Whether some speed-up in the table compares p50s from different latency runs."""
+    return any(
+        (m["speedup_teacher"] is not None and not m["speedup_teacher_same_run"])
+        or (m["speedup_reference"] is not None and not m["speedup_reference_same_run"])
+        for m in table["models"]
+    )
+
+
+def published_notes(table: dict[str, Any]) -> list[str]:
+    """Footnotes for the published table."""
+    notes = ["Copied from the cited sources (eval/references.py): other people's runs and hardware, GLUE/SQuAD dev "
+             "sets; never measured here and never part of the measured averages or ratios. No published latency "
+             "is comparable with this machine, so these rows appear in the plots as dashed reference lines."]
+    if len(table["average_tasks"]) >= 2:
+        notes.append(f"GLUE avg over the same tasks as above ({_task_list(table, table['average_tasks'])}), "
+                     "only where the source publishes all of them.")
+    return notes
+
+
+def _f(value: float | None, spec: str, missing: str = "n/a") -> str:
+    """``value`` formatted with ``spec``, or ``missing``."""
+    return missing if value is None else format(value, spec)
+
+
+def _millions(count: int | None) -> float | None:
+    """A count in millions (None stays None)."""
+    return None if count is None else count / 1e6
+
+
+def _cell(text: Any) -> str:
+    """Text safe inside a Markdown table cell (pipes escaped)."""
+    return str(text).replace("|", "\\|")
+
+
+def _metric_header(table: dict[str, Any], task: str) -> str:
+    """Column header of a task: "SST-2 (acc)", "MNLI-m (acc)", "MRPC (F1)"."""
+    metric = table["task_metrics"][task]
+    display = "MNLI-m" if task == "mnli" else table["task_names"][task]
+    return f"{display} ({METRIC_LABELS.get(metric, metric)})"
+
+
+def _retention_column(table: dict[str, Any]) -> tuple[str, Any]:
+    """Header and getter of the retention column: the GLUE avg's, else the only task's."""
+    if len(table["average_tasks"]) >= 2:
+        return "retention (GLUE avg)", lambda m: m["retention_avg"]
+    if len(table["tasks"]) == 1:
+        task = table["tasks"][0]
+        return f"retention ({table['task_names'][task]})", lambda m: m["retention"].get(task)
+    return "retention", lambda m: None
+
+
+def _speedup_cell(value: float | None, same_run: bool) -> str:
+    """"4.00x", or "4.00x*" when the two p50s come from different latency runs."""
+    return "n/a" if value is None else f"{value:.2f}x" + ("" if same_run else CROSS_RUN)
+
+
+def _stage_cell(model: dict[str, Any]) -> str:
+    """"distill / kd+hard" from compression.json's stage and method."""
+    parts = [p for p in (model["stage"], model["method"]) if p]
+    return " / ".join(parts) if parts else "—"
+
+
+def measured_table(table: dict[str, Any]) -> list[str]:
+    """Markdown lines of the measured models' table."""
+    retention_header, retention = _retention_column(table)
+    reference = table["speed_reference"]
+    header = ["model", "stage / method", "params (M)", "size (MB)",
+              *(_metric_header(table, t) for t in table["tasks"]), "GLUE avg", retention_header, "teacher",
+              "p50 ms", "backend", "speed-up vs teacher"] + ([f"speed-up vs {reference}"] if reference else [])
+    align = ["---", "---", "--:", "--:", *("--:" for _ in table["tasks"]), "--:", "--:", "---", "--:", "---", "--:"]
+    lines = [_row(header), _row(align + (["--:"] if reference else []))]
+    for m in table["models"]:
+        cells = [m["name"], _stage_cell(m), _f(_millions(m["params"]), ".2f"), _f(m["size_mb"], ".1f"),
+                 *(_f(m["scores"].get(t), ".2f") for t in table["tasks"]), _f(m["glue_avg"], ".2f"),
+                 _f(retention(m), ".1f") + ("%" if retention(m) is not None else ""), m["teacher"],
+                 _f(m["p50_ms"], ".2f"), m["backend"] or "n/a",
+                 _speedup_cell(m["speedup_teacher"], m["speedup_teacher_same_run"])]
+        if reference:
+            cells.append(_speedup_cell(m["speedup_reference"], m["speedup_reference_same_run"]))
+        lines.append(_row(cells))
+    return lines
+
+
+def retention_table(table: dict[str, Any]) -> list[str]:
+    """Markdown lines of per-task retention (only worth a table with two tasks or more)."""
+    tasks = table["tasks"]
+    lines = [_row(["model", "teacher", *(_metric_header(table, t) for t in tasks)]),
+             _row(["---", "---", *("--:" for _ in tasks)])]
+    for m in table["models"]:
+        lines.append(_row([m["name"], m["teacher"], *(_f(m["retention"].get(t), ".1f") for t in tasks)]))
+    return lines
+
+
+def published_table(table: dict[str, Any]) -> list[str]:
+    """Markdown lines of the published rows, with their sources."""
+    tasks = table["tasks"]
+    lines = [_row(["model (published)", "params (M)", *(_metric_header(table, t) for t in tasks), "GLUE avg", "split", "source"]),
+             _row(["---", "--:", *("--:" for _ in tasks), "--:", "---", "---"])]
+    for p in table["published"]:
+        lines.append(_row([p["model"], _f(p["params_m"], "g", "—"), *(_f(p["scores"].get(t), ".1f", "—") for t in tasks),
+                           _f(p["glue_avg"], ".2f", "—"), p["split"], p["source"] + (f" ({p['notes']})" if p["notes"] else "")]))
+    return lines
+
+
+def _row(cells: Sequence[Any]) -> str:
+    """One Markdown table row."""
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def format_markdown(table: dict[str, Any]) -> str:
+    """The measured table, per-task retention, and the published table, each followed by its notes."""
+    point = table["point"]
+    lines = [f"## Measured here (dev sets; latency at batch {point['batch']}, seq {point['seq']})", "",
+             *measured_table(table), "", *(f"- {n}" for n in table["notes"])]
+    if len(table["tasks"]) > 1:
+        lines += ["", "### Retention per task (% of the teacher's metric)", "", *retention_table(table)]
+    if table["published"]:
+        lines += ["", "## Published (not measured here)", "", *published_table(table), "",
+                  *(f"- {n}" for n in table["published_notes"])]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def plot_pareto(table: dict[str, Any], task: str, path: Path) -> Path | None:
+    """Metric vs p50 latency (log x) for one task: marker size ~ params, the Pareto front joined.
+
+    Published results have no latency measured here, so they are dashed horizontal lines.
+    Returns None (and writes nothing) when no model has both the metric and a latency.
+    """
+    from eval.plots import _pyplot, save_figure
+
+    models = [m for m in table["models"] if task in m["scores"] and m["p50_ms"]]
+    if not models:
+        return None
+    plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    points = [(m["p50_ms"], m["scores"][task]) for m in models]
+    largest = max((m["params"] or 0 for m in models), default=0) or 1
+    sizes = [400 * (m["params"] or largest / 4) / largest for m in models]  # area ~ parameters
+    ax.scatter(*zip(*points), s=sizes, alpha=0.6, edgecolors="black", zorder=3)
+    for m, (x, y) in zip(models, points):
+        ax.annotate(m["name"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    front = pareto_front(points)
+    ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "-", color="tab:red",
+            linewidth=1, label="Pareto front", zorder=2)
+    _published_lines(ax, table, task)
+    point = table["point"]
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))  # 20, not 2x10^1
+    low, high = ax.get_xlim()
+    if high / low < 30:  # within about a decade the minor ticks are the only labels: keep them readable
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: "" if math.log10(x).is_integer() else f"{x:g}"))
+    ax.set_xlabel(f"p50 latency (ms, log scale), batch {point['batch']}, seq {point['seq']}")
+    ax.set_ylabel(_metric_header(table, task))
+    ax.set_title(f"{table['task_names'][task]}: dev metric vs latency (marker area ~ parameters)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="lower right")
+    out = save_figure(fig, path)
+    plt.close(fig)
+    return out
+
+
+def _published_lines(ax, table: dict[str, Any], task: str) -> None:
+    """Dashed horizontal lines for published scores on ``task``, labelled at the right edge without overlap."""
+    lines = sorted((p["scores"][task], p["model"]) for p in table["published"] if task in p["scores"])
+    for y, _ in lines:
+        ax.axhline(y, linestyle="--", linewidth=0.8, color="grey", zorder=1)
+    low, high = ax.get_ylim()  # final limits: every point and line is drawn
+    gap, previous = 0.035 * (high - low), -float("inf")
+    for y, model in lines:
+        previous = max(y, previous + gap)  # push a label up when it would touch the one below
+        ax.text(1.01, previous, f"{model} (published)", transform=ax.get_yaxis_transform(),
+                fontsize=6, va="center", color="grey")
+
+
+def plot_all(table: dict[str, Any], directory: Path) -> dict[str, str]:
+    """One Pareto plot per shown task that has something to plot; task -> file name."""
+    written = {}
+    for task in table["tasks"]:
+        path = plot_pareto(table, task, Path(directory) / f"pareto-{task}.png")
+        if path is not None:
+            written[task] = path.name
+    return written
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: LeaderboardConfig, overwrite: bool = False) -> Path:
+    """Collect the models of ``run_dirs``, build the table and write the report to ``out``; the directory."""
+    from compress.core.artifacts import check_output, is_model_dir
+
+    # eval.report renders this module's tables, so it sits above it: imported here, not at the top.
+    from eval.report import write_report
+
+    cfg.validate()
+    check_output(out, overwrite)  # before reading anything
+    paths = expand_runs(run_dirs)
+    for flag, extra in (("--teacher", cfg.teacher), ("--reference-model", cfg.speed_reference)):
+        if extra and not is_model_dir(extra):
+            raise CompressError(f"{flag} {extra} is not a model directory (a folder with config.json)")
+    teacher = [Path(cfg.teacher).resolve()] if cfg.teacher else []
+    reference = [Path(cfg.speed_reference).resolve()] if cfg.speed_reference else []
+    # The teacher leads the table; a speed reference not among the runs closes it.
+    ordered = list(dict.fromkeys([*(p for p in teacher if p not in paths), *paths, *reference]))
+    table = build_table(collect(ordered, batch=cfg.batch, seq=cfg.seq), cfg)
+    return write_report(table, out, title="Leaderboard", overwrite=overwrite)
