@@ -502,9 +502,9 @@ recipe format (YAML or JSON):
   defaults: {task: sst2, data_dir: "{{glue}}"}        # {{var}} comes from --var; {{run_dir}} is the run directory
   stages:
     - {name: teacher, run: finetune, model: bert-base, config: {epochs: 3}}
-    - {name: student, run: distill, teacher: ${teacher}, config: {student: 6L-384}}
-    - {name: int8, run: quantize, model: ${student}, config: {backend: onnxruntime}}
-    - {name: latency, run: latency, models: [${teacher}, ${student}, ${int8}]}""",
+    - {name: student, run: distill, teacher: "${teacher}", config: {student: 6L-384}}
+    - {name: int8, run: quantize, model: "${student}", config: {backend: onnxruntime}}
+    - {name: latency, run: latency, models: ["${teacher}", "${student}", "${int8}"]}""",
 )
 def _run_args(p):
     p.add_argument("recipe", metavar="RECIPE", help="YAML or JSON recipe file")

@@ -48,6 +48,29 @@ MLM = "mlm"  # the kind of a general-distillation batch with masked-LM targets
 INTERMEDIATE_TERMS = ("hidden", "embedding", "attention", "cosine", "minilm")
 
 
+@dataclass(frozen=True)
+class LossWeights:
+    """How the loss terms are weighted and mapped (shared by task and general distillation)."""
+
+    alpha: float = option(0.5, "weight of kd against hard (mlm in general distillation): alpha*kd + (1-alpha)*hard")
+    temperature: float = option(2.0, "softmax temperature of the kd term (the KL is multiplied by T^2)")
+    hidden_weight: float = option(1.0, "weight of the hidden term")
+    embedding_weight: float = option(1.0, "weight of the embedding term")
+    attention_weight: float = option(1.0, "weight of the attention term")
+    cosine_weight: float = option(1.0, "weight of the cosine term")
+    minilm_weight: float = option(1.0, "weight of the minilm term")
+    relation_heads: int = option(12, "minilm: heads the value relations are split into")
+    layer_map: str = option("uniform", "student<-teacher layers for intermediate terms: uniform, last, 2,4,6 or 1:2,2:4")
+
+    def validate(self) -> None:
+        if not 0 <= self.alpha <= 1:
+            raise CompressError(f"--alpha must be in [0, 1], got {self.alpha}")
+        if self.temperature <= 0:
+            raise CompressError(f"--temperature must be positive, got {self.temperature}")
+        if self.relation_heads < 1:
+            raise CompressError(f"--relation-heads must be at least 1, got {self.relation_heads}")
+
+
 def _distill_defaults() -> TrainConfig:
     return TrainConfig(lr=1e-4, epochs=3, batch_size=32, warmup_ratio=0.1)
 
@@ -60,15 +83,7 @@ class DistillConfig:
     init: str = option("teacher-layers", "student initialisation: teacher-layers, random, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm", metavar="TERM[,...]")
-    alpha: float = option(0.5, "weight of kd against hard: alpha*kd + (1-alpha)*hard")
-    temperature: float = option(2.0, "softmax temperature of the kd term (the KL is multiplied by T^2)")
-    hidden_weight: float = option(1.0, "weight of the hidden term")
-    embedding_weight: float = option(1.0, "weight of the embedding term")
-    attention_weight: float = option(1.0, "weight of the attention term")
-    cosine_weight: float = option(1.0, "weight of the cosine term")
-    minilm_weight: float = option(1.0, "weight of the minilm term")
-    relation_heads: int = option(12, "minilm: heads the value relations are split into")
-    layer_map: str = option("uniform", "student<-teacher layers for intermediate terms: uniform, last, 2,4,6 or 1:2,2:4")
+    loss: LossWeights = field(default_factory=LossWeights)
     two_stage: bool = option(False, "TinyBERT order: intermediate terms first, then the prediction terms")
     intermediate_epochs: int | None = option(None, "epochs of the intermediate stage (default: --epochs)")
     cache: bool = option(True, "cache teacher outputs on disk when the terms allow (teacher runs once)")
@@ -86,10 +101,6 @@ class DistillConfig:
             TERMS.get(term)
         if not self.losses:
             raise CompressError("--losses is empty; pass e.g. --losses kd,hard")
-        if not 0 <= self.alpha <= 1:
-            raise CompressError(f"--alpha must be in [0, 1], got {self.alpha}")
-        if self.temperature <= 0:
-            raise CompressError(f"--temperature must be positive, got {self.temperature}")
         if self.two_stage and not (set(self.losses) & set(INTERMEDIATE_TERMS) and set(self.losses) & set(PREDICTION_TERMS)):
             raise CompressError("--two-stage needs intermediate terms (hidden, attention, ...) and prediction terms (kd, hard)")
 
@@ -124,7 +135,7 @@ class Step:
 @dataclass(frozen=True)
 class Term:
     needs: frozenset[str]  # teacher outputs: logits, hidden, attentions, values
-    weight: Callable[[DistillConfig], float]
+    weight: Callable[[LossWeights, tuple[str, ...]], float]
     compute: Callable[[Step], torch.Tensor]
 
 
@@ -134,7 +145,7 @@ TERMS: Registry[Term] = Registry("distillation loss")
 def _kd(step: Step) -> torch.Tensor:
     from compress import losses as L
 
-    s, t, T = step.student.logits, step.teacher.logits, step.cfg.temperature
+    s, t, T = step.student.logits, step.teacher.logits, step.cfg.loss.temperature
     if step.kind == SPAN:
         return L.span_kd(s["start_logits"], s["end_logits"], t["start_logits"], t["end_logits"], step.mask, temperature=T)
     if step.kind == REGRESSION:
@@ -190,17 +201,18 @@ def _minilm(step: Step) -> torch.Tensor:
 
     s_last, t_last = max(step.student.attentions), max(step.teacher.attentions)
     attention = L.attention_kl(step.student.attentions[s_last], step.teacher.attentions[t_last], step.mask)
-    relation = L.value_relation_kl(step.student.values, step.teacher.values, step.mask, relation_heads=step.cfg.relation_heads)
+    relation = L.value_relation_kl(step.student.values, step.teacher.values, step.mask, relation_heads=step.cfg.loss.relation_heads)
     return attention + relation
 
 
-TERMS.register("kd", Term(frozenset({"logits"}), lambda c: c.alpha if "hard" in c.losses else 1.0, _kd))
-TERMS.register("hard", Term(frozenset(), lambda c: 1 - c.alpha if "kd" in c.losses else 1.0, _hard))
-TERMS.register("hidden", Term(frozenset({"hidden"}), lambda c: c.hidden_weight, _hidden))
-TERMS.register("embedding", Term(frozenset({"hidden"}), lambda c: c.embedding_weight, _embedding))
-TERMS.register("attention", Term(frozenset({"attentions"}), lambda c: c.attention_weight, _attention))
-TERMS.register("cosine", Term(frozenset({"hidden"}), lambda c: c.cosine_weight, _cosine))
-TERMS.register("minilm", Term(frozenset({"attentions", "values"}), lambda c: c.minilm_weight, _minilm))
+# A term's weight reads (loss weights, the active terms).
+TERMS.register("kd", Term(frozenset({"logits"}), lambda w, t: w.alpha if "hard" in t else 1.0, _kd))
+TERMS.register("hard", Term(frozenset(), lambda w, t: 1 - w.alpha if "kd" in t else 1.0, _hard))
+TERMS.register("hidden", Term(frozenset({"hidden"}), lambda w, t: w.hidden_weight, _hidden))
+TERMS.register("embedding", Term(frozenset({"hidden"}), lambda w, t: w.embedding_weight, _embedding))
+TERMS.register("attention", Term(frozenset({"attentions"}), lambda w, t: w.attention_weight, _attention))
+TERMS.register("cosine", Term(frozenset({"hidden"}), lambda w, t: w.cosine_weight, _cosine))
+TERMS.register("minilm", Term(frozenset({"attentions", "values"}), lambda w, t: w.minilm_weight, _minilm))
 
 
 def needs_of(terms: tuple[str, ...]) -> set[str]:
@@ -307,7 +319,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     if needs_attn:
         student.config._attn_implementation = "eager"
     n_student, n_teacher = student.config.num_hidden_layers, teacher_model.config.num_hidden_layers
-    pairs = parse_layer_map(cfg.layer_map, n_student, n_teacher)
+    pairs = parse_layer_map(cfg.loss.layer_map, n_student, n_teacher)
 
     max_length = cfg.data.resolved_max_length(task, min(teacher_model.config.max_position_embeddings, student.config.max_position_embeddings))
     features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
@@ -351,7 +363,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
         result = train(
             wrapper, features, _collate_with_cache(pad), stage_cfg, loss_fn=loss_fn, work_dir=work / stage,
             evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
-            run_key=[teacher_hash, task.name, n_train, max_length, list(terms), shape.label, cfg.layer_map],
+            run_key=[teacher_hash, task.name, n_train, max_length, list(terms), shape.label, cfg.loss.layer_map],
             desc=f"distilling {task.display} ({stage})", lengths=[len(ids) for ids in features["input_ids"]],
         )
         history += [{**h, "stage": stage} for h in result.history]
@@ -431,7 +443,7 @@ def _loss_fn(kind, terms, cfg, teacher_model, cache, pairs, needs, hidden_pairs)
     if "cosine" in terms:
         student_hidden |= {max(s for s, _ in pairs)}
         hidden_pairs = set(hidden_pairs) | {max(t for _, t in pairs)}
-    weights = {t: TERMS.get(t).weight(cfg) for t in terms}
+    weights = {t: TERMS.get(t).weight(cfg.loss, terms) for t in terms}
     student_needs = needs | {"logits"}
 
     def loss_fn(model, batch):
@@ -485,15 +497,7 @@ class GeneralDistillConfig:
     )
     max_length: int = option(128, "tokens per training sequence (contiguous text)")
     mlm_probability: float = option(0.15, "fraction of tokens masked for the mlm/kd terms")
-    temperature: float = option(2.0, "softmax temperature of the kd term on MLM logits")
-    alpha: float = option(0.5, "weight of kd against mlm")
-    hidden_weight: float = option(1.0, "weight of the hidden term")
-    embedding_weight: float = option(1.0, "weight of the embedding term")
-    attention_weight: float = option(1.0, "weight of the attention term")
-    cosine_weight: float = option(1.0, "weight of the cosine term")
-    minilm_weight: float = option(1.0, "weight of the minilm term")
-    relation_heads: int = option(12, "minilm: heads the value relations are split into")
-    layer_map: str = option("uniform", "student<-teacher layers for intermediate terms: uniform, last, 2,4,6 or 1:2,2:4")
+    loss: LossWeights = field(default_factory=LossWeights)
     heldout_fraction: float = option(0.01, "sequences held out to report the distillation loss")
     resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
     train: TrainConfig = field(default_factory=_general_defaults)
@@ -551,7 +555,7 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
     method, pretrained = (cfg.init, None) if cfg.init in ("teacher-layers", "random") else ("pretrained", cfg.init)
     student, init_info = init_student(teacher_model, shape, method=method, layers=list(cfg.init_layers) or None,
                                       seed=cfg.train.seed, pretrained=pretrained)
-    pairs = parse_layer_map(cfg.layer_map, student.config.num_hidden_layers, teacher_model.config.num_hidden_layers)
+    pairs = parse_layer_map(cfg.loss.layer_map, student.config.num_hidden_layers, teacher_model.config.num_hidden_layers)
 
     docs = tokenize_documents(read_documents(list(cfg.corpus)), tokenizer)
     # Contiguous text in [CLS] A [SEP] B [SEP] form (no NotNext pairs: NSP is not distilled).
@@ -570,11 +574,7 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
         return batch
 
     terms = tuple("hard" if t == "mlm" else t for t in cfg.losses)  # mlm is the "hard" term of an MLM batch
-    task_cfg = DistillConfig(
-        task="sst2", losses=terms, alpha=cfg.alpha, temperature=cfg.temperature, hidden_weight=cfg.hidden_weight,
-        embedding_weight=cfg.embedding_weight, attention_weight=cfg.attention_weight, cosine_weight=cfg.cosine_weight,
-        minilm_weight=cfg.minilm_weight, relation_heads=cfg.relation_heads,
-    )  # the loss terms read their weights from a DistillConfig; its task is not used here
+    task_cfg = DistillConfig(task="sst2", losses=terms, loss=cfg.loss)  # the terms read Step.cfg; its task is unused
     if "attentions" in needs:
         student.config._attn_implementation = "eager"
     device = _device(cfg.train.device)

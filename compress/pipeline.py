@@ -4,10 +4,10 @@
     defaults: {task: sst2, data_dir: ~/glue_data}      # merged into every stage that accepts them
     stages:
       - {name: teacher, run: finetune, model: bert-base, config: {epochs: 3}}
-      - {name: student, run: distill, teacher: ${teacher}, config: {student: 6L-384}}
-      - {name: pruned, run: prune, model: ${student}, config: {heads: 0.5}}
-      - {name: int8, run: quantize, model: ${pruned}, config: {backend: onnxruntime}}
-      - {name: latency, run: latency, models: [${teacher}, ${student}, ${pruned}, ${int8}]}
+      - {name: student, run: distill, teacher: "${teacher}", config: {student: 6L-384}}
+      - {name: pruned, run: prune, model: "${student}", config: {heads: 0.5}}
+      - {name: int8, run: quantize, model: "${pruned}", config: {backend: onnxruntime}}
+      - {name: latency, run: latency, models: ["${teacher}", "${student}", "${pruned}", "${int8}"]}
 
 ``run_recipe(recipe, run_dir)`` validates every stage's config into that stage's frozen
 dataclass before anything runs (unknown keys, wrong types and missing inputs are
@@ -28,7 +28,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
@@ -39,152 +39,65 @@ REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_\-]+)\}$")
 
 @dataclass(frozen=True)
 class StageKind:
-    """One kind of stage: its config class, which inputs it takes, and how to run it."""
+    """One kind of stage: its config class and entry function (imported lazily), and its inputs."""
 
-    config: Callable[[], type]  # the stage's config dataclass (imported lazily)
+    config: str  # "module:ConfigClass"
+    entry: str  # "module:function"
     inputs: tuple[str, ...]  # "model", "teacher" (one directory) or "models", "runs" (several)
-    run: Callable[..., Path]  # (inputs, cfg, out) -> output directory
     produces_model: bool = True
 
+    def config_class(self) -> type:
+        return _load(self.config)
 
-STAGES: Registry[StageKind] = Registry("recipe stage")
-
-
-def _finetune():
-    from teacher.finetune import FinetuneConfig
-
-    return FinetuneConfig
-
-
-def _run_finetune(inputs, cfg, out):
-    from teacher.finetune import finetune
-
-    return finetune(inputs["model"], out, cfg, overwrite=True)
+    def run(self, inputs: dict[str, Any], cfg: Any, out: Path) -> Path:
+        """Call the stage's entry function with its inputs, config and output directory."""
+        fn = _load(self.entry)
+        if not self.inputs:
+            return fn(out, cfg, overwrite=True)  # pretrain(out, cfg)
+        return fn(inputs[self.inputs[0]], out, cfg, overwrite=True)  # stage(input(s), out, cfg)
 
 
-def _pretrain():
-    from teacher.pretrain import PretrainConfig
+def _load(path: str):
+    import importlib
 
-    return PretrainConfig
-
-
-def _run_pretrain(inputs, cfg, out):
-    from teacher.pretrain import pretrain
-
-    return pretrain(out, cfg, overwrite=True)
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def _distill():
-    from compress.distill import DistillConfig
-
-    return DistillConfig
-
-
-def _run_distill(inputs, cfg, out):
-    from compress.distill import distill
-
-    return distill(inputs["teacher"], out, cfg, overwrite=True)
-
-
-def _general():
-    from compress.distill import GeneralDistillConfig
-
-    return GeneralDistillConfig
-
-
-def _run_general(inputs, cfg, out):
-    from compress.distill import distill_general
-
-    return distill_general(inputs["teacher"], out, cfg, overwrite=True)
-
-
-def _prune():
-    from compress.prune import PruneConfig
-
-    return PruneConfig
-
-
-def _run_prune(inputs, cfg, out):
-    from compress.prune import prune
-
-    return prune(inputs["model"], out, cfg, overwrite=True)
-
-
-def _quantize():
-    from compress.quantize import QuantizeConfig
-
-    return QuantizeConfig
-
-
-def _run_quantize(inputs, cfg, out):
-    from compress.quantize import quantize
-
-    return quantize(inputs["model"], out, cfg, overwrite=True)
-
-
-def _eval():
-    from eval.evaluate import EvalConfig
-
-    return EvalConfig
-
-
-def _run_eval(inputs, cfg, out):
+def run_eval(models: list[Path], out: Path, cfg, overwrite: bool = True) -> Path:
+    """The eval stage: evaluate every model (results go to each model's metrics.json too)."""
     from compress.core.artifacts import write_json_atomic
     from eval.evaluate import evaluate
 
     out.mkdir(parents=True, exist_ok=True)
-    results = {str(m): evaluate(m, dataclasses.replace(cfg, predictions=str(out / Path(m).name))) for m in inputs["models"]}
+    results = {str(m): evaluate(m, dataclasses.replace(cfg, predictions=str(out / Path(m).name))) for m in models}
     write_json_atomic(out / "eval.json", results)
     return out
 
 
-def _latency():
-    from eval.latency import LatencyConfig
-
-    return LatencyConfig
-
-
-def _run_latency(inputs, cfg, out):
+def run_latency(models: list[Path], out: Path, cfg, overwrite: bool = True) -> Path:
+    """The latency stage: one latency report over all models."""
     from eval.latency import measure_latency
 
-    measure_latency(inputs["models"], dataclasses.replace(cfg, out=str(out)))
+    measure_latency(models, dataclasses.replace(cfg, out=str(out)))
     return out
 
 
-def _heads():
-    from eval.heads import HeadsConfig
-
-    return HeadsConfig
-
-
-def _run_heads(inputs, cfg, out):
-    from eval.heads import analyze_heads
-
-    return analyze_heads(inputs["model"], out, cfg, overwrite=True)
-
-
-def _leaderboard():
-    from eval.leaderboard import LeaderboardConfig
-
-    return LeaderboardConfig
-
-
-def _run_leaderboard(inputs, cfg, out):
-    from eval.leaderboard import leaderboard
-
-    return leaderboard(inputs["runs"], out, cfg, overwrite=True)
-
-
-STAGES.register("pretrain", StageKind(_pretrain, (), _run_pretrain))
-STAGES.register("finetune", StageKind(_finetune, ("model",), _run_finetune))
-STAGES.register("distill", StageKind(_distill, ("teacher",), _run_distill))
-STAGES.register("distill-general", StageKind(_general, ("teacher",), _run_general))
-STAGES.register("prune", StageKind(_prune, ("model",), _run_prune))
-STAGES.register("quantize", StageKind(_quantize, ("model",), _run_quantize))
-STAGES.register("eval", StageKind(_eval, ("models",), _run_eval, produces_model=False))
-STAGES.register("latency", StageKind(_latency, ("models",), _run_latency, produces_model=False))
-STAGES.register("heads", StageKind(_heads, ("model",), _run_heads, produces_model=False))
-STAGES.register("leaderboard", StageKind(_leaderboard, ("runs",), _run_leaderboard, produces_model=False))
+STAGES: Registry[StageKind] = Registry("recipe stage")
+for _name, _kind in {
+    "pretrain": StageKind("teacher.pretrain:PretrainConfig", "teacher.pretrain:pretrain", ()),
+    "finetune": StageKind("teacher.finetune:FinetuneConfig", "teacher.finetune:finetune", ("model",)),
+    "distill": StageKind("compress.distill:DistillConfig", "compress.distill:distill", ("teacher",)),
+    "distill-general": StageKind("compress.distill:GeneralDistillConfig", "compress.distill:distill_general", ("teacher",)),
+    "prune": StageKind("compress.prune:PruneConfig", "compress.prune:prune", ("model",)),
+    "quantize": StageKind("compress.quantize:QuantizeConfig", "compress.quantize:quantize", ("model",)),
+    "eval": StageKind("eval.evaluate:EvalConfig", "compress.pipeline:run_eval", ("models",), produces_model=False),
+    "latency": StageKind("eval.latency:LatencyConfig", "compress.pipeline:run_latency", ("models",), produces_model=False),
+    "heads": StageKind("eval.heads:HeadsConfig", "eval.heads:analyze_heads", ("model",), produces_model=False),
+    "leaderboard": StageKind("eval.leaderboard:LeaderboardConfig", "eval.leaderboard:leaderboard", ("runs",),
+                             produces_model=False),
+}.items():
+    STAGES.register(_name, _kind)
 
 
 # ---------------------------------------------------------------------------- parsing and validation
@@ -271,7 +184,7 @@ def load_recipe(source: str | Path | dict, where: str | None = None, variables: 
             if key not in raw:
                 raise CompressError(f"{label}: missing input '{key}' (a directory, a hub name, or ${{stage}})")
             inputs[key] = _check_inputs(raw[key], key, seen, label)
-        cls = kind.config()
+        cls = kind.config_class()
         allowed = set(_field_names(cls))
         merged = {k: v for k, v in defaults.items() if k.replace("-", "_") in allowed}
         config = raw.get("config") or {}

@@ -30,7 +30,8 @@ from typing import Iterable, Sequence
 import torch
 
 from compress.core.errors import CompressError
-from teacher.tokenizer import CONTINUATION, read_utf8
+from compress.core.data import read_text_file
+from teacher.tokenizer import CONTINUATION
 
 IGNORE_INDEX = -100  # label of positions without an MLM prediction (torch cross-entropy's default)
 IS_NEXT, NOT_NEXT = 0, 1
@@ -59,7 +60,7 @@ def read_documents(paths: str | Path | Iterable[str | Path]) -> list[list[str]]:
     files = _text_files(paths)
     documents: list[list[str]] = []
     for path in files:
-        documents.extend(_split_documents(read_utf8(path)))
+        documents.extend(_split_documents(read_text_file(path)))
     if not documents:
         names = ", ".join(str(p) for p in files[:3]) + (" ..." if len(files) > 3 else "")
         raise CompressError(f"no text found in {names}; pass a corpus with documents separated by blank lines")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from compress.core.data import read_text_file
 from compress.core.errors import CompressError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -79,25 +80,9 @@ def _check_files(files: Iterable[str | Path]) -> list[Path]:
         if not path.is_file():
             what = "is a directory" if path.is_dir() else "does not exist"
             raise CompressError(f"WordPiece training file {path} {what}; pass existing plain-text files")
-        if not read_utf8(path).strip():
+        if not read_text_file(path).strip():
             raise CompressError(f"WordPiece training file {path} is empty; pass files with text")
     return paths
-
-
-def read_utf8(path: Path) -> str:
-    """Read UTF-8 text (a BOM is dropped); bad bytes name the file and line."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise CompressError(f"cannot read {path}: {err.strerror or err}") from None
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise CompressError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x}); "
-            "re-encode the file as UTF-8 (e.g. iconv -f cp1252 -t utf-8)"
-        ) from None
 
 
 def _check_trained(backend, vocab_size: int, limit_alphabet: int) -> None:

@@ -234,7 +234,7 @@ def _from_dir(task: Task, split: Split, root: Path):
     )
 
 
-def _open_text(path: Path) -> str:
+def read_text_file(path: Path) -> str:
     """Read UTF-8 text (a BOM is dropped); bad bytes name the file and line."""
     try:
         raw = path.read_bytes()
@@ -268,7 +268,7 @@ def read_glue_tsv(path: Path, task: Task, split: Split):
     line endings may be CRLF (AX); CoLA train/dev have no header.
     """
     spec: TsvSpec = split.tsv
-    text = _open_text(path)
+    text = read_text_file(path)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -394,7 +394,7 @@ def read_squad_json(path: Path):
     import datasets
 
     try:
-        doc = json.loads(_open_text(path))
+        doc = json.loads(read_text_file(path))
     except json.JSONDecodeError as err:
         raise CompressError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
@@ -510,7 +510,7 @@ def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
             return pq.read_table(path).to_pylist()
         except Exception as err:
             raise CompressError(f"cannot read parquet file {path}: {err}") from None
-    text = _open_text(path)
+    text = read_text_file(path)
     if fmt == "csv":
         delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
         reader = csv.reader(io.StringIO(text), delimiter=delimiter)
@@ -595,16 +595,7 @@ def squad_train_features(ds, tokenizer, max_length: int = 384, doc_stride: int =
     _check_stride(max_length, doc_stride)
 
     def encode(batch):
-        questions = [q.lstrip() for q in batch["question"]]
-        enc = tokenizer(
-            questions,
-            batch["context"],
-            truncation="only_second",
-            max_length=max_length,
-            stride=doc_stride,
-            return_overflowing_tokens=True,
-            return_offsets_mapping=True,
-        )
+        enc = _squad_windows(batch, tokenizer, max_length, doc_stride)
         sample_map = enc.pop("overflow_to_sample_mapping")
         starts, ends = [], []
         for i, offsets in enumerate(enc.pop("offset_mapping")):
@@ -643,16 +634,7 @@ def squad_eval_features(ds, tokenizer, max_length: int = 384, doc_stride: int = 
     _check_stride(max_length, doc_stride)
 
     def encode(batch):
-        questions = [q.lstrip() for q in batch["question"]]
-        enc = tokenizer(
-            questions,
-            batch["context"],
-            truncation="only_second",
-            max_length=max_length,
-            stride=doc_stride,
-            return_overflowing_tokens=True,
-            return_offsets_mapping=True,
-        )
+        enc = _squad_windows(batch, tokenizer, max_length, doc_stride)
         sample_map = enc.pop("overflow_to_sample_mapping")
         enc["example_id"] = []
         for i in range(len(enc["input_ids"])):
@@ -664,6 +646,20 @@ def squad_eval_features(ds, tokenizer, max_length: int = 384, doc_stride: int = 
         return enc
 
     return ds.map(encode, batched=True, remove_columns=ds.column_names, desc="SQuAD eval features")
+
+
+def _squad_windows(batch, tokenizer, max_length: int, doc_stride: int):
+    """Question + context windows of at most ``max_length`` tokens overlapping by ``doc_stride``."""
+    questions = [q.lstrip() for q in batch["question"]]  # leading spaces waste tokens in some vocabularies
+    return tokenizer(
+        questions,
+        batch["context"],
+        truncation="only_second",
+        max_length=max_length,
+        stride=doc_stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+    )
 
 
 def _check_stride(max_length: int, doc_stride: int) -> None:
