@@ -1,0 +1,99 @@
+"""The headline benchmark in one command: teachers, students, pruning, int8, one latency table.
+
+    python -m bench --data ../shared/data                       # or: make bench DATA=../shared/data
+    python -m bench --data ../shared/data --work runs/bench --out bench/results/$(date +%F)
+
+The model-producing stages run as a recipe (``compress run``): re-running skips every
+stage whose inputs and config are unchanged. Reduced settings for a 2-core CPU, all
+reported in the output: SST-2 training is a seeded sample of 20,000 sentences
+(max length 64); MRPC, STS-B, CoLA and RTE train on their full training sets.
+
+Writes ``report.md`` (the table, published rows, headline targets met or not, the
+latency profile), ``bench.json`` and plots to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+
+SST2_TRAIN = 20000
+TEACHER_TASKS = ("sst2", "mrpc", "stsb", "cola", "rte")
+TEACHER_RECIPE = {
+    "sst2": {"epochs": 2, "lr": 5e-5},
+    "mrpc": {"epochs": 4, "lr": 5e-5},
+    "stsb": {"epochs": 4, "lr": 5e-5},
+    "cola": {"epochs": 3, "lr": 5e-5},
+    "rte": {"epochs": 4, "lr": 5e-5},
+}
+
+
+def recipe(minilm: Path, glue: Path) -> dict:
+    """The model-producing part of the benchmark as a recipe."""
+    def data(task):
+        extra = {"max_train_examples": SST2_TRAIN, "max_length": 64} if task == "sst2" else {"max_length": 128}
+        return {"task": task, "data_dir": str(glue), **extra}
+
+    stages = [
+        {"name": f"teacher-{t}", "run": "finetune", "model": str(minilm),
+         "config": {**data(t), "batch_size": 32, "warmup_ratio": 0.1, "seed": 42, **TEACHER_RECIPE[t]}}
+        for t in TEACHER_TASKS
+    ]
+    sst2 = data("sst2")
+    stages += [
+        {"name": "student-3L-384", "run": "distill", "teacher": "${teacher-sst2}",
+         "config": {**sst2, "student": "3L-384", "init": "teacher-layers", "init_layers": [1, 3, 5],
+                    "losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4, "batch_size": 32}},
+        {"name": "student-4L-312", "run": "distill", "teacher": "${teacher-sst2}",
+         "config": {**sst2, "student": "4L-312", "init": "random", "losses": ["kd", "hard"], "epochs": 4,
+                    "lr": 3e-4, "batch_size": 32}},
+        {"name": "teacher-sst2-heads50", "run": "prune", "model": "${teacher-sst2}",
+         "config": {**sst2, "heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
+        {"name": "student-3L-384-heads50", "run": "prune", "model": "${student-3L-384}",
+         "config": {**sst2, "heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
+    ]
+    for name, task in (("teacher-sst2", "sst2"), ("teacher-mrpc", "mrpc"), ("teacher-stsb", "stsb"),
+                       ("student-3L-384", "sst2"), ("student-4L-312", "sst2"), ("student-3L-384-heads50", "sst2")):
+        stages.append({"name": f"{name}-int8", "run": "quantize", "model": "${" + name + "}",
+                       "config": {**data(task), "backend": "onnxruntime", "scheme": "dynamic"}})
+    stages.append({"name": "teacher-sst2-int8-torch", "run": "quantize", "model": "${teacher-sst2}",
+                   "config": {**sst2, "backend": "torch", "scheme": "dynamic"}})
+    return {"name": "headline-benchmark", "report": False, "stages": stages}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--work", type=Path, default=Path("runs/bench"), help="model directories (not committed)")
+    parser.add_argument("--out", type=Path, default=None, help="results (default: bench/results/<date>)")
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args(argv)
+
+    import compress  # noqa: F401
+
+    from bench.headline import build_results, write_results
+    from bench.teachers import minilm_path
+    from compress.pipeline import run_recipe
+
+    started = time.monotonic()
+    out = args.out or Path("bench/results") / dt.date.today().isoformat()
+    glue = (args.data / "glue").absolute()
+    if not (glue / "SST-2" / "train.tsv").is_file():
+        print(f"bench: no GLUE data in {glue}; pass --data pointing at the folder with glue/", file=sys.stderr)
+        return 2
+    run_recipe(recipe(minilm_path(), glue), args.work, say=lambda m: print(m, flush=True))
+    results = build_results(args.work, glue, repeats=args.repeats)
+    results["seconds"] = round(time.monotonic() - started, 1)
+    results["command"] = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    write_results(results, out)
+    print((out / "report.md").read_text())
+    print(json.dumps({"report": str(out / "report.md"), "minutes": round(results["seconds"] / 60, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
