@@ -27,7 +27,7 @@ TEACHER_RECIPE = {
     "sst2": {"epochs": 2, "lr": 5e-5},
     "mrpc": {"epochs": 4, "lr": 5e-5},
     "stsb": {"epochs": 4, "lr": 5e-5},
-    "cola": {"epochs": 3, "lr": 5e-5},
+    "cola": {"epochs": 4, "lr": 5e-5},
     "rte": {"epochs": 4, "lr": 5e-5},
 }
 
@@ -87,6 +87,8 @@ def main(argv=None) -> int:
         return 2
     run_recipe(recipe(minilm_path(), glue), args.work, say=lambda m: print(m, flush=True))
     results = build_results(args.work, glue, repeats=args.repeats)
+    manifest = json.loads((args.work / "manifest.json").read_text())["stages"]
+    results["adopted"] = {k: v["adopted_from"] for k, v in manifest.items() if "adopted_from" in v}
     results["seconds"] = round(time.monotonic() - started, 1)
     results["command"] = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
     write_results(results, out)

@@ -238,8 +238,11 @@ def render(results: dict[str, Any]) -> str:
         f"- hardware: {hw['cpu']} ({hw['usable_cores']} usable cores, flags {', '.join(hw['flags'])}), no GPU",
         f"- versions: torch {pk.get('torch')}, transformers {pk.get('transformers')}, onnxruntime {pk.get('onnxruntime')}, "
         f"optimum {pk.get('optimum')}, neural-compressor-pt {pk.get('neural-compressor-pt')}",
-        f"- reduced settings: SST-2 training is a seeded sample of 20,000 of its 67,349 sentences (max length 64); "
+        "- reduced settings: SST-2 training is a seeded sample of 20,000 of its 67,349 sentences (max length 64); "
         "MRPC, STS-B, CoLA, RTE train on their full training sets (max length 128); all dev sets complete.",
+        *([f"- adopted stages: {', '.join(sorted(results['adopted']))} were trained earlier by `python -m bench.teachers` "
+           "with this recipe's exact settings and adopted into the run directory instead of being trained twice."]
+          if results.get("adopted") else []),
         f"- latency: one run, each model in its own process, {results['latency']['threads']} threads, random token ids, "
         f"batch 1 and 32 at sequence 128; fp32 GEMM peak {_fmt(results.get('peak_gflops'), '.1f')} GFLOP/s measured in the same run. "
         "int8 rows run on their own backend (ONNX Runtime or PyTorch), fp32 rows on PyTorch eager.",
