@@ -221,6 +221,7 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
     import numpy as np
 
     from compress.core.data import collate, tokenize_classification
+    from compress.core.runtime import model_device
     from eval.metrics import glue_metrics
 
     features = tokenize_classification(ds, task, tokenizer, max_length)
@@ -229,7 +230,7 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
 
     def score(model):
         mapping = output_to_task_labels(model.config, task)
-        target = device if device is not None else next(model.parameters()).device
+        target = device if device is not None else model_device(model)
         (logits,) = predict(model, features, collator, batch_size, target, desc=f"{task.display} eval")
         logits = np.stack(logits)  # (n, num_labels)
         if task.kind == REGRESSION:
@@ -253,6 +254,7 @@ def squad_scorer(
     import numpy as np
 
     from compress.core.data import collate, squad_eval_features
+    from compress.core.runtime import model_device
     from eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores
 
     features = squad_eval_features(ds, tokenizer, max_length, doc_stride)
@@ -261,7 +263,7 @@ def squad_scorer(
     version_2 = task.name == "squad_v2"
 
     def score(model):
-        target = device if device is not None else next(model.parameters()).device
+        target = device if device is not None else model_device(model)
         starts, ends = predict(
             model, inputs, collator, batch_size, target, outputs=("start_logits", "end_logits"), desc=f"{task.display} eval"
         )

@@ -16,8 +16,12 @@ imported, and reads JSON lines back on the worker's stdout:
     worker --{"done": {...}}------> parent   or {"error": "one line"} for a CompressError
 
 A latency backend (``BACKENDS``) loads one model directory into a :class:`Session`
-whose ``run(batch, seq)`` returns the seconds of each timed forward pass; only ``torch``
-(fp32) exists so far, and ONNX Runtime / int8 / bf16 backends plug in the same way.
+whose ``run(batch, seq)`` returns the seconds of each timed forward pass. ``auto`` (the
+default) picks by the directory's format: ``torch`` (fp32 eager), ``torch-int8``
+(dynamic int8 Linears), ``onnxruntime`` (an ONNX directory, or an fp32 PyTorch one
+exported inside the worker), ``inc`` (Neural Compressor PT2E, inductor-compiled);
+``torch-bf16`` casts an fp32 model to bfloat16. All load through
+``compress.core.runtime``, as evaluation does; each row names the backend that ran.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ REPORT_JSON = "latency.json"
 REPORT_MD = "latency.md"
 
 # File names that hold weights, for the size column (config and tokenizer files are noise).
-WEIGHT_SUFFIXES = (".safetensors", ".onnx", ".onnx_data", ".onnx.data", ".bin")
+WEIGHT_SUFFIXES = (".safetensors", ".onnx", ".onnx_data", ".onnx.data", ".bin", ".pt2")
 
 # Square fp32 matmuls for the GEMM peak: big enough to be compute-bound on a CPU,
 # small enough to take about a second on 2 cores. 2*n^3 FLOPs per matmul.
@@ -64,7 +68,7 @@ class LatencyConfig:
     repeats: int = option(30, "timed forward passes per (batch, seq)")
     min_seconds: float = option(0.0, "keep repeating until the timed passes add up to at least this long")
     threads: int | None = option(None, "intra-op threads (default: usable physical cores)")
-    backend: str = option("torch", "latency backend: torch (fp32)")
+    backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc")
     peak: bool = option(True, "also measure the fp32 GEMM peak and report each model's % of it")
     record: bool = option(True, "append the results to each model's metrics.json")
     out: str | None = option(None, "directory for latency.json and latency.md", metavar="DIR")
@@ -84,7 +88,10 @@ class LatencyConfig:
             raise CompressError(f"--min-seconds must be 0 or more, got {self.min_seconds}")
         if self.threads is not None and self.threads < 1:
             raise CompressError(f"--threads must be at least 1, got {self.threads}")
-        BACKENDS.get(self.backend)  # unknown names list the valid ones
+        if self.backend not in BACKENDS:
+            # Registration order (the fp32 baseline first), not the registry's alphabetical one.
+            valid = ", ".join(name for name, _ in BACKENDS.items())
+            raise CompressError(f"unknown latency backend {self.backend!r}; valid: {valid}")
 
     def grid(self) -> list[tuple[int, int]]:
         """Every (batch, seq) to time, in a stable order."""
@@ -102,6 +109,8 @@ class Session:
     params: int  # distinct parameters
     structure: dict[str, Any]  # compress.core.structure dict, for the FLOP count
     max_positions: int  # longest sequence the model accepts
+    backend: str = ""  # the backend that ran, as rows name it (e.g. onnxruntime-int8)
+    note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
 
 
 # A backend: (model_dir, cfg) -> Session, called inside a worker process after the
@@ -117,6 +126,7 @@ def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
     from compress.core.artifacts import load_model
     from compress.core.structure import count_parameters, describe
 
+    require_format(model_dir, "torch", "torch")
     model = load_model(model_dir)  # eval mode, fp32, pruned shapes rebuilt
     config = model.config
 
@@ -130,7 +140,106 @@ def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
         with torch.inference_mode():
             return time_calls(lambda: model(**inputs), cfg)
 
-    return Session(run, count_parameters(model), describe(model), config.max_position_embeddings)
+    return Session(run, count_parameters(model), describe(model), config.max_position_embeddings, "torch")
+
+
+# The backend ``auto`` picks for each directory format (compression.json "format").
+AUTO_BACKENDS = {"torch": "torch", "torch-int8-dynamic": "torch-int8", "onnx": "onnxruntime", "inc-pt2e": "inc"}
+
+
+@BACKENDS.register("auto")
+def auto(model_dir: Path, cfg: LatencyConfig) -> Session:
+    """The backend for the directory's format: torch, torch-int8, onnxruntime or inc."""
+    from compress.core.runtime import artifact_format
+
+    fmt = artifact_format(model_dir)
+    if fmt not in AUTO_BACKENDS:
+        raise CompressError(f"{model_dir} has format {fmt!r}, which no latency backend runs; valid: {', '.join(AUTO_BACKENDS)}")
+    return BACKENDS.get(AUTO_BACKENDS[fmt])(model_dir, cfg)
+
+
+def require_format(model_dir: Path, fmt: str, backend: str) -> None:
+    """Refuse a directory whose format the backend does not run (e.g. --backend torch on ONNX)."""
+    from compress.core.runtime import artifact_format
+
+    found = artifact_format(model_dir)
+    if found != fmt:
+        raise CompressError(f"the {backend} latency backend runs {fmt} directories; {model_dir} is {found} (use --backend auto)")
+
+
+def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, note: str | None = None) -> Session:
+    """A Session timing any model from ``compress.core.runtime`` (HF call convention, torch tensors in)."""
+    import torch
+
+    from compress.core.runtime import parameter_count, structure_of
+
+    config = model.config
+
+    def run(batch: int, seq: int) -> list[float]:
+        inputs = {
+            "input_ids": torch.from_numpy(random_input_ids(config.vocab_size, batch, seq)),  # (batch, seq) int64
+            "token_type_ids": torch.zeros(batch, seq, dtype=torch.long),
+            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        }
+        with torch.inference_mode():
+            model(**inputs)  # untimed, beyond warm-up: inc compiles for this shape here
+            return time_calls(lambda: model(**inputs), cfg)
+
+    # Parameters and shapes of the fp32 architecture: an int8 file has no fp32 tensors to count.
+    return Session(run, parameter_count(model_dir), structure_of(model_dir), config.max_position_embeddings, backend, note)
+
+
+@BACKENDS.register("torch-int8")
+def torch_int8(model_dir: Path, cfg: LatencyConfig) -> Session:
+    """PyTorch eager with the directory's dynamic int8 Linears (``compress quantize --backend torch``)."""
+    from compress.core.runtime import load_runtime
+
+    require_format(model_dir, "torch-int8-dynamic", "torch-int8")
+    return runtime_session(load_runtime(model_dir), model_dir, cfg, "torch-int8")
+
+
+@BACKENDS.register("torch-bf16")
+def torch_bf16(model_dir: Path, cfg: LatencyConfig) -> Session:
+    """PyTorch eager after ``model.to(torch.bfloat16)`` of an fp32 directory."""
+    import torch
+
+    from compress.core.hardware import cpu_info
+    from compress.core.runtime import load_runtime
+
+    require_format(model_dir, "torch", "torch-bf16")
+    model = load_runtime(model_dir).to(torch.bfloat16)
+    note = None
+    if not {"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]):
+        note = "torch-bf16: this CPU has no avx512_bf16/amx_bf16, so bf16 matmuls are emulated (usually slower than fp32)"
+    return runtime_session(model, model_dir, cfg, "torch-bf16", note)
+
+
+@BACKENDS.register("onnxruntime")
+def onnxruntime_session(model_dir: Path, cfg: LatencyConfig) -> Session:
+    """An ONNX Runtime session (ORT_ENABLE_ALL); an fp32 PyTorch directory is exported first, in this worker."""
+    from compress.core.runtime import artifact_format, is_quantized, load_runtime
+
+    fmt = artifact_format(model_dir)
+    if fmt == "onnx":
+        model = load_runtime(model_dir, threads=cfg.threads)
+    elif fmt == "torch":
+        from compress.export import export_onnx
+
+        with tempfile.TemporaryDirectory(prefix="compress-onnx-") as tmp:
+            # The session reads the whole graph at load, so the export can go right after.
+            model = load_runtime(export_onnx(model_dir, Path(tmp) / "onnx"), threads=cfg.threads)
+    else:
+        raise CompressError(f"the onnxruntime latency backend runs ONNX or fp32 PyTorch directories; {model_dir} is {fmt} (use --backend auto)")
+    return runtime_session(model, model_dir, cfg, "onnxruntime-int8" if is_quantized(model_dir) else "onnxruntime")
+
+
+@BACKENDS.register("inc")
+def inc_session(model_dir: Path, cfg: LatencyConfig) -> Session:
+    """A Neural Compressor PT2E int8 program, compiled by inductor with freezing (first call per shape)."""
+    from compress.core.runtime import load_runtime
+
+    require_format(model_dir, "inc-pt2e", "inc")
+    return runtime_session(load_runtime(model_dir), model_dir, cfg, "inc-int8")
 
 
 def random_input_ids(vocab_size: int, batch: int, seq: int):
@@ -227,18 +336,21 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
     names = display_names(paths)
 
     peak, results = run_all(paths, names, cfg, threads)
+    rows = build_rows(paths, names, results, cfg, peak)
     report = {
         "kind": "latency",
         "when": utc_now(),
         "hardware": hardware(),
         "packages": package_versions(),
         "threads": threads,
-        "backend": cfg.backend,
+        # The backends that ran (auto resolves per directory), e.g. "torch, onnxruntime-int8".
+        "backend": ", ".join(dict.fromkeys(r["backend"] for r in rows)),
+        "notes": list(dict.fromkeys(r["note"] for r in results if r.get("note"))),
         "load_avg_1min": load_before,  # near 0 when idle; higher means shared cores
         "peak_gflops": peak,
         "peak_sizes": list(PEAK_SIZES) if cfg.peak else None,
         "config": {**dataclasses.asdict(cfg), "threads": threads},
-        "rows": build_rows(paths, names, results, cfg, peak),
+        "rows": rows,
     }
     if cfg.record:
         record_metrics(report, paths)
@@ -299,7 +411,7 @@ def build_rows(
             rows.append({
                 "model": str(path),
                 "name": name,
-                "backend": cfg.backend,
+                "backend": result.get("backend") or cfg.backend,
                 "batch": batch,
                 "seq": seq,
                 **stats,
@@ -330,7 +442,7 @@ def record_metrics(report: dict[str, Any], paths: list[Path]) -> None:
         ]
         append_metrics(path, {
             "kind": "latency",
-            "backend": report["backend"],
+            "backend": rows[0]["backend"] if rows else report["backend"],
             "threads": report["threads"],
             "rows": rows,
             "speedup_vs": report["rows"][0]["model"],
@@ -448,9 +560,14 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"- {cfg.get('warmup', '?')} warm-up + {cfg.get('repeats', '?')} timed passes per point, random token ids; "
         "GFLOPs = encoder matmuls only; speed-up vs first = first model's p50 / this p50",
     ]
+    lines.extend(f"- note: {note}" for note in report.get("notes") or ())
     if report.get("load_avg_1min") is not None:
         lines.append(f"- 1-minute load average before the run: {report['load_avg_1min']:.2f} on {hw.get('usable_cores')} cores")
-    if any((r["pct_peak"] or 0) > 100 for r in report["rows"]):
+    # int8/bf16 kernels are not bound by the fp32 peak: only fp32 rows above it mean a slowed peak run.
+    fp32_rows = [r for r in report["rows"] if not any(p in r.get("backend", "") for p in ("int8", "bf16"))]
+    if len(fp32_rows) < len(report["rows"]):
+        lines.append("- % peak is against the fp32 GEMM peak: int8 and bf16 rows may exceed 100")
+    if any((r["pct_peak"] or 0) > 100 for r in fp32_rows):
         lines.append(
             "- note: some rows exceed the measured GEMM peak, so the peak run was slowed "
             "(another busy process?); re-run on an idle machine"
@@ -528,6 +645,8 @@ def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], N
         emit({"point": {"batch": batch, "seq": seq}})
     return {
         "points": points,
+        "backend": session.backend or cfg.backend,
+        "note": session.note,
         "params": session.params,
         # JSON keys are strings; FLOPs per sequence of the whole encoder.
         "flops": {str(s): flops_per_sequence(session.structure, s) for s in cfg.seq},

@@ -159,7 +159,7 @@ def dir_hash(path: Path | str) -> str:
     names = sorted(
         p.name
         for p in path.iterdir()
-        if p.is_file() and (p.suffix in {".safetensors", ".onnx", ".bin", ".data"} or p.name == "config.json")
+        if p.is_file() and (p.suffix in {".safetensors", ".onnx", ".bin", ".data", ".pt2"} or p.name == "config.json")
     )
     for name in names:
         digest.update(name.encode())
@@ -405,13 +405,21 @@ def load_model(
     different head (e.g. a classifier on a bare encoder) starts with fresh head weights;
     so does a classifier whose ``num_labels`` changes. With ``with_info`` the function
     returns ``(model, info)`` where ``info["new_weights"]`` lists the freshly initialised names.
+    Directories of another format (``compression.json``'s ``format``: ONNX, int8) come back
+    from ``compress.core.runtime.load_runtime``, callable the same way.
     """
     import torch
     import transformers
 
     path = require_model_dir(path)
-    if model_format(path) == "onnx":
-        raise CompressError(f"{path} holds an ONNX model; this step needs PyTorch weights (model.safetensors)")
+    from compress.core import runtime
+
+    if runtime.artifact_format(path) != runtime.TORCH:
+        # int8 / ONNX / exported directories load through their runtime (same call convention).
+        return runtime.load_runtime(
+            path, head=head, num_labels=num_labels, id2label=id2label,
+            attn_implementation=attn_implementation, with_info=with_info,
+        )
     config = load_config(path)
     saved = saved_head(path)
     head = head or saved

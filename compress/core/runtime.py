@@ -1,0 +1,591 @@
+"""How to load and run every model-directory format, so eval and latency treat them alike.
+
+A directory's format is the ``"format"`` field of its ``compression.json`` (``torch``
+when absent; a folder holding only ``model.onnx`` is ``onnx``):
+
+=====================  ==================  ============================================
+format                 weights file        runs as
+=====================  ==================  ============================================
+``torch``              model.safetensors   the Hugging Face BERT (``artifacts.load_model``)
+``torch-int8-dynamic`` model.safetensors   the same BERT with torch.ao dynamic int8
+                       (int8 + scales)     Linear layers (per-channel qint8 weights)
+``onnx``               model.onnx          an ONNX Runtime session (fp32 or int8 graph)
+``inc-pt2e``           model.pt2           a ``torch.export`` program quantized by Neural
+                                           Compressor (PT2E), compiled by inductor
+=====================  ==================  ============================================
+
+:func:`load_runtime` returns, for every format, an object the evaluation code uses
+exactly like a Hugging Face model: called with ``input_ids`` / ``attention_mask`` /
+``token_type_ids`` tensors it returns an output with ``.logits`` (or
+``.start_logits`` / ``.end_logits``, ``.last_hidden_state``) as torch tensors; it has
+``.config``, ``.eval()``, ``.train(False)`` and ``.to(device)``. The non-torch runners
+are ``torch.nn.Module`` subclasses without parameters and carry a ``device``
+attribute; :func:`model_device` finds the device of either kind.
+
+The int8 PyTorch layout (read by :func:`load_torch_int8`, written by
+:func:`write_torch_int8`): for every quantized ``nn.Linear`` named ``NAME``,
+``NAME.weight_int8`` (out, in) int8, ``NAME.weight_scale`` (out,) float64 and
+``NAME.weight_zero_point`` (out,) int64 (0-d tensors for per-tensor weights),
+``NAME.bias`` (out,) fp32; every other tensor as in the fp32 state dict.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import warnings
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from compress.core.errors import CompressError
+from compress.core.registry import Registry
+
+TORCH = "torch"
+TORCH_INT8 = "torch-int8-dynamic"
+ONNX = "onnx"
+INC_PT2E = "inc-pt2e"
+INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its precision says so
+
+PT2_FILE = "model.pt2"
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order every exported graph takes
+NO_COMPILE_ENV = "COMPRESS_NO_COMPILE"  # "1": run INC programs eagerly (tests; no C++ compiler)
+
+# Suffixes of the int8 Linear tensors in the torch-int8 safetensors file.
+INT8_WEIGHT, INT8_SCALE, INT8_ZERO = ".weight_int8", ".weight_scale", ".weight_zero_point"
+
+
+# ---------------------------------------------------------------------------- formats
+
+
+def artifact_format(path: Path | str) -> str:
+    """The directory's format: compression.json's ``format``, else ``onnx``/``torch`` from its files."""
+    from compress.core.artifacts import model_format, read_compression
+
+    return read_compression(path).get("format") or model_format(path)
+
+
+def is_quantized(path: Path | str) -> bool:
+    """True for an int8 directory (any backend)."""
+    from compress.core.artifacts import read_compression
+
+    record = read_compression(path)
+    return record.get("precision") == "int8" or record.get("format") in INT8_FORMATS
+
+
+def model_device(model) -> torch.device:
+    """The device a model runs on: its first parameter's, else the runner's ``device``, else cpu."""
+    for param in model.parameters():
+        return param.device
+    device = getattr(model, "device", None)
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+# A loader: (path, options) -> a model usable like a Hugging Face BERT.
+FORMATS: Registry[Callable[[Path, dict[str, Any]], Any]] = Registry("model format")
+
+
+def load_runtime(
+    path: Path | str,
+    *,
+    head: str | None = None,
+    num_labels: int | None = None,
+    id2label: dict[int, str] | None = None,
+    attn_implementation: str | None = None,
+    with_info: bool = False,
+    threads: int | None = None,
+    device: str | torch.device | None = None,
+    compile: bool | None = None,
+    fmt: str | None = None,
+):
+    """Load any model directory for inference with the loader of its format.
+
+    The options of ``artifacts.load_model`` are accepted; a non-torch format refuses
+    those that would need new weights (another head, another ``num_labels``).
+    ``threads`` sets ONNX Runtime's intra-op pool (default: torch's thread count);
+    ``device`` places a runner (PyTorch models move with ``.to()`` as usual);
+    ``compile`` (default: on unless ``COMPRESS_NO_COMPILE=1``) compiles INC programs;
+    ``fmt`` overrides the format compression.json states.
+    """
+    from compress.core.artifacts import require_model_dir
+
+    path = require_model_dir(path)
+    fmt = fmt or artifact_format(path)
+    options = {
+        "head": head, "num_labels": num_labels, "id2label": id2label, "attn_implementation": attn_implementation,
+        "with_info": with_info, "threads": threads, "device": device, "compile": compile,
+    }
+    return FORMATS.get(fmt)(path, options)
+
+
+@FORMATS.register(TORCH)
+def _load_torch(path: Path, options: dict[str, Any]):
+    from compress.core.artifacts import load_model
+
+    keys = ("head", "num_labels", "id2label", "attn_implementation", "with_info")
+    return load_model(path, **{k: options[k] for k in keys})
+
+
+def _check_options(path: Path, fmt: str, config, saved: str, options: dict[str, Any], *, eager_ok: bool = False) -> None:
+    """Refuse load options a stored (int8 or exported) model cannot honour, in one line."""
+    head, num_labels = options.get("head"), options.get("num_labels")
+    if head is not None and head != saved:
+        raise CompressError(
+            f"{path} is a {fmt} model with a {saved} head and cannot be given a {head} head "
+            "(its weights are fixed); use the PyTorch model it was made from"
+        )
+    if num_labels is not None and num_labels != config.num_labels:
+        raise CompressError(
+            f"{path} is a {fmt} model with {config.num_labels} outputs, not {num_labels}; "
+            "use the PyTorch model it was made from to train a new classifier"
+        )
+    attn = options.get("attn_implementation")
+    if attn and not eager_ok:
+        raise CompressError(
+            f"{path} is a {fmt} model: it runs as stored and cannot switch to {attn!r} attention "
+            "(e.g. to return attention maps); use the PyTorch model it was made from"
+        )
+    if options.get("id2label"):
+        # Renaming labels touches no weight: allowed, as for PyTorch directories.
+        id2label = {int(k): v for k, v in options["id2label"].items()}
+        config.id2label, config.label2id = id2label, {v: k for k, v in id2label.items()}
+
+
+def _info(model, saved: str, structure, fmt: str, options: dict[str, Any]):
+    if options.get("with_info"):
+        return model, {"new_weights": [], "saved_head": saved, "structure": structure, "format": fmt}
+    return model
+
+
+# ---------------------------------------------------------------------------- architecture
+
+
+def build_architecture(path: Path, config=None, head: str | None = None, *, empty: bool = False):
+    """The directory's BERT (config.json + compression.json's per-layer shapes), without its weights.
+
+    ``empty`` skips the random initialisation (the caller overwrites every weight).
+    """
+    import contextlib
+
+    import transformers
+
+    from compress.core.artifacts import HEAD_CLASSES, load_config, read_compression, saved_head
+    from compress.core.structure import apply_structure
+
+    config = config or load_config(path)
+    head = head or saved_head(path)
+    cls = getattr(transformers, HEAD_CLASSES[head])
+    if empty:
+        from transformers.modeling_utils import no_init_weights
+
+        context = no_init_weights()
+    else:
+        context = contextlib.nullcontext()
+    with context:
+        model = cls(config)  # pruned heads come from config.pruned_heads
+    structure = read_compression(path).get("structure")
+    if structure:
+        apply_structure(model, structure)  # per-layer FFN widths
+    return model
+
+
+def parameter_count(path: Path | str) -> int:
+    """Distinct parameters of the directory's architecture, as in its fp32 form.
+
+    Built uninitialised on the CPU (``torch.empty`` pages are never touched), not on the
+    meta device: transformers' head pruning indexes with a boolean mask, which meta tensors refuse.
+    """
+    from compress.core.structure import count_parameters
+
+    model = build_architecture(Path(path), empty=True)
+    model.tie_weights()
+    return count_parameters(model)
+
+
+def structure_of(path: Path | str) -> dict[str, Any]:
+    """The structure dict (heads, FFN widths, layers) from compression.json, else from the config."""
+    from compress.core.artifacts import read_compression
+    from compress.core.structure import describe
+
+    stored = read_compression(path).get("structure")
+    if stored:
+        return stored
+    return describe(build_architecture(Path(path), empty=True))
+
+
+# ---------------------------------------------------------------------------- runners
+
+
+def output_class(head: str):
+    """The transformers output dataclass a head's forward returns (``.logits``, ``.start_logits``, ...)."""
+    from transformers import modeling_outputs as mo
+
+    return {
+        "sequence-classification": mo.SequenceClassifierOutput,
+        "question-answering": mo.QuestionAnsweringModelOutput,
+        "masked-lm": mo.MaskedLMOutput,
+        "base": mo.BaseModelOutput,
+    }.get(head, mo.ModelOutput)
+
+
+class Runner(torch.nn.Module):
+    """A stored model behind the Hugging Face call convention; a Module without parameters.
+
+    Subclasses implement :meth:`run` on a dict of int64 tensors (batch, seq) and return
+    the output tensors in the order of ``output_names``.
+    """
+
+    format = "?"
+
+    def __init__(self, path: Path, config, head: str, output_names: tuple[str, ...]):
+        super().__init__()
+        self.path = Path(path)
+        self.config = config
+        self.head = head
+        self.output_names = tuple(output_names)
+        self.device = torch.device("cpu")
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, **unused):
+        """Run on (batch, seq) token tensors; a transformers output object holding torch tensors."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        outputs = self.run(inputs)
+        values = {name: value.to(self.device) for name, value in zip(self.output_names, outputs)}
+        return output_class(self.head)(**values)
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def to(self, *args, **kwargs):
+        """Move to a device the runtime supports; refuse casts (the stored precision is the model)."""
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is not None and dtype != torch.float32:
+            raise CompressError(f"{self.path} is a {self.format} model and runs in its stored precision; it cannot be cast to {dtype}")
+        if device is not None:
+            self.set_device(torch.device(device))
+        return self
+
+    def set_device(self, device: torch.device) -> None:
+        if device.type != "cpu":
+            raise CompressError(f"{self.path} is a {self.format} model, which runs on the CPU only; use --device cpu")
+        self.device = device
+
+    def extra_repr(self) -> str:
+        return f"format={self.format}, head={self.head}, path={self.path}"
+
+
+class OnnxRunner(Runner):
+    """An ONNX Runtime session (all graph optimisations on; int64 numpy feeds)."""
+
+    format = ONNX
+
+    def __init__(self, path: Path, config, head: str, *, threads: int | None = None):
+        self.threads = threads or torch.get_num_threads()
+        super().__init__(path, config, head, ())
+        self._make_session(["CPUExecutionProvider"])
+
+    def _make_session(self, providers: list[str]) -> None:
+        import onnxruntime as ort
+
+        from compress.core.artifacts import ONNX_FILE
+
+        opts = ort.SessionOptions()
+        # Fusions (attention, GELU, LayerNorm) happen here, at load: the file stays a plain graph.
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1  # one forward at a time
+        opts.log_severity_level = 3  # errors only
+        try:
+            session = ort.InferenceSession(str(self.path / ONNX_FILE), opts, providers=providers)
+        except Exception as err:
+            raise CompressError(f"ONNX Runtime cannot load {self.path / ONNX_FILE}: {str(err).splitlines()[0]}") from None
+        # Hidden from nn.Module's registry: a session is not a submodule.
+        object.__setattr__(self, "session", session)
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = tuple(o.name for o in session.get_outputs())
+
+    def set_device(self, device: torch.device) -> None:
+        import onnxruntime as ort
+
+        if device.type == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise CompressError(f"{self.path}: this onnxruntime build has no CUDA execution provider; use --device cpu")
+            if self.device.type != "cuda":
+                self._make_session(["CUDAExecutionProvider", "CPUExecutionProvider"])
+        elif device.type != "cpu":
+            raise CompressError(f"{self.path}: ONNX Runtime runs on cpu or cuda, not {device.type}")
+        elif self.device.type != "cpu":
+            self._make_session(["CPUExecutionProvider"])
+        self.device = device
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        import numpy as np
+
+        # Only the inputs the graph declares (an export may drop an unused token_type_ids).
+        feeds = {name: inputs[name].detach().cpu().numpy().astype(np.int64, copy=False) for name in self.input_names}
+        return [torch.from_numpy(out) for out in self.session.run(list(self.output_names), feeds)]
+
+
+class ExportedRunner(Runner):
+    """A ``torch.export`` program (INC PT2E int8), compiled by inductor with freezing on first call.
+
+    Freezing turns the graph's dequantize(int8 weight) -> linear patterns into packed
+    int8 GEMMs; without it the program runs the q/dq graph in fp32 (correct, not fast).
+    """
+
+    format = INC_PT2E
+
+    def __init__(self, path: Path, config, head: str, output_names: tuple[str, ...], *, compile: bool | None = None):
+        super().__init__(path, config, head, output_names)
+        program = load_exported_program(path / PT2_FILE).module()
+        object.__setattr__(self, "program", program)  # not a submodule: the runner has no parameters
+        object.__setattr__(self, "compiled", None)
+        self.compile = (os.environ.get(NO_COMPILE_ENV) != "1") if compile is None else compile
+
+    def _callable(self):
+        if self.compiled is None:
+            object.__setattr__(self, "compiled", torch.compile(self.program) if self.compile else self.program)
+        return self.compiled
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        import torch._inductor.config as inductor_config
+
+        args = tuple(inputs[name].to(torch.long) for name in INPUTS)  # positional, as exported
+        # Inference mode: freezing applies only without autograd, and one grad mode means no recompiles.
+        with torch.inference_mode(), inductor_config.patch(freezing=True):
+            out = self._callable()(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+@FORMATS.register(ONNX)
+def _load_onnx(path: Path, options: dict[str, Any]):
+    from compress.core.artifacts import ONNX_FILE, load_config, saved_head
+
+    if not (path / ONNX_FILE).is_file():
+        raise CompressError(f"{path} has no {ONNX_FILE}; is the directory complete?")
+    config, saved = load_config(path), saved_head(path)
+    _check_options(path, ONNX, config, saved, options)
+    runner = OnnxRunner(path, config, saved, threads=options.get("threads"))
+    if options.get("device") is not None:
+        runner.to(options["device"])
+    return _info(runner, saved, structure_of(path), ONNX, options)
+
+
+@FORMATS.register(INC_PT2E)
+def _load_inc(path: Path, options: dict[str, Any]):
+    from compress.core.artifacts import load_config, read_compression, saved_head
+
+    if not (path / PT2_FILE).is_file():
+        raise CompressError(f"{path} has no {PT2_FILE}; is the directory complete?")
+    config, saved = load_config(path), saved_head(path)
+    _check_options(path, INC_PT2E, config, saved, options)
+    outputs = tuple(read_compression(path).get("outputs") or ("logits",))
+    runner = ExportedRunner(path, config, saved, outputs, compile=options.get("compile"))
+    if options.get("device") is not None:
+        runner.to(options["device"])
+    return _info(runner, saved, structure_of(path), INC_PT2E, options)
+
+
+# ---------------------------------------------------------------------------- torch.export archives
+
+
+def check_pt2_archive(file: Path) -> None:
+    """Refuse a ``.pt2`` archive whose loading could run code, before ``torch.export.load`` opens it.
+
+    ``torch.export.load`` (torch 2.13, ``torch/export/pt2_archive/_package.py``) reads
+    plain tensors as raw bytes described by JSON, but it also (a) ``torch.load``s with
+    ``weights_only=False`` any weight or constant marked ``use_pickle`` (tensor
+    subclasses), (b) ``pickle.loads`` "opaque" constants and rebuilds torchbind
+    "custom" objects, (c) falls back to ``weights_only=False`` when the sample inputs
+    do not load with ``weights_only=True`` (``_export/serde/serialize.py``), (d) reads
+    legacy ``.pt`` weight files and pre-2.8 zip layouts through ``torch.load`` and
+    (e) loads AOTInductor shared libraries. So: only the current archive version,
+    no native code, every payload a plain tensor, sample inputs loadable with
+    ``weights_only=True``.
+    """
+    from torch.export.pt2_archive import constants as c
+
+    bad = f"{file} is not a plain torch.export archive of tensors"
+    try:
+        archive = zipfile.ZipFile(file)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise CompressError(f"{file} is corrupt or not a .pt2 archive ({err}); re-create the model directory") from None
+    with archive:
+        # Every entry sits under one root folder ("model/archive_version", ...).
+        names = {name.split("/", 1)[1]: name for name in archive.namelist() if "/" in name}
+        if names.get(c.ARCHIVE_VERSION_PATH) is None or archive.read(names[c.ARCHIVE_VERSION_PATH]).decode().strip() != c.ARCHIVE_VERSION_VALUE:
+            raise CompressError(f"{bad}: unknown archive version; re-create it with this torch version")
+        for name in names:
+            if name.startswith((c.AOTINDUCTOR_DIR, c.EXECUTORCH_DIR, c.MTIA_DIR, c.XL_MODEL_WEIGHTS_DIR)):
+                raise CompressError(f"{bad}: it holds compiled code ({name}), which is never loaded")
+            legacy = name.startswith((c.WEIGHTS_DIR, c.CONSTANTS_DIR)) and name.endswith(".pt")
+            if legacy:
+                raise CompressError(f"{bad}: it holds pickled {name}, which is never loaded")
+        for name, full in names.items():
+            if not (name.startswith((c.WEIGHTS_DIR, c.CONSTANTS_DIR)) and name.endswith("_config.json")):
+                continue
+            for fqn, meta in json.loads(archive.read(full)).get("config", {}).items():
+                plain = not meta.get("use_pickle") and meta.get("path_name", "").startswith(
+                    (c.WEIGHT_FILENAME_PREFIX, c.TENSOR_CONSTANT_FILENAME_PREFIX)
+                )
+                if not plain:
+                    raise CompressError(f"{bad}: {fqn} is a pickled object, which is never loaded")
+        for name, full in names.items():
+            if name.startswith(c.SAMPLE_INPUTS_DIR):
+                try:
+                    torch.load(io.BytesIO(archive.read(full)), weights_only=True)
+                except Exception:
+                    raise CompressError(f"{bad}: its sample inputs need unpickling, which is never done") from None
+
+
+def load_exported_program(file: Path):
+    """``torch.export.load`` of an archive that :func:`check_pt2_archive` accepted."""
+    check_pt2_archive(file)
+    with quiet_torch_ao():
+        # Registers the quantized_decomposed ops PT2E graphs call (INC/torchao import it
+        # when quantizing; a fresh process must too, or deserialisation fails).
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
+    try:
+        return torch.export.load(str(file))
+    except Exception as err:
+        raise CompressError(f"cannot load {file}: {str(err).splitlines()[0]}; re-create it with this torch version") from None
+
+
+# ---------------------------------------------------------------------------- torch dynamic int8
+
+
+@contextmanager
+def quiet_torch_ao() -> Iterator[None]:
+    """Silence torch.ao's deprecation warnings (eager dynamic quantization still works in torch 2.13)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated.*")
+        warnings.filterwarnings("ignore", message=r".*quantized tensor creation functions.*deprecated.*")
+        yield
+
+
+def dynamic_qconfig(per_channel: bool):
+    """qint8 weights, per output channel (symmetric) or per tensor; activations quantized per batch."""
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
+
+    return per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
+
+
+def quantize_linears(model, names: list[str] | None = None, *, per_channel: bool = True):
+    """Replace ``nn.Linear`` layers (all, or the ``names`` given) by torch.ao dynamic int8 Linears, in place."""
+    from torch.ao.quantization import quantize_dynamic
+
+    qconfig = dynamic_qconfig(per_channel)
+    spec = {torch.nn.Linear: qconfig} if names is None else {name: qconfig for name in names}
+    with quiet_torch_ao():
+        return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+
+
+def _quantized_linears(model) -> Iterator[tuple[str, Any]]:
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    for name, module in model.named_modules():
+        if isinstance(module, DynamicLinear):
+            yield name, module
+
+
+def int8_state_dict(model) -> dict[str, torch.Tensor]:
+    """The torch-int8 layout of a dynamically quantized model (see the module docstring)."""
+    state: dict[str, torch.Tensor] = {}
+    linears = dict(_quantized_linears(model))
+    for name, module in linears.items():
+        weight = module.weight()  # quantized (out, in)
+        state[name + INT8_WEIGHT] = weight.int_repr().contiguous()  # int8
+        if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            state[name + INT8_SCALE] = weight.q_per_channel_scales().to(torch.float64).contiguous()  # (out,)
+            state[name + INT8_ZERO] = weight.q_per_channel_zero_points().to(torch.int64).contiguous()
+        else:
+            state[name + INT8_SCALE] = torch.tensor(weight.q_scale(), dtype=torch.float64)
+            state[name + INT8_ZERO] = torch.tensor(weight.q_zero_point(), dtype=torch.int64)
+        bias = module.bias()
+        if bias is not None:
+            # A copy: packed params keep the float bias, which a tied head shares (MLM decoder).
+            state[name + ".bias"] = bias.detach().clone()
+    seen: set[int] = set()
+    for key, value in model.state_dict().items():
+        # Quantized Linears are stored above (their state also holds packed params and an
+        # unused output scale/zero point); aliases (tied weights) are stored once.
+        if not isinstance(value, torch.Tensor) or value.is_quantized or key.rpartition(".")[0].split("._packed_params")[0] in linears:
+            continue
+        if value.data_ptr() in seen:
+            continue
+        seen.add(value.data_ptr())
+        state[key] = value.detach().contiguous()
+    return state
+
+
+def write_torch_int8(model, directory: Path) -> Path:
+    """Write ``model.safetensors`` in the torch-int8 layout; the file."""
+    from safetensors.torch import save_file
+
+    from compress.core.artifacts import WEIGHTS_FILE
+
+    file = Path(directory) / WEIGHTS_FILE
+    save_file(int8_state_dict(model), str(file), metadata={"format": "pt", "compress_format": TORCH_INT8})
+    return file
+
+
+@FORMATS.register(TORCH_INT8)
+def load_torch_int8(path: Path, options: dict[str, Any]):
+    """Rebuild a torch-int8 directory: the fp32 architecture, dynamic int8 Linears, the stored int8 weights."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from compress.core.artifacts import WEIGHTS_FILE, load_config, saved_head
+    from compress.core.structure import describe
+
+    config, saved = load_config(path), saved_head(path)
+    _check_options(path, TORCH_INT8, config, saved, options, eager_ok=True)
+    if options.get("attn_implementation"):
+        config._attn_implementation = options["attn_implementation"]
+    try:
+        state = load_file(str(path / WEIGHTS_FILE))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CompressError(f"{path}/{WEIGHTS_FILE} is missing or corrupt ({str(err).splitlines()[0]}); re-create the model directory") from None
+    names = sorted(k[: -len(INT8_WEIGHT)] for k in state if k.endswith(INT8_WEIGHT))
+    int8_keys = {n + s for n in names for s in (INT8_WEIGHT, INT8_SCALE, INT8_ZERO)}
+    model = build_architecture(path, config, saved, empty=True)
+    # The fp32 tensors (embeddings, LayerNorms, biases) load as usual; quantized weights come after.
+    try:
+        result = model.load_state_dict({k: v for k, v in state.items() if k not in int8_keys}, strict=False)
+    except RuntimeError as err:  # size mismatches
+        raise CompressError(f"{path}/{WEIGHTS_FILE} does not match its config.json/compression.json ({str(err).splitlines()[-1].strip()})") from None
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    quantized_weights = {n + ".weight" for n in names}
+    missing = [k for k in result.missing_keys if k not in quantized_weights and k not in tied and not k.endswith("position_ids")]
+    if missing or result.unexpected_keys:
+        example = (missing or result.unexpected_keys)[0]
+        raise CompressError(f"{path}/{WEIGHTS_FILE} does not match its config.json/compression.json (e.g. {example}); the directory is inconsistent")
+    model.tie_weights()
+    for name in names:
+        # Uninitialised memory must not reach the observers; a fresh tensor, because a tied
+        # decoder's weight is the word embedding matrix, which must stay as loaded.
+        linear = model.get_submodule(name)
+        linear.weight = torch.nn.Parameter(torch.zeros_like(linear.weight), requires_grad=False)
+    quantize_linears(model, names, per_channel=state[names[0] + INT8_SCALE].dim() == 1 if names else True)
+    with quiet_torch_ao():
+        for name in names:
+            module = model.get_submodule(name)
+            module.set_weight_bias(_stored_qweight(state, name), module.bias())
+    model.eval()
+    model.compress_format = TORCH_INT8
+    return _info(model, saved, describe(model), TORCH_INT8, options)
+
+
+def _stored_qweight(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The quantized (out, in) weight rebuilt from its int8 values, scales and zero points."""
+    values, scale, zero = state[name + INT8_WEIGHT], state[name + INT8_SCALE], state[name + INT8_ZERO]
+    if scale.dim() == 1:
+        return torch._make_per_channel_quantized_tensor(values, scale.to(torch.float64), zero.to(torch.int64), 0)
+    return torch._make_per_tensor_quantized_tensor(values, float(scale), int(zero))

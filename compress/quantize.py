@@ -1,0 +1,599 @@
+"""Post-training int8 quantization of a model directory, with checked outputs and an accuracy guard.
+
+``quantize(model_dir, out, cfg)`` turns an fp32 model directory into an int8 one that
+``compress eval`` and ``compress latency`` load like any other (through
+``compress.core.runtime``). Three backends, chosen by name from :data:`BACKENDS`:
+
+* ``torch``: PyTorch dynamic quantization of every ``nn.Linear`` (qint8 weights, per
+  output channel; activations quantized per batch at run time). Stored as int8 values +
+  scales + zero points in ``model.safetensors`` (format ``torch-int8-dynamic``).
+* ``onnxruntime``: the plain fp32 ONNX export (``compress.export``) quantized by
+  Optimum's ``ORTQuantizer`` with the CPU's preset, dynamic or static (min-max
+  calibration on training examples). Stored as ``model.onnx`` (format ``onnx``). The
+  export is quantized *unfused*: optimum 2.1 / ONNX Runtime 1.31 fail on an
+  ORT-optimised graph, and the session applies the fusions at load anyway.
+* ``inc``: Intel Neural Compressor 3.x static post-training quantization on a
+  ``torch.export`` (PT2E) graph with dynamic batch and sequence dimensions, int8
+  weights folded in, saved with ``torch.export.save`` as ``model.pt2`` (format
+  ``inc-pt2e``); the runtime compiles it with inductor freezing, without which it is
+  not faster than fp32.
+
+Embeddings stay fp32 in the torch and inc backends (ONNX Runtime's dynamic preset also
+quantizes the embedding Gathers), so a BERT-base shrinks about 2.4x there, not 4x.
+
+Nothing is trusted blindly: the int8 model is run next to the fp32 one on a few
+examples and degenerate outputs (NaN/inf, all zeros, one constant output while the
+fp32 outputs vary) abort the run with nothing written. With a task, both are scored on
+its dev split; with ``max_drop`` a larger drop of the primary metric moves the result
+to ``<out>.rejected`` and fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from compress.core.config import option
+from compress.core.data import TaskData
+from compress.core.errors import CompressError
+from compress.core.registry import Registry
+from compress.core.tasks import SPAN, Task, get_task
+
+SCHEMES = ("dynamic", "static")
+PRESETS = ("auto", "avx512_vnni", "avx2", "arm64")
+CALIBRATION_BATCH = 8  # sequences per calibration forward pass
+CHECK_EXAMPLES = 16  # examples run through fp32 and int8 side by side
+CHECK_POSITIONS = 4  # per-token outputs (MLM logits) are compared on the first positions only
+RANDOM_CHECK_LENGTH = 32  # tokens per random check sequence when no task is given
+# The outputs each head returns, compared between fp32 and int8.
+OUTPUT_NAMES = {
+    "sequence-classification": ("logits",),
+    "question-answering": ("start_logits", "end_logits"),
+    "base": ("last_hidden_state",),
+    "masked-lm": ("logits",),
+    "pretraining": ("prediction_logits", "seq_relationship_logits"),
+}
+# An int8 output whose spread across examples is below this fraction of the fp32
+# spread is "constant": the quantized model ignores its input.
+CONSTANT_RATIO = 1e-3
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """How to quantize: backend and scheme, calibration, kernels preset, the accuracy guard."""
+
+    backend: str = option("onnxruntime", "int8 backend: torch (PyTorch dynamic, Linear layers), onnxruntime (ONNX export + Optimum), inc (Neural Compressor 3.x static PT2E)")
+    scheme: str = option("dynamic", "dynamic (activation ranges per batch) or static (calibrated); torch: dynamic, onnxruntime: both, inc: static")
+    task: str = option("", "task whose train split calibrates static ranges and whose dev split scores the result")
+    calibration_examples: int = option(128, "training examples for static calibration (a seeded random sample)")
+    preset: str = option("auto", "onnxruntime kernels: auto (from the CPU's flags), avx512_vnni, avx2, arm64")
+    per_channel: bool = option(True, "one weight scale per output channel (else one per tensor)")
+    max_drop: float | None = option(None, "refuse the result when the dev primary metric drops by more than this many points")
+    seed: int = option(0, "seed for choosing the calibration examples")
+    data: TaskData = field(default_factory=TaskData)
+
+    def validate(self) -> None:
+        backend = BACKENDS.get(self.backend)  # unknown names list the valid ones
+        if self.scheme == "qat":
+            raise CompressError("quantization-aware training (--scheme qat) is not supported; use dynamic or static post-training quantization")
+        if self.scheme not in SCHEMES:
+            raise CompressError(f"unknown --scheme {self.scheme!r}; valid: {', '.join(SCHEMES)}")
+        if self.scheme not in backend.schemes:
+            raise CompressError(
+                f"the {self.backend} backend does not do {self.scheme} quantization; "
+                f"it does {', '.join(backend.schemes)}"
+            )
+        if self.scheme == "static" and not self.task:
+            raise CompressError("static quantization calibrates on a task's training examples; pass --task, e.g. --task sst2")
+        if self.max_drop is not None and not self.task:
+            raise CompressError("--max-drop compares dev scores; pass --task too")
+        if self.task:
+            get_task(self.task)
+        if self.calibration_examples < 1:
+            raise CompressError(f"--calibration-examples must be at least 1, got {self.calibration_examples}")
+        if self.preset not in PRESETS:
+            raise CompressError(f"unknown --preset {self.preset!r}; valid: {', '.join(PRESETS)}")
+        if self.preset != "auto" and self.backend != "onnxruntime":
+            raise CompressError(f"--preset chooses ONNX Runtime kernels; the {self.backend} backend has none (leave it at auto)")
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+@dataclass
+class Job:
+    """What a backend needs: the parent, where to write, the config, calibration inputs."""
+
+    parent_dir: Path
+    out: Path  # the temporary output directory
+    cfg: QuantizeConfig
+    head: str
+    reference: Any  # the fp32 parent as loaded (torch model, or ONNX runner)
+    calibration: "Calibration"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One quantization backend: what it does and the function that writes its files."""
+
+    schemes: tuple[str, ...]
+    format: str  # compression.json "format" of its outputs
+    packages: tuple[str, ...]  # versions recorded in compression.json
+    run: Callable[[Job], dict[str, Any]]  # writes model files into job.out; extra record fields
+    needs_torch: bool = True  # reads PyTorch weights (an ONNX parent will not do)
+    heads: tuple[str, ...] | None = None  # heads it can export (None: all)
+
+
+BACKENDS: Registry[Backend] = Registry("quantization backend")
+
+
+def _quantize_torch(job: Job) -> dict[str, Any]:
+    """PyTorch dynamic int8: every Linear gets qint8 weights; stored as int8 + scales."""
+    from compress.core.runtime import quantize_linears, write_torch_int8
+    from compress.export import copy_sidecars
+
+    model = quantize_linears(copy.deepcopy(job.reference), per_channel=job.cfg.per_channel)
+    write_torch_int8(model, job.out)
+    copy_sidecars(job.parent_dir, job.out)
+    return {"engine": _torch_engine()}
+
+
+def _torch_engine() -> str:
+    import torch
+
+    return torch.backends.quantized.engine  # the kernels packed weights are laid out for (x86, qnnpack)
+
+
+def resolve_preset(preset: str) -> str:
+    """The ONNX Runtime preset for this CPU: arm64, avx512_vnni (int8 weights) or avx2 (uint8)."""
+    from compress.core.hardware import cpu_info
+
+    if preset != "auto":
+        return preset
+    info = cpu_info()
+    if info["arch"].lower() in ("arm64", "aarch64"):
+        return "arm64"
+    # avx2's preset uses uint8 weights with reduced range: 3x slower where VNNI exists.
+    return "avx512_vnni" if "avx512_vnni" in info["flags"] else "avx2"
+
+
+def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
+    """Optimum ORTQuantizer on the plain fp32 export; the result is this directory's model.onnx."""
+    from optimum.onnxruntime import AutoCalibrationConfig, AutoQuantizationConfig, ORTQuantizer
+
+    from compress.core.artifacts import ONNX_FILE
+    from compress.core.runtime import artifact_format
+    from compress.export import copy_sidecars, export_onnx
+
+    preset = resolve_preset(job.cfg.preset)
+    static = job.cfg.scheme == "static"
+    with tempfile.TemporaryDirectory(prefix=".work-", dir=job.out) as work, quiet_root_logger():
+        work = Path(work)
+        fp32 = work / "fp32"
+        if artifact_format(job.parent_dir) == "onnx":
+            fp32.mkdir()
+            shutil.copy2(job.parent_dir / ONNX_FILE, fp32 / ONNX_FILE)
+            copy_sidecars(job.parent_dir, fp32)
+        else:
+            export_onnx(job.parent_dir, fp32)
+        quantizer = ORTQuantizer.from_pretrained(fp32, file_name=ONNX_FILE)
+        qconfig = getattr(AutoQuantizationConfig, preset)(is_static=static, per_channel=job.cfg.per_channel)
+        ranges = None
+        if static:
+            dataset = job.calibration.dataset()
+            ranges = quantizer.fit(
+                dataset=dataset, calibration_config=AutoCalibrationConfig.minmax(dataset),
+                operators_to_quantize=qconfig.operators_to_quantize, batch_size=CALIBRATION_BATCH,
+                onnx_augmented_model_name=work / "augmented.onnx",  # default: the current directory
+            )
+        quantizer.quantize(quantization_config=qconfig, save_dir=work / "int8", calibration_tensors_range=ranges)
+        os.replace(work / "int8" / "model_quantized.onnx", job.out / ONNX_FILE)
+        copy_sidecars(fp32, job.out)
+    return {
+        "preset": preset,
+        "onnx_quantization": {
+            "format": qconfig.format.name, "mode": qconfig.mode.name,
+            "weights": qconfig.weights_dtype.name, "activations": qconfig.activations_dtype.name,
+            "operators": list(qconfig.operators_to_quantize),
+        },
+    }
+
+
+def _quantize_inc(job: Job) -> dict[str, Any]:
+    """Neural Compressor 3.x static PT2E: export, prepare, calibrate, convert (int8 weights folded), save."""
+    import torch
+    from torch.export import Dim
+
+    from compress.core.runtime import INPUTS, PT2_FILE
+    from compress.export import OUTPUTS, _Positional, copy_sidecars
+
+    wrapper = _Positional(copy.deepcopy(job.reference), OUTPUTS[job.head]).module
+    example = job.calibration.example()
+    batch = Dim("batch", min=1)
+    seq = Dim("seq", min=2, max=job.reference.config.max_position_embeddings)
+    dynamic = {name: {0: batch, 1: seq} for name in INPUTS}
+    with quiet_inc():
+        from neural_compressor.torch.algorithms.pt2e_quant.core import W8A8PT2EQuantizer
+        from neural_compressor.torch.export import export
+        from neural_compressor.torch.quantization import get_default_static_config, prepare
+
+        try:
+            exported = export(wrapper, example, dynamic_shapes=dynamic)
+        except RuntimeError as err:
+            raise CompressError(f"Neural Compressor could not export the model to a PT2E graph: {str(err).splitlines()[0]}") from None
+        qconfig = get_default_static_config()
+        prepared = prepare(exported, qconfig)
+        with torch.no_grad():
+            for inputs in job.calibration.tensors():
+                prepared(*inputs)  # observers record activation ranges
+        # INC's convert() does not pass fold_quantize on, which would leave fp32 weights
+        # behind q/dq nodes ("int8" stored in fp32); its own quantizer folds them to int8.
+        converted = W8A8PT2EQuantizer(qconfig).convert(prepared, fold_quantize=True)
+        drop_unused_parameters(converted)
+        program = torch.export.export(converted, example, dynamic_shapes=dynamic)
+    torch.export.save(program, str(job.out / PT2_FILE))
+    copy_sidecars(job.parent_dir, job.out)
+    return {"inc_config": qconfig.to_dict(), "outputs": list(OUTPUTS[job.head])}
+
+
+def drop_unused_parameters(graph_module) -> list[str]:
+    """Delete parameters no graph node reads (the fp32 originals of folded int8 weights); their names."""
+    used = {node.target for node in graph_module.graph.nodes if node.op == "get_attr"}
+    dropped = [name for name, _ in graph_module.named_parameters() if name not in used]
+    for name in dropped:
+        owner, _, leaf = name.rpartition(".")
+        delattr(graph_module.get_submodule(owner) if owner else graph_module, leaf)
+    return dropped
+
+
+@contextmanager
+def quiet_root_logger() -> Iterator[None]:
+    """ONNX Runtime's quantization tool warns per node on the root logger ("expected bias ... initializer")."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+@contextmanager
+def quiet_inc() -> Iterator[None]:
+    """Neural Compressor logs every step at INFO on stderr; keep its errors only."""
+    from neural_compressor.common.utils.logger import Logger
+
+    inc_logger = Logger().get_logger()  # the singleton resets the level when first created
+    level = inc_logger.level
+    inc_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        inc_logger.setLevel(level)
+
+
+BACKENDS.register("torch", Backend(("dynamic",), "torch-int8-dynamic", ("torch",), _quantize_torch))
+BACKENDS.register("onnxruntime", Backend(
+    ("dynamic", "static"), "onnx", ("torch", "onnx", "onnxruntime", "optimum", "optimum-onnx"), _quantize_onnxruntime,
+    needs_torch=False, heads=("sequence-classification", "question-answering", "base", "masked-lm"),
+))
+BACKENDS.register("inc", Backend(
+    ("static",), "inc-pt2e", ("torch", "neural-compressor-pt", "torchao"), _quantize_inc,
+    heads=("sequence-classification", "question-answering", "base", "masked-lm"),
+))
+
+
+# ---------------------------------------------------------------------------- calibration data
+
+
+@dataclass
+class Calibration:
+    """Fixed-length int64 input batches (each (batch, length)) and where they came from."""
+
+    batches: list[dict[str, Any]]
+    source: dict[str, Any]
+
+    def tensors(self) -> Iterator[tuple]:
+        """Each batch as positional torch tensors (input_ids, attention_mask, token_type_ids)."""
+        import torch
+
+        from compress.core.runtime import INPUTS
+
+        for batch in self.batches:
+            yield tuple(torch.from_numpy(batch[name]) for name in INPUTS)
+
+    def example(self) -> tuple:
+        """The first batch as export's example inputs, at least 2 rows (a batch of 1 would be specialised)."""
+        import torch
+
+        inputs = next(self.tensors())
+        return tuple(torch.cat([t, t]) if t.shape[0] < 2 else t for t in inputs)
+
+    def dataset(self):
+        """All batches as a ``datasets.Dataset`` of padded rows, as ORTQuantizer.fit reads them."""
+        import datasets
+        import numpy as np
+
+        from compress.core.runtime import INPUTS
+
+        return datasets.Dataset.from_dict({name: np.concatenate([b[name] for b in self.batches]).tolist() for name in INPUTS})
+
+    def check_batches(self) -> list[dict[str, Any]]:
+        """The first CHECK_EXAMPLES rows, in calibration-sized batches."""
+        batches, left = [], CHECK_EXAMPLES
+        for batch in self.batches:
+            if left <= 0:
+                break
+            batches.append({k: v[:left] for k, v in batch.items()})
+            left -= len(batch["input_ids"])
+        return batches
+
+
+def task_calibration(task: Task, tokenizer, cfg: QuantizeConfig, max_length: int, n: int) -> Calibration:
+    """``n`` seeded random training examples of ``task``, tokenised and padded to ``max_length``."""
+    from compress.core.data import load_split
+
+    train_src, _ = cfg.data.sources()
+    ds = load_split(task, "train", train_src)
+    n = min(n, len(ds))
+    ds = ds.shuffle(seed=cfg.seed).select(range(n))
+    if task.kind == SPAN:
+        texts = ([q.lstrip() for q in ds["question"]], list(ds["context"]))
+        truncation = "only_second"  # keep the question, cut the context
+    else:
+        texts = tuple(list(ds[f]) for f in task.text_fields)  # datasets 5 columns are not lists
+        truncation = True
+    enc = tokenizer(*texts, truncation=truncation, max_length=max_length, padding="max_length", return_tensors="np")
+    batches = _batches(enc, n)
+    source = {"task": task.name, "split": "train", "examples": n, "max_length": max_length, "seed": cfg.seed,
+              "data": cfg.data.describe()}
+    return Calibration(batches, source)
+
+
+def random_calibration(tokenizer, max_positions: int, seed: int) -> Calibration:
+    """Random token sequences ([CLS] ... [SEP], varied lengths) for the output check when there is no task."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    length = min(RANDOM_CHECK_LENGTH, max_positions)
+    special = set(tokenizer.all_special_ids)
+    vocab = np.array([i for i in range(len(tokenizer)) if i not in special])
+    ids = rng.choice(vocab, size=(CHECK_EXAMPLES, length))  # (examples, length)
+    mask = np.ones_like(ids)
+    for row, used in enumerate(rng.integers(length // 2, length + 1, size=CHECK_EXAMPLES)):
+        ids[row, 0], ids[row, used - 1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+        ids[row, used:], mask[row, used:] = tokenizer.pad_token_id, 0
+    enc = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return Calibration(_batches(enc, CHECK_EXAMPLES), {"task": None, "split": None, "examples": CHECK_EXAMPLES, "inputs": "random token ids"})
+
+
+def _batches(enc, n: int) -> list[dict[str, Any]]:
+    """Cut (n, length) arrays into int64 batches of CALIBRATION_BATCH rows."""
+    import numpy as np
+
+    from compress.core.runtime import INPUTS
+
+    arrays = {name: np.asarray(enc[name], dtype=np.int64) if name in enc else np.zeros_like(enc["input_ids"], dtype=np.int64) for name in INPUTS}
+    return [{k: v[i : i + CALIBRATION_BATCH] for k, v in arrays.items()} for i in range(0, n, CALIBRATION_BATCH)]
+
+
+# ---------------------------------------------------------------------------- output checks
+
+
+def collect_outputs(model, batches: list[dict[str, Any]], names: tuple[str, ...]):
+    """The model's outputs ``names`` on ``batches``, flattened per example: (examples, values) float64."""
+    import numpy as np
+    import torch
+
+    rows = []
+    with torch.inference_mode():
+        for batch in batches:
+            out = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+            parts = []
+            for name in names:
+                value = getattr(out, name).float()
+                if value.dim() == 3:
+                    value = value[:, :CHECK_POSITIONS]  # (batch, positions, width): MLM logits are huge
+                parts.append(value.reshape(value.shape[0], -1).cpu().numpy())
+            rows.append(np.concatenate(parts, axis=1))
+    return np.concatenate(rows).astype(np.float64)
+
+
+def degenerate(reference, quantized) -> str | None:
+    """Why the int8 outputs (examples, values) are unusable next to the fp32 ones, or None."""
+    import numpy as np
+
+    if not np.isfinite(quantized).all():
+        return "NaN or infinite outputs"
+    if not np.abs(quantized).any():
+        return "all-zero outputs"
+    fp32_spread = reference.std(axis=0).max()  # how much outputs vary across examples
+    int8_spread = quantized.std(axis=0).max()
+    if fp32_spread > 0 and int8_spread <= CONSTANT_RATIO * fp32_spread:
+        return "the same output for every example while the fp32 outputs vary"
+    return None
+
+
+def check_outputs(reference, quantized, calibration: Calibration, names: tuple[str, ...], backend: str) -> dict[str, Any]:
+    """Run fp32 and int8 side by side on the check examples; raise on degenerate int8 outputs."""
+    import numpy as np
+
+    batches = calibration.check_batches()
+    ref = collect_outputs(reference, batches, names)
+    got = collect_outputs(quantized, batches, names)
+    problem = degenerate(ref, got)
+    if problem:
+        raise CompressError(
+            f"the {backend} backend produced {problem} on {len(ref)} check examples; the int8 model is "
+            "unusable and was not written (try another --backend or --scheme)"
+        )
+    summary = {
+        "examples": int(len(ref)),
+        "outputs": list(names),
+        "max_abs_diff": float(np.abs(got - ref).max()),
+        "fp32_max_abs": float(np.abs(ref).max()),
+    }
+    if names == ("logits",) and ref.shape[1] > 1:
+        summary["argmax_agreement"] = float((got.argmax(1) == ref.argmax(1)).mean())
+    return summary
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, overwrite: bool = False) -> Path:
+    """Quantize the fp32 model in ``model_dir`` to int8 with ``cfg.backend``; the output directory."""
+    from compress.core.artifacts import (
+        COMPRESSION_FILE, METRICS_FILE, check_output, load_model, load_tokenizer, output_dir, require_model_dir,
+        saved_head, write_json_atomic,
+    )
+    from compress.core.runtime import artifact_format, is_quantized, load_runtime
+
+    cfg.validate()
+    backend = BACKENDS.get(cfg.backend)
+    model_dir = require_model_dir(model_dir)
+    out = check_output(out, overwrite)
+    if is_quantized(model_dir):
+        raise CompressError(f"{model_dir} is already quantized to int8; quantize the fp32 model it was made from instead")
+    head = saved_head(model_dir)
+    _check_head(backend, cfg, head, model_dir)
+    if backend.needs_torch and artifact_format(model_dir) != "torch":
+        raise CompressError(f"the {cfg.backend} backend needs PyTorch weights; {model_dir} holds an {artifact_format(model_dir)} model")
+    task = get_task(cfg.task) if cfg.task else None
+    tokenizer = load_tokenizer(model_dir)
+    reference = load_model(model_dir)  # the fp32 parent: quantized from (torch backends) and compared with
+    max_positions = reference.config.max_position_embeddings
+    max_length = cfg.data.resolved_max_length(task, max_positions) if task else None
+    if task:
+        n = cfg.calibration_examples if cfg.scheme == "static" else CHECK_EXAMPLES
+        calibration = task_calibration(task, tokenizer, cfg, max_length, n)
+    else:
+        calibration = random_calibration(tokenizer, max_positions, cfg.seed)
+    dev = _dev_splits(task, cfg.data) if task else None
+
+    with output_dir(out, overwrite) as tmp:
+        extra = backend.run(Job(model_dir, tmp, cfg, head, reference, calibration))
+        record = _record(model_dir, cfg, backend, head, reference, calibration, extra)
+        write_json_atomic(tmp / COMPRESSION_FILE, record)  # the loader reads format and structure from it
+        write_json_atomic(tmp / METRICS_FILE, {"results": []})
+        quantized = load_runtime(tmp)
+        names = tuple(record["outputs"])
+        record["check"] = check_outputs(reference, quantized, calibration, names, cfg.backend)
+        if task:
+            rejection = _accuracy_guard(reference, quantized, task, tokenizer, dev, max_length, cfg, record, tmp)
+            if rejection:
+                write_json_atomic(tmp / COMPRESSION_FILE, record)
+                rejected = _reject(tmp, out)
+                raise CompressError(f"{rejection}; the rejected int8 model is in {rejected}")
+        write_json_atomic(tmp / COMPRESSION_FILE, record)
+    return out
+
+
+def _check_head(backend: Backend, cfg: QuantizeConfig, head: str, model_dir: Path) -> None:
+    if backend.heads is not None and head not in backend.heads:
+        raise CompressError(f"the {cfg.backend} backend quantizes {', '.join(backend.heads)} models; {model_dir} is a {head} model")
+    if cfg.task:
+        task = get_task(cfg.task)
+        wanted = "question-answering" if task.kind == SPAN else "sequence-classification"
+        if head != wanted:
+            raise CompressError(f"{model_dir} is a {head} model but {task.display} needs a {wanted} model; fine-tune it on {task.name} first")
+
+
+def _dev_splits(task: Task, data: TaskData) -> dict[str, Any]:
+    """The raw dev split(s) (MNLI: matched and mismatched), as fine-tuning loads them."""
+    from compress.core.data import load_split
+
+    _, dev_src = data.sources()
+    names = [s.name for s in task.resolve_splits("dev")]
+    if data.dev_file:
+        names = names[:1]
+    return {name: load_split(task, name, dev_src, data.max_eval_examples) for name in names}
+
+
+def _record(model_dir: Path, cfg: QuantizeConfig, backend: Backend, head: str, reference, calibration: Calibration, extra: dict[str, Any]) -> dict[str, Any]:
+    """compression.json for the int8 directory."""
+    from compress.core.artifacts import compression_record
+    from compress.core.runtime import Runner, structure_of
+    from compress.core.structure import describe
+
+    structure = structure_of(model_dir) if isinstance(reference, Runner) else describe(reference)
+    outputs = extra.pop("outputs", None) or list(OUTPUT_NAMES[head])
+    return compression_record(
+        stage="quantize", method=f"{cfg.backend}-{cfg.scheme}", config=cfg, parent=model_dir, structure=structure,
+        seed=cfg.seed,
+        extra={
+            "format": backend.format,
+            "backend": cfg.backend,
+            "scheme": cfg.scheme,
+            "precision": "int8",
+            "per_channel": cfg.per_channel,
+            "head": head,
+            "outputs": outputs,
+            "preset": extra.pop("preset", None),
+            "calibration": calibration.source if cfg.scheme == "static" else None,
+            "check_inputs": calibration.source,
+            "packages": _versions(backend.packages),
+            **extra,
+        },
+    )
+
+
+def _versions(names: tuple[str, ...]) -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _accuracy_guard(reference, quantized, task: Task, tokenizer, dev, max_length: int, cfg: QuantizeConfig, record, tmp: Path) -> str | None:
+    """Score fp32 and int8 on dev, append both to metrics.json; the reason to reject, or None."""
+    from compress.core.artifacts import append_metrics
+    from eval.evaluate import dev_evaluator, split_records
+
+    evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
+    before, after = evaluate(reference), evaluate(quantized)
+    metric = task.primary_metric
+    drop = before[metric] - after[metric]  # in points: metrics are percentages
+    passed = cfg.max_drop is None or drop <= cfg.max_drop
+    for entry in split_records(task, dev, after, data=cfg.data.describe(), max_length=max_length):
+        append_metrics(tmp, entry)
+    summary = {
+        "kind": "quantize", "task": task.name, "metric": metric, "parent": before[metric], "quantized": after[metric],
+        "drop": drop, "max_drop": cfg.max_drop, "passed": passed, "parent_metrics": before, "quantized_metrics": after,
+    }
+    append_metrics(tmp, summary)
+    record["accuracy"] = {k: summary[k] for k in ("task", "metric", "parent", "quantized", "drop", "max_drop", "passed")}
+    if passed:
+        return None
+    return (
+        f"int8 {task.display} dev {metric} dropped {drop:.2f} points ({before[metric]:.2f} -> {after[metric]:.2f}), "
+        f"more than --max-drop {cfg.max_drop:g}"
+    )
+
+
+def rejected_path(out: Path) -> Path:
+    """Where a result that failed the accuracy guard goes: ``<out>.rejected`` next to ``out``."""
+    out = Path(out).absolute()
+    return out.parent / f"{out.name}.rejected"
+
+
+def _reject(tmp: Path, out: Path) -> Path:
+    """Move the finished temporary directory to ``<out>.rejected`` (replacing an older rejection)."""
+    target = rejected_path(out)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.chmod(0o755)  # mkdtemp made it private
+    os.replace(tmp, target)
+    return target
