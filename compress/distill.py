@@ -283,7 +283,7 @@ def make_projections(student, teacher, terms: tuple[str, ...]) -> nn.ModuleDict:
 def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False) -> Path:
     """Distil ``teacher`` into a ``cfg.student`` on ``cfg.task``; write the best dev student to ``out``."""
     from compress.core.artifacts import (
-        check_output, compression_record, dir_hash, load_model, load_tokenizer, read_metrics, save_model_dir, utc_now,
+        check_output, compression_record, dir_hash, load_model, load_tokenizer, read_metrics, save_model_dir, utc_now, require_torch_weights,
     )
     from compress.core.data import collate, load_task_data
     from compress.core.structure import count_parameters
@@ -300,7 +300,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     out = Path(out)
     if not cfg.resume:
         check_output(out, overwrite)
-    teacher_dir = resolve_model(teacher)
+    teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
     tokenizer = load_tokenizer(teacher_dir)
     needs_attn = bool(needs_of(cfg.losses) & {"attentions"})
     head = "question-answering" if task.kind == SPAN else "sequence-classification"

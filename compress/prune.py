@@ -224,7 +224,7 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     """Prune ``model_dir`` as ``cfg`` says, optionally recover, and write the result to ``out``."""
     from compress.core import structure as st
     from compress.core.artifacts import (
-        check_output, compression_record, load_tokenizer, require_model_dir, save_model_dir, utc_now,
+        check_output, compression_record, load_tokenizer, save_model_dir, utc_now, require_torch_weights,
     )
     from compress.core.data import load_task_data
     from eval.evaluate import dev_evaluator, split_records
@@ -233,9 +233,10 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     task = get_task(cfg.task)
     out = Path(out)
     check_output(out, overwrite)
-    model_dir = require_model_dir(model_dir)
+    model_dir = require_torch_weights(model_dir, "pruning")
     tokenizer = load_tokenizer(model_dir)
     model = load_model_for_task(model_dir, task)
+    _check_plan(model, cfg)  # impossible requests fail before any data is read
     max_length = cfg.data.resolved_max_length(task, model.config.max_position_embeddings)
     features, dev, _ = load_task_data(task, tokenizer, replace(cfg.data, max_train_examples=cfg.importance_examples),
                                       max_length, seed=cfg.train.seed)
@@ -273,6 +274,25 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     )
     records = split_records(task, dev, final, data=cfg.data.describe(), max_length=max_length)
     return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite, metrics=[*records, summary])
+
+
+def _check_plan(model, cfg: PruneConfig) -> None:
+    """Refuse removing every head or layer up front (the steps check again as they go)."""
+    from compress.core import structure as st
+
+    n_layers = len(st.encoder_layers(model))
+    if cfg.layers and "importance" not in cfg.layers:
+        n_layers = len(layers_to_keep(cfg.layers, n_layers))
+    elif cfg.layers:
+        layers_to_keep(cfg.layers, n_layers, [0.0] * n_layers)  # validates the count
+    if cfg.heads is not None:
+        heads = sum(st.heads_per_layer(model)) * n_layers // len(st.encoder_layers(model))
+        target = head_count(heads, cfg.heads)
+        if target > heads - n_layers:
+            raise CompressError(
+                f"--heads {cfg.heads:g} would remove {target} of {heads} heads, but every one of the {n_layers} "
+                f"layers keeps at least one; remove at most {heads - n_layers} or drop layers with --layers"
+            )
 
 
 def _method(cfg: PruneConfig) -> str:

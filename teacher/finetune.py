@@ -60,7 +60,9 @@ def load_model_for_task(model_dir: Path, task: Task):
 
 def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwrite: bool = False) -> Path:
     """Fine-tune ``model`` on ``cfg.task`` and write the best dev checkpoint to ``out``."""
-    from compress.core.artifacts import check_output, compression_record, load_tokenizer, save_model_dir, utc_now
+    from compress.core.artifacts import (
+        check_output, compression_record, load_tokenizer, require_torch_weights, save_model_dir, utc_now,
+    )
     from compress.core.data import collate, load_task_data
     from compress.core.structure import count_parameters
     from compress.core.train import is_main_process, load_weights, prepare_work_dir, train
@@ -71,7 +73,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     out = Path(out)
     if not cfg.resume:
         check_output(out, overwrite)
-    source = resolve_model(model)
+    source = require_torch_weights(resolve_model(model), "fine-tuning")
     tokenizer = load_tokenizer(source)
     net = load_model_for_task(source, task)
     max_length = cfg.data.resolved_max_length(task, net.config.max_position_embeddings)

@@ -48,6 +48,9 @@ def ws(tmp_path_factory):
     (root / "recipe.yaml").write_text("stages:\n  - {name: a, run: eval, models: [model], config: {task: sst2}}\nextra: 1\n")
     (root / "corpus-latin1.txt").write_bytes(b"one sentence.\n\ncaf\xe9 two.\n")
     (root / "runs-empty").mkdir()
+    from compress.quantize import QuantizeConfig, quantize
+
+    quantize(root / "model", root / "int8", QuantizeConfig(backend="torch"))
     return root
 
 
@@ -107,6 +110,9 @@ CASES = [
     case("quantize", "--model", "model", "--backend", "tensorrt", "--out", "q-backend", where_not_created="q-backend"),
     case("quantize", "--model", "model", "--backend", "torch", "--scheme", "static", "--out", "q-scheme",
          where_not_created="q-scheme"),
+    case("quantize", "--model", "int8", "--backend", "torch", "--out", "q-again", where_not_created="q-again"),
+    case("prune", "--model", "int8", "--task", "sst2", "--heads", "0.5", "--data-dir", "glue", "--out", "p-int8",
+         where_not_created="p-int8"),
     # latency
     case("latency", "--model", "model", "--seq", "512"),
     case("latency", "--model", "model", "--batch", "0"),

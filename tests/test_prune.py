@@ -250,6 +250,6 @@ def test_prune_errors(trained, tmp_path):
         _prune_cfg(data, heads=1.5)
     with pytest.raises(CompressError, match="--ffn must be a fraction in \\(0, 1\\)"):
         _prune_cfg(data, ffn=1.0)
-    with pytest.raises(CompressError, match="would remove all 8 heads"):
+    with pytest.raises(CompressError, match="would remove 8 of 8 heads, but every one of the 2 layers keeps at least one"):
         prune(model_dir, tmp_path / "x", _prune_cfg(data, heads=8))
     assert not (tmp_path / "x").exists()

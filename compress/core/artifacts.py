@@ -307,6 +307,21 @@ def model_format(path: Path | str) -> str:
     return "torch"
 
 
+def require_torch_weights(path: Path | str, stage: str) -> Path:
+    """Refuse int8 / ONNX directories for stages that train or edit weights, naming the fp32 parent."""
+    from compress.core import runtime
+
+    path = require_model_dir(path)
+    fmt = runtime.artifact_format(path)
+    if fmt != runtime.TORCH:
+        parent = (read_compression(path).get("parent") or {}).get("path")
+        hint = f" (it was made from {parent})" if parent else ""
+        raise CompressError(
+            f"{path} is a {fmt} model; {stage} needs PyTorch fp32 weights: use the model it was quantized or exported from{hint}"
+        )
+    return path
+
+
 def load_config(path: Path | str):
     from transformers import BertConfig
 
