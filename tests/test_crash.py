@@ -100,11 +100,11 @@ def test_distill_killed_and_resumed_matches(workspace):
     args = ["distill", "--teacher", "teacher", "--task", "sst2", "--data-dir", "data", "--student", "1L-32",
             "--heads", "4", "--init", "random", "--epochs", "3", "--batch-size", "16", "--lr", "1e-3",
             "--save-every", "5", "--cache-dir", "cache", "--seed", "5"]
-    _finish([*args, "--out", "ref"], workspace)
+    _finish([*args, "--out", "ref-distill"], workspace)
     work = workspace / ".student.work"
     for step in (5, 40):
         _kill_after([*args, "--out", "student", *(["--resume"] if work.exists() else [])], workspace,
                     work / "joint", step, 0.1)
     _finish([*args, "--out", "student", "--resume"], workspace)
-    reference, got = _weights(workspace / "ref"), _weights(workspace / "student")
+    reference, got = _weights(workspace / "ref-distill"), _weights(workspace / "student")
     assert all(torch.equal(got[k], reference[k]) for k in reference)
