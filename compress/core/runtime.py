@@ -359,7 +359,9 @@ class ExportedRunner(Runner):
 
         args = tuple(inputs[name].to(torch.long) for name in INPUTS)  # positional, as exported
         # Inference mode: freezing applies only without autograd, and one grad mode means no recompiles.
-        with torch.inference_mode(), inductor_config.patch(freezing=True):
+        with torch.inference_mode(), inductor_config.patch(freezing=True), warnings.catch_warnings():
+            # Inductor's int8 lowering copies zero points with torch.tensor(tensor) and warns once per GEMM.
+            warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
             out = self._callable()(*args)
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
