@@ -318,6 +318,11 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     )
     if needs_attn:
         student.config._attn_implementation = "eager"
+    if pretrained is not None:  # --init DIR: the student is whatever DIR holds, not the --student preset
+        from compress.core.structure import Shape
+
+        c = student.config
+        shape = Shape(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size)
     n_student, n_teacher = student.config.num_hidden_layers, teacher_model.config.num_hidden_layers
     pairs = parse_layer_map(cfg.loss.layer_map, n_student, n_teacher)
 

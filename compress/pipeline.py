@@ -261,6 +261,12 @@ def run_recipe(
     run_dir = Path(run_dir).absolute()
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, variables={"run_dir": str(run_dir), **(variables or {})})
+    for stage in recipe.stages:  # every outside input is checked before anything is written or run
+        for key, value in stage.inputs.items():
+            resolved = _resolve(value, run_dir)
+            for path in resolved if isinstance(resolved, list) else [resolved]:
+                if not isinstance(path, Path):  # upstream outputs are checked when their consumer starts
+                    _check_exists(path, stage, key)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST
     previous = json.loads(manifest_path.read_text())["stages"] if manifest_path.is_file() else {}

@@ -46,6 +46,9 @@ def ws(tmp_path_factory):
     (root / "unknown.yaml").write_text("task: sst2\nbatchsize: 3\n")
     (root / "evil.yaml").write_text("task: !!python/object/apply:os.system ['echo pwned']\n")
     (root / "recipe.yaml").write_text("stages:\n  - {name: a, run: eval, models: [model], config: {task: sst2}}\nextra: 1\n")
+    # the second stage's model is missing: found before the first stage runs or anything is written
+    (root / "late.yaml").write_text("stages:\n  - {name: a, run: eval, models: [model], config: {task: sst2, data_dir: glue}}\n"
+                                    "  - {name: b, run: quantize, model: no-such-model, config: {backend: torch}}\n")
     (root / "corpus-latin1.txt").write_bytes(b"one sentence.\n\ncaf\xe9 two.\n")
     (root / "runs-empty").mkdir()
     from compress.quantize import QuantizeConfig, quantize
@@ -120,8 +123,9 @@ CASES = [
     # heads, leaderboard, recipes
     case("heads", "--model", "model", "--out", "h-none", where_not_created="h-none"),
     case("leaderboard", "--runs", "runs-empty", "--out", "lb", where_not_created="lb"),
-    case("run", "recipe.yaml", "--out", "r-run"),
-    case("run", "missing.yaml", "--out", "r-missing"),
+    case("run", "recipe.yaml", "--out", "r-run", where_not_created="r-run"),
+    case("run", "missing.yaml", "--out", "r-missing", where_not_created="r-missing"),
+    case("run", "late.yaml", "--out", "r-late", where_not_created="r-late"),
 ]
 
 

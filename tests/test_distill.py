@@ -196,8 +196,11 @@ def test_general_distillation_minilm_then_task(setting, tmp_path):
     evals = [h["eval"]["heldout_loss"] for h in history if "eval" in h]
     assert evals[-1] < evals[0]  # the student's attention/value relations move towards the teacher's
     # and the general student is a starting point for task distillation
-    out = distill(teacher, tmp_path / "task", _cfg(setting, init=str(general), epochs=1))
-    assert read_compression(out)["init"]["method"] == "pretrained"
+    out = distill(teacher, tmp_path / "task", _cfg(setting, init=str(general), epochs=1, student="3L-64"))
+    record = read_compression(out)
+    assert record["init"]["method"] == "pretrained"
+    # the recorded shape is the general student's (2 layers, 2 heads), not the --student preset's
+    assert record["student_shape"] == {"layers": 2, "hidden": 32, "heads": 2, "ffn": model.config.intermediate_size, "origin": ""}
 
 
 def test_general_distillation_distilbert_style_needs_mlm_heads(setting, tmp_path):
