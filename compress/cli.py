@@ -221,6 +221,8 @@ def _latency_run(args) -> int:
   compress teacher pretrain --corpus books.txt,wiki.txt --shape 4L-256 --max-steps 2000 --batch-size 128 \\
       --phase1-length 128 --phase2-length 512 --whole-word --out models/small-bert
   compress teacher pretrain --corpus wiki/ --tokenizer models/bert-base --shape 8L-512 --out models/medium
+  compress teacher pretrain --corpus hf:wikitext:wikitext-103-raw-v1 --layers 6 --hidden 512 --heads 8 --out models/w6
+  compress teacher pretrain --corpus data/bookcorpus-saved/ ...   # a datasets save_to_disk folder: rows are documents
   compress teacher pretrain ... --resume                  # after a crash: continue into the same --out
   torchrun --nproc_per_node 8 -m compress.cli teacher pretrain ... --precision bf16   # same global batch""",
 )

@@ -80,6 +80,9 @@ class DistillConfig:
     task: str = option("", "task to distil on (cola, sst2, mrpc, stsb, ..., squad)")
     student: str = option("6L-384", "student shape: 6L-768, 4L-312, 6L-384, 3L-384, 2L-128 or LAYERSL-HIDDEN[-FFN]")
     heads: int | None = option(None, "student attention heads (overrides the shape's)")
+    layers: int | None = option(None, "student layers (overrides the shape's)")
+    hidden: int | None = option(None, "student hidden width (overrides the shape's; FFN then defaults to 4x)")
+    ffn: int | None = option(None, "student FFN width (overrides the shape's)")
     init: str = option("teacher-layers", "student initialisation: teacher-layers, random, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm", metavar="TERM[,...]")
@@ -307,11 +310,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     teacher_model = load_model(teacher_dir, head=head, attn_implementation="eager" if needs_attn else None)
     _check_teacher(teacher_model, teacher_dir, task)
 
-    shape = resolve_shape(cfg.student)
-    if cfg.heads:
-        from compress.core.structure import Shape
-
-        shape = Shape(shape.layers, shape.hidden, cfg.heads, shape.ffn)
+    shape = resolve_shape(cfg.student, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
     method, pretrained = (cfg.init, None) if cfg.init in ("teacher-layers", "random") else ("pretrained", cfg.init)
     student, init_info = init_student(
         teacher_model, shape, method=method, layers=list(cfg.init_layers) or None, seed=cfg.train.seed, pretrained=pretrained,
@@ -492,9 +491,14 @@ def _general_defaults() -> TrainConfig:
 
 @dataclass(frozen=True)
 class GeneralDistillConfig:
-    corpus: tuple[str, ...] = option((), "text files or folders of *.txt (documents separated by blank lines)", metavar="PATH[,...]")
+    corpus: tuple[str, ...] = option(
+        (), "text files or folders of *.txt (documents separated by blank lines), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
+        metavar="PATH[,...]")
     student: str = option("4L-312", "student shape: 6L-768, 4L-312, 6L-384, 3L-384, 2L-128 or LAYERSL-HIDDEN[-FFN]")
     heads: int | None = option(None, "student attention heads (overrides the shape's)")
+    layers: int | None = option(None, "student layers (overrides the shape's)")
+    hidden: int | None = option(None, "student hidden width (overrides the shape's; FFN then defaults to 4x)")
+    ffn: int | None = option(None, "student FFN width (overrides the shape's)")
     init: str = option("random", "student initialisation: random, teacher-layers, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
     losses: tuple[str, ...] = option(
@@ -531,7 +535,7 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
     from compress.core.artifacts import (
         check_output, compression_record, dir_hash, load_model, load_tokenizer, save_model_dir, saved_head, utc_now,
     )
-    from compress.core.structure import Shape, count_parameters
+    from compress.core.structure import count_parameters
     from compress.core.train import Phase, is_main_process, load_weights, prepare_work_dir, train_phases
     from students.init import init_student
     from students.layer_map import parse_layer_map
@@ -554,9 +558,7 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
     tokenizer = load_tokenizer(teacher_dir)
     needs = needs_of(tuple(t for t in cfg.losses if t != "mlm"))
     teacher_model = load_model(teacher_dir, head=head, attn_implementation="eager" if "attentions" in needs else None)
-    shape = resolve_shape(cfg.student)
-    if cfg.heads:
-        shape = Shape(shape.layers, shape.hidden, cfg.heads, shape.ffn)
+    shape = resolve_shape(cfg.student, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
     method, pretrained = (cfg.init, None) if cfg.init in ("teacher-layers", "random") else ("pretrained", cfg.init)
     student, init_info = init_student(teacher_model, shape, method=method, layers=list(cfg.init_layers) or None,
                                       seed=cfg.train.seed, pretrained=pretrained)

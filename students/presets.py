@@ -16,8 +16,25 @@ for _name, _shape in {
     STUDENT_SHAPES.register(_name, _shape)
 
 
-def resolve_shape(name: str) -> Shape:
-    """A named student or teacher shape, or an explicit ``LAYERSL-HIDDEN[-FFN]``."""
+def resolve_shape(name: str, *, layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+                  ffn: int | None = None) -> Shape:
+    """A named student or teacher shape, or an explicit ``LAYERSL-HIDDEN[-FFN]``, with explicit overrides.
+
+    Overriding ``hidden`` alone keeps BERT's proportions: FFN 4 x hidden and, when the
+    named shape's head count does not divide the new width, 64-wide heads.
+    """
+    base = _named_shape(name)
+    if layers is hidden is heads is ffn is None:
+        return base
+    new_hidden = base.hidden if hidden is None else hidden
+    if heads is None:
+        heads = base.heads if new_hidden % base.heads == 0 else max(1, new_hidden // 64)  # (a zero width fails below)
+    if ffn is None:
+        ffn = base.ffn if hidden is None else 4 * new_hidden
+    return Shape(base.layers if layers is None else layers, new_hidden, heads, ffn)
+
+
+def _named_shape(name: str) -> Shape:
     from compress.core.structure import parse_shape
     from teacher.presets import TEACHER_SHAPES
 

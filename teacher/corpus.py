@@ -44,27 +44,87 @@ _STAT_COUNTS = (
 # A sentence ends after . ! or ? followed by whitespace (lines of a block are joined first).
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _ENCODE_CHUNK = 10_000  # sentences per batch-encode call: bounds peak memory on big corpora
+HUB_PREFIX = "hf:"  # --corpus hf:wikitext:wikitext-103-raw-v1 reads a hub dataset's train split
 
 
 # ---------------------------------------------------------------------------- documents
 
 
 def read_documents(paths: str | Path | Iterable[str | Path]) -> list[list[str]]:
-    """Read text files into documents of sentences (the reference's input format, relaxed).
+    """Read text files or ``datasets`` corpora into documents of sentences (the reference's input format, relaxed).
 
     The reference wants one sentence per line and blank lines between documents. Here a
     block of lines between blank lines is a document; its lines are joined and split into
     sentences after ``.``, ``!`` or ``?`` followed by whitespace. WikiText headings
-    (`` = = Title = = ``) are skipped. A directory stands for all ``*.txt`` files under it.
+    (`` = = Title = = ``) are skipped. A directory stands for all ``*.txt`` files under it;
+    a ``datasets`` corpus (see :func:`is_dataset_source`) contributes each row of its text
+    column as a document (blank lines inside a row split it further).
     """
-    files = _text_files(paths)
+    sources = _sources(paths)
     documents: list[list[str]] = []
-    for path in files:
-        documents.extend(_split_documents(read_text_file(path)))
+    for source in sources:
+        text = load_dataset_text(source) if isinstance(source, str) else read_text_file(source)
+        documents.extend(_split_documents(text))
     if not documents:
-        names = ", ".join(str(p) for p in files[:3]) + (" ..." if len(files) > 3 else "")
+        names = ", ".join(str(p) for p in sources[:3]) + (" ..." if len(sources) > 3 else "")
         raise CompressError(f"no text found in {names}; pass a corpus with documents separated by blank lines")
     return documents
+
+
+def is_dataset_source(path: str | Path) -> bool:
+    """``hf:NAME[:CONFIG]`` (a hub dataset's train split) or a folder written by ``datasets``' ``save_to_disk``."""
+    if str(path).startswith(HUB_PREFIX):
+        return True
+    folder = Path(path)
+    return folder.is_dir() and any((folder / name).is_file() for name in ("dataset_dict.json", "state.json"))
+
+
+def load_dataset_text(source: str | Path) -> str:
+    """The text column of a ``datasets`` corpus, rows separated by blank lines (each row a document)."""
+    import datasets
+
+    text = str(source)
+    if text.startswith(HUB_PREFIX):
+        from compress.core.hub import hub_offline_mode, hub_reachable
+
+        name, _, config = text[len(HUB_PREFIX):].partition(":")
+        hint = "save it with datasets' save_to_disk on a connected machine and pass that folder, or pass text files"
+        if not hub_offline_mode() and not hub_reachable():
+            raise CompressError(f"cannot download corpus {name}: the Hugging Face hub is unreachable; {hint}")
+        try:
+            ds = datasets.load_dataset(name, config or None, split="train")
+        except Exception as err:  # datasets raises many types; the user needs one line
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CompressError(f"cannot load corpus {name} from the Hugging Face hub: {reason}; {hint}") from None
+    else:
+        ds = datasets.load_from_disk(text)
+        if isinstance(ds, datasets.DatasetDict):
+            if "train" not in ds:
+                raise CompressError(f"corpus {text} has splits {', '.join(ds)} and no 'train'; save the split to use")
+            ds = ds["train"]
+    strings = [name for name, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+    column = "text" if "text" in strings else (strings[0] if len(strings) == 1 else None)
+    if column is None:
+        raise CompressError(
+            f"corpus {text} has no 'text' column and no single string column (columns: {', '.join(ds.column_names)}); "
+            "rename the text column to 'text'"
+        )
+    return "\n\n".join(row for row in ds[column] if row)
+
+
+def _sources(paths: str | Path | Iterable[str | Path]) -> list[Path | str]:
+    """Text files (as paths) and ``datasets`` corpora (as strings), in the order given."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    sources: list[Path | str] = []
+    for path in paths:
+        if is_dataset_source(path):
+            sources.append(str(path))
+        else:
+            sources.extend(_text_files([path]))
+    if not sources:
+        raise CompressError("no corpus files given; pass at least one text file or folder")
+    return sources
 
 
 def _text_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:

@@ -34,12 +34,17 @@ def _pretrain_defaults() -> TrainConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    corpus: tuple[str, ...] = option((), "text files or folders of *.txt; documents separated by blank lines", metavar="PATH[,...]")
+    corpus: tuple[str, ...] = option(
+        (), "text files or folders of *.txt (documents separated by blank lines), datasets save_to_disk folders, "
+        "or hf:NAME[:CONFIG] (a hub dataset's train split; each row of its text column a document)", metavar="PATH[,...]")
     tokenizer: str | None = option(None, "reuse this tokenizer (model dir, tokenizer folder or vocab.txt) instead of training one", metavar="PATH")
     vocab_size: int = option(30522, "WordPiece vocabulary size when training one")
     lowercase: bool = option(True, "lower-case and strip accents (uncased BERT)")
     shape: str = option("4L-256", "model shape: 2L-128, 4L-256, 4L-512, 8L-512, base, large or LAYERSL-HIDDEN[-FFN]")
     heads: int | None = option(None, "attention heads (overrides the shape's)")
+    layers: int | None = option(None, "layers (overrides the shape's)")
+    hidden: int | None = option(None, "hidden width (overrides the shape's; FFN then defaults to 4x)")
+    ffn: int | None = option(None, "FFN width (overrides the shape's)")
     max_positions: int = option(512, "position embeddings (at least the phase-2 length)")
     phase1_length: int = option(128, "sequence length of phase 1")
     phase2_length: int = option(512, "sequence length of phase 2")
@@ -77,7 +82,7 @@ def phase_steps(total: int, phase1_fraction: float) -> tuple[int, int]:
     return first, total - first
 
 
-def _tokenizer(cfg: PretrainConfig, work: Path):
+def _tokenizer(cfg: PretrainConfig, work: Path, documents: list[list[str]]):
     """Reuse the given tokenizer, the one a previous (interrupted) run trained, or train one."""
     from teacher.create import load_any_tokenizer
     from teacher.tokenizer import train_wordpiece
@@ -89,9 +94,14 @@ def _tokenizer(cfg: PretrainConfig, work: Path):
     if (saved / "tokenizer.json").is_file():
         # WordPiece training breaks frequency ties in hash order: reuse, never retrain, on resume.
         return BertTokenizerFast.from_pretrained(saved, local_files_only=True)
-    from teacher.corpus import _text_files
+    from teacher.corpus import _text_files, is_dataset_source
 
-    tokenizer = train_wordpiece(_text_files(list(cfg.corpus)), cfg.vocab_size, lowercase=cfg.lowercase)
+    if any(is_dataset_source(c) for c in cfg.corpus):  # WordPiece trains on files: write the documents out once
+        files = [work / "corpus.txt"]
+        files[0].write_text("\n\n".join("\n".join(d) for d in documents) + "\n", encoding="utf-8")
+    else:
+        files = _text_files(list(cfg.corpus))
+    tokenizer = train_wordpiece(files, cfg.vocab_size, lowercase=cfg.lowercase)
     tokenizer.save_pretrained(saved)
     return tokenizer
 
@@ -100,12 +110,10 @@ def build_model(cfg: PretrainConfig, vocab_size: int, seed: int):
     import torch
     from transformers import BertForPreTraining
 
-    from compress.core.structure import Shape, make_config
+    from compress.core.structure import make_config
     from students.presets import resolve_shape
 
-    shape = resolve_shape(cfg.shape)
-    if cfg.heads:
-        shape = Shape(shape.layers, shape.hidden, cfg.heads, shape.ffn)
+    shape = resolve_shape(cfg.shape, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
     torch.manual_seed(seed)
     config = make_config(shape, vocab_size=vocab_size, max_positions=cfg.max_positions)
     config.architectures = ["BertForPreTraining"]
@@ -187,7 +195,7 @@ def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -
     documents = read_documents(list(cfg.corpus))  # bad input fails here, before anything is written
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
     with main_process_first():  # rank 0 trains (and saves) the vocabulary, the others load it
-        tokenizer = _tokenizer(cfg, work)
+        tokenizer = _tokenizer(cfg, work, documents)
     docs_ids = tokenize_documents(documents, tokenizer)
     n_tokens = sum(len(s) for d in docs_ids for s in d)
     seed = cfg.train.seed

@@ -20,6 +20,7 @@ from teacher.corpus import (
     build_instances,
     mask_tokens,
     masking_stats,
+    is_dataset_source,
     read_documents,
     tokenize_documents,
 )
@@ -434,3 +435,37 @@ def test_pipeline_feeds_bert_for_pretraining(tmp_path):
     model = BertForPreTraining(tiny_config(vocab_size=len(tok)))
     loss = model(**batch).loss
     assert torch.isfinite(loss) and loss.item() > 0
+
+
+# ---------------------------------------------------------------------------- datasets corpora
+
+
+def test_read_documents_from_a_saved_datasets_corpus(tmp_path):
+    import datasets
+
+    rows = ["First one. Second one!", "", "Other doc.\n\nA third doc? Yes.", " = Heading = "]
+    datasets.Dataset.from_dict({"id": list(range(4)), "text": rows}).save_to_disk(str(tmp_path / "flat"))
+    expected = [["First one.", "Second one!"], ["Other doc."], ["A third doc?", "Yes."]]
+    assert is_dataset_source(tmp_path / "flat") and not is_dataset_source(tmp_path)
+    assert read_documents(tmp_path / "flat") == expected  # each row a document; blank rows and headings dropped
+    # a DatasetDict contributes its train split; text files and datasets mix in order
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["Only row."]}),
+                          "test": datasets.Dataset.from_dict({"body": ["Never read."]})}).save_to_disk(str(tmp_path / "dd"))
+    (tmp_path / "a.txt").write_text("From a file.\n", encoding="utf-8")
+    assert read_documents([tmp_path / "a.txt", tmp_path / "dd", tmp_path / "flat"]) == [
+        ["From a file."], ["Only row."], *expected]
+
+
+def test_datasets_corpus_errors_are_one_line(tmp_path, monkeypatch):
+    import datasets
+
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"text": ["x."]})}).save_to_disk(str(tmp_path / "notrain"))
+    with pytest.raises(CompressError, match="has splits test and no 'train'"):
+        read_documents(tmp_path / "notrain")
+    datasets.Dataset.from_dict({"title": ["t"], "body": ["b."]}).save_to_disk(str(tmp_path / "two"))
+    with pytest.raises(CompressError, match=r"no 'text' column and no single string column \(columns: title, body\)"):
+        read_documents(tmp_path / "two")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CompressError, match="cannot load corpus wikitext from the Hugging Face hub") as err:
+        read_documents(["hf:wikitext:wikitext-2-raw-v1"])
+    assert "\n" not in str(err.value) and "save_to_disk" in str(err.value)

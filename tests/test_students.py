@@ -243,3 +243,38 @@ def test_init_student_errors(teacher):
         init_student(teacher, STUDENT, method="random", layers=[0, 1])
     with pytest.raises(CompressError, match="model directory"):
         init_student(teacher, STUDENT, method="pretrained")
+
+
+def test_explicit_shape_flags_override_the_preset():
+    from students.presets import resolve_shape
+
+    def dims(s):
+        return (s.layers, s.hidden, s.heads, s.ffn)
+
+    assert dims(resolve_shape("4L-312", layers=6)) == (6, 312, 12, 1200)  # the rest of TinyBERT's shape kept
+    assert dims(resolve_shape("4L-312", ffn=600)) == (4, 312, 12, 600)
+    # a new width: FFN 4x; 12 heads do not divide 256, so 64-wide heads
+    assert dims(resolve_shape("base", layers=4, hidden=256)) == (4, 256, 4, 1024)
+    assert dims(resolve_shape("6L-384", hidden=768)) == (6, 768, 12, 3072)  # 12 still divides 768
+    assert dims(resolve_shape("2L-128", hidden=96, heads=3, ffn=200)) == (2, 96, 3, 200)
+    assert resolve_shape("4L-312") is resolve_shape("4L-312")  # no override: the registered preset itself
+    with pytest.raises(CompressError, match="hidden size 100 is not divisible by 3 heads"):
+        resolve_shape("2L-128", hidden=100, heads=3)
+    with pytest.raises(CompressError, match="layers must be at least 1"):
+        resolve_shape("2L-128", layers=0)
+
+
+def test_pretrain_and_distill_configs_build_the_explicit_shape():
+    from compress.core.config import from_dict
+    from compress.distill import DistillConfig
+    from students.presets import resolve_shape
+    from teacher.pretrain import PretrainConfig, build_model
+
+    cfg = from_dict(PretrainConfig, {"corpus": ["x.txt"], "shape": "base", "layers": 2, "hidden": 64, "heads": 2})
+    model, shape = build_model(cfg, vocab_size=50, seed=0)
+    c = model.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == (2, 64, 2, 256)
+    d = from_dict(DistillConfig, {"task": "sst2", "student": "6L-384", "layers": 3, "ffn": 768})
+    assert (d.layers, d.ffn) == (3, 768)
+    s = resolve_shape(d.student, layers=d.layers, hidden=d.hidden, heads=d.heads, ffn=d.ffn)
+    assert (s.layers, s.hidden, s.heads, s.ffn) == (3, 384, 12, 768)

@@ -75,6 +75,22 @@ def test_pretrain_tiny_model(tmp_path):
     assert not (tmp_path / ".bert.work").exists()  # checkpoints are removed after success
 
 
+def test_pretrain_on_a_datasets_corpus_with_explicit_shape(tmp_path):
+    import datasets
+
+    text = _corpus(tmp_path / "corpus.txt").read_text(encoding="utf-8")
+    datasets.Dataset.from_dict({"text": text.split("\n\n")}).save_to_disk(str(tmp_path / "ds"))
+    cfg = _pretrain_cfg(tmp_path / "ds", shape="base", layers=1, hidden=32, heads=2, ffn=48, max_steps=4,
+                        phase1_fraction=1.0)
+    out = pretrain(tmp_path / "bert", cfg)
+    c = load_model(out).config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == (1, 32, 2, 48)
+    # the WordPiece vocabulary was trained on the dataset's rows (synthetic words, not a reused vocabulary)
+    vocab = load_tokenizer(out).get_vocab()
+    assert len(vocab) <= 120 and synthetic.examples(1, seed=0)[0][0].split()[0].lower() in vocab
+    assert not (tmp_path / ".bert.work").exists()
+
+
 def test_pretrain_resume_after_crash_matches_uninterrupted(tmp_path, monkeypatch):
     import teacher.pretrain as pt
 
