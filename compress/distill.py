@@ -472,7 +472,9 @@ def _teacher_outputs(kind, teacher_model, cache, batch, index, needs, hidden_pai
         logits = {}
         for name in names:
             values = cache.batch_outputs(index.tolist(), name).to(device)
-            logits[name] = values[:, :seq] if kind == SPAN else values
+            if kind == SPAN:  # (batch, longest cached) -> (batch, seq): cut, or pad when the batch is padded further
+                values = torch.nn.functional.pad(values[:, :seq], (0, max(0, seq - values.shape[1])), value=-1e4)
+            logits[name] = values
         result = Outputs(logits=logits)
         if "hidden" in needs:
             stacked = cache.batch_hidden(index.tolist(), seq).to(device)  # (layers, batch, seq, hidden)

@@ -148,11 +148,10 @@ def _compute(teacher, features, collator, outputs, layers, batch_size, device) -
         rows_ = results[name]
         if rows_[0].ndim == 0 or name == "logits":
             arrays[name] = np.stack(rows_).astype(np.float32)  # (n, C)
-        else:  # per-token outputs: pad to the longest example
-            width = max(len(r) for r in rows_)
-            padded = np.full((n, width), -1e4, dtype=np.float32)
+        else:  # per-token outputs (start/end logits): each row cut to its example's length, padded to the longest
+            padded = np.full((n, int(lengths.max())), -1e4, dtype=np.float32)
             for i, r in enumerate(rows_):
-                padded[i, : len(r)] = r[: lengths[i]] if len(r) >= lengths[i] else r
+                padded[i, : lengths[i]] = r[: lengths[i]]  # r is as long as its batch's longest example
             arrays[name] = padded
     hidden = offsets = None
     if layers:

@@ -3,11 +3,13 @@
 Sentences are built from templates; the label follows a rule a model has to learn
 rather than a single keyword: a review is positive when its adjective is positive,
 except that "not" / "never" flips it. Files are written in the GLUE SST-2 layout, so
-every command reads them with ``--task sst2 --data-dir DIR``.
+every command reads them with ``--task sst2 --data-dir DIR``. A reading-comprehension
+twin (:func:`write_squad`) asks for the adjective of one noun in a short review.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -84,3 +86,41 @@ def write_sst2_layout(
             lines = ["sentence\tlabel"] + [f"{text}\t{label}" for text, label in rows]
         (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return Path(root)
+
+
+def squad_paragraph(rng: random.Random, qid: str, no_answer: bool = False) -> dict:
+    """A review of two or three nouns and one question, ``which is good ?`` or ``which is bad ?``.
+
+    Exactly one adjective of the asked polarity is in the review, the others have the
+    opposite one, so the answer is that adjective: the model must read both the question
+    and the words. With ``no_answer`` every adjective has the opposite polarity (v2.0).
+    """
+    good = rng.random() < 0.5
+    asked, other = (POSITIVE, NEGATIVE) if good else (NEGATIVE, POSITIVE)
+    nouns = rng.sample(NOUNS, rng.choice((2, 3)))
+    target = None if no_answer else rng.randrange(len(nouns))
+    context, answers = "", []
+    for i, noun in enumerate(nouns):
+        lead = f"the {noun} is " + (rng.choice(INTENSIFIERS) + " " if rng.random() < 0.3 else "")
+        context += " " if context else ""
+        adj = rng.choice(asked if i == target else other)
+        if i == target:
+            answers.append({"text": adj, "answer_start": len(context) + len(lead)})  # character offset
+        context += lead + adj + " ."
+    question = f"which is {'good' if good else 'bad'} ?"
+    return {"context": context, "qas": [{"id": qid, "question": question, "answers": answers, "is_impossible": no_answer}]}
+
+
+def write_squad(path: Path, n: int, seed: int = 0, *, version: str = "1.1", no_answer_fraction: float = 0.0) -> Path:
+    """Write a SQuAD-format JSON file (``version`` 1.1 or 2.0) of ``n`` generated questions."""
+    rng = random.Random(seed)
+    paragraphs = [squad_paragraph(rng, f"q{seed}-{i}", no_answer=version != "1.1" and rng.random() < no_answer_fraction)
+                  for i in range(n)]
+    if version == "1.1":
+        for p in paragraphs:
+            del p["qas"][0]["is_impossible"]
+    doc = {"version": version if version == "1.1" else "v2.0", "data": [{"title": "reviews", "paragraphs": paragraphs}]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
