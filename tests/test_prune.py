@@ -108,6 +108,62 @@ def test_layer_gate_zero_skips_the_layer():
     assert layer_importance_gradient(make_tiny_model(num_hidden_layers=3), [batch]).shape == (3,)
 
 
+def test_entropy_scores_by_hand():
+    from compress.importance import head_importance_entropy
+
+    model = make_tiny_model(num_hidden_layers=2)
+    model.config._attn_implementation = "eager"  # attentions are returned
+    batch = _batch(3)
+    with torch.no_grad():
+        att = model(**{k: v for k, v in batch.items() if k != "labels"}, output_attentions=True).attentions
+    mask = batch["attention_mask"].bool()  # (batch, seq): padded query rows do not count
+    scores = head_importance_entropy(model, [batch])
+    for layer in range(2):
+        for head in range(4):
+            rows = att[layer][:, head][mask]  # (unpadded queries, seq) attention distributions
+            entropy = float(sum(-(p[p > 0] * p[p > 0].log()).sum() for p in rows) / len(rows))
+            assert float(scores[layer][head]) == pytest.approx(-entropy, rel=1e-5)  # spread-out heads score low
+
+
+def test_ffn_taylor_scores_by_hand():
+    from compress.importance import ffn_importance_taylor
+
+    model = make_tiny_model(num_hidden_layers=2).double()
+    model.eval()
+    batch = _batch(4)
+    acts = []
+    handles = [st.ffn_activation(layer).register_forward_hook(lambda _m, _i, out: acts.append(out))
+               for layer in st.encoder_layers(model)]
+    loss = model(**batch).loss
+    grads = torch.autograd.grad(loss, acts)  # dL/da for every activation, (batch, seq, ffn) per layer
+    for h in handles:
+        h.remove()
+    scores = ffn_importance_taylor(model, [batch])
+    for layer in range(2):
+        expected = (acts[layer] * grads[layer]).sum(dim=(0, 1)).abs()  # |sum over tokens of a_i dL/da_i|
+        assert torch.allclose(scores[layer].double(), expected, rtol=1e-6, atol=1e-12)
+
+
+def test_layer_gradients_equal_finite_differences():
+    from compress.importance import layer_gates
+
+    model = make_tiny_model(num_hidden_layers=3).double()
+    model.eval()
+    batch = _batch(5)
+    scores = layer_importance_gradient(model, [batch])
+
+    def loss_at(layer, value):
+        gates = torch.ones(3, dtype=torch.float64)
+        gates[layer] = value
+        with layer_gates(model, gates), torch.no_grad():
+            return float(model(**batch).loss)
+
+    eps = 1e-5
+    for layer in range(3):
+        numeric = (loss_at(layer, 1 + eps) - loss_at(layer, 1 - eps)) / (2 * eps)
+        assert float(scores[layer]) == pytest.approx(abs(numeric), rel=1e-4, abs=1e-9)
+
+
 # ---------------------------------------------------------------------------- choosing
 
 
@@ -227,6 +283,23 @@ def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
     stock = AutoModelForSequenceClassification.from_pretrained(out)
     batch = _batch(4, vocab=model.config.vocab_size)
     assert torch.allclose(_logits(model, batch), _logits(stock, batch), atol=1e-5)
+
+
+def test_iterative_heads_with_distillation_recovery_and_layer_importance(trained, tmp_path):
+    data, model_dir = trained
+    cfg = _prune_cfg(data, heads=0.5, iterations=2, recovery="distill", head_criterion="entropy",
+                     layers="importance:1", epochs=1, lr=1e-3)
+    out = prune(model_dir, tmp_path / "p", cfg)
+    model = load_model(out)
+    assert model.config.num_hidden_layers == 1 and sum(st.heads_per_layer(model)) == 2  # 4 heads left, halved
+    summary = next(r for r in read_metrics(out) if r["kind"] == "prune")
+    names = [s["step"] for s in summary["steps"]]
+    assert "heads 1/2" in names and "heads 2/2" in names and names[-1] == "recovered (distill)"
+    # each step removed half of the remaining target: 1 head, then 1 head
+    removed = [sum(len(v) for v in s["removed"].values()) for s in summary["steps"] if s["step"].startswith("heads ")]
+    assert removed == [1, 1]
+    assert summary["after_recovery"] is not None
+    assert "recovery:distill" in read_compression(out)["method"]
 
 
 def test_until_threshold(trained, tmp_path):
