@@ -389,7 +389,8 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     }
     training = {
         "kind": "training", "stage": "distill", "task": task.name, "seconds": round(seconds, 1),
-        "best_step": best_step, "n_train": n_train, "history": history, "cache": cache_info, "when": utc_now(),
+        "best_step": best_step, "n_train": n_train, "processes": result.processes, "history": history, "cache": cache_info,
+        "when": utc_now(),
     }
     record = compression_record(
         stage="distill", method="+".join(cfg.losses), config=cfg, parent=teacher_dir, seed=cfg.train.seed,
@@ -623,6 +624,7 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
         load_weights(wrapper, result.best_weights)
     training = {
         "kind": "training", "stage": "distill-general", "steps": result.steps, "seconds": round(result.seconds, 1),
+        "processes": result.processes,
         "sequences": len(train_set), "history": result.history, "best": result.best, "when": utc_now(),
     }
     record = compression_record(

@@ -101,7 +101,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     training = {
         "kind": "training", "stage": "finetune", "task": task.name, "steps": result.steps,
         "seconds": round(result.seconds, 1), "best_step": result.best_step, "n_train": n_train,
-        "history": result.history, "when": utc_now(),
+        "processes": result.processes, "history": result.history, "when": utc_now(),
     }
     record = compression_record(
         stage="finetune", method="finetune", config=cfg, parent=source, seed=cfg.train.seed,

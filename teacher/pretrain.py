@@ -129,17 +129,14 @@ def pretraining_loss(model, batch) -> tuple[Any, dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
-    from compress.core.structure import base_model, pretraining_heads
+    from compress.core.structure import PretrainingForward
 
-    mlm_head, nsp_head = pretraining_heads(model)
-    encoder = base_model(model)
-    out = encoder(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"])
+    # ``model``: the training wrapper (maybe inside DistributedDataParallel), or a bare BertForPreTraining
+    forward = model if isinstance(getattr(model, "module", model), PretrainingForward) else PretrainingForward(model)
     labels = batch["labels"]  # (batch, seq), -100 where nothing is predicted
-    selected = labels != -100
-    mlm_logits = mlm_head(out.last_hidden_state[selected])  # (n_selected, vocab)
-    mlm_targets = labels[selected]
+    mlm_logits, nsp_logits = forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], labels)
+    mlm_targets = labels[labels != -100]  # (n_selected,), in the order of mlm_logits' rows
     mlm_loss = F.cross_entropy(mlm_logits.float(), mlm_targets)
-    nsp_logits = nsp_head(out.pooler_output)  # (batch, 2)
     nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
     with torch.no_grad():
         logs = {
@@ -183,7 +180,7 @@ def heldout_evaluator(instances, collator, batch_size: int = 64):
 def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -> Path:
     """Pretrain a BERT on ``cfg.corpus`` and write it (with its tokenizer) to ``out``."""
     from compress.core.artifacts import check_output, compression_record, save_model_dir, utc_now
-    from compress.core.structure import count_parameters
+    from compress.core.structure import PretrainingForward, count_parameters
     from compress.core.train import Phase, is_main_process, main_process_first, prepare_work_dir, train_phases
     from eval.plots import plot_curves
     from teacher.corpus import PretrainCollator, build_instances, masking_stats, read_documents, tokenize_documents
@@ -228,13 +225,14 @@ def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -
     model, shape = build_model(cfg, len(tokenizer), seed)
     evaluate = heldout_evaluator(heldout, collator) if heldout else None
     result = train_phases(
-        model, phases, cfg.train, loss_fn=pretraining_loss, work_dir=work, evaluate=evaluate,
+        PretrainingForward(model), phases, cfg.train, loss_fn=pretraining_loss, work_dir=work, evaluate=evaluate,
         resume=cfg.resume, run_key=[len(documents), n_tokens, len(tokenizer), shape.label], desc="pretraining",
     )
     if not is_main_process():
         return out
     training = {
         "kind": "training", "stage": "pretrain", "steps": result.steps, "seconds": round(result.seconds, 1),
+        "processes": result.processes,
         "phases": [{"name": p.name, "steps": p.steps, "pairs": len(p.dataset)} for p in phases],
         "corpus": {"documents": len(documents), "tokens": n_tokens, "vocab_size": len(tokenizer)},
         "masking": stats, "history": result.history, "when": utc_now(),

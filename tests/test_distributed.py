@@ -24,10 +24,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(nproc: int, args: list[str], cwd: Path) -> None:
-    """Run ``compress`` under torchrun with ``nproc`` CPU processes."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}",
-           "-m", "compress.cli", *args]
+def _launch(nproc: int, args: list[str], cwd: Path, launcher: str = "torchrun") -> None:
+    """Run ``compress`` with ``nproc`` CPU processes under torchrun or ``accelerate launch``."""
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}"]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={nproc}",
+               "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", f"--main_process_port={_free_port()}"]
+    cmd += ["-m", "compress.cli", *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,6 +50,10 @@ def workspace(tmp_path_factory):
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_model(path).state_dict()
+
+
+def _processes(model_dir: Path) -> int:
+    return next(r for r in read_metrics(model_dir) if r["kind"] == "training")["processes"]
 
 
 def _close(a: Path, b: Path, atol: float) -> float:
@@ -83,4 +91,31 @@ def test_two_processes_match_one(workspace, command, losses, atol):
     one = [r for r in read_metrics(workspace / f"{name}-1") if r["kind"] == "eval"]
     two = [r for r in read_metrics(workspace / f"{name}-2") if r["kind"] == "eval"]
     assert len(one) == len(two) == 1  # only rank 0 evaluated and wrote
+    assert [_processes(workspace / f"{name}-{n}") for n in (1, 2)] == [1, 2]
     assert one[0]["metrics"]["accuracy"] == pytest.approx(two[0]["metrics"]["accuracy"], abs=2.0)
+
+
+def test_accelerate_launch_matches_one_process(workspace):
+    args = ["teacher", "finetune", "--model", "teacher", "--task", "sst2", "--data-dir", "data", "--epochs", "1",
+            "--batch-size", "16", "--lr", "1e-3", "--seed", "3", "--no-group-by-length", "--eval-every", "1000"]
+    _launch(1, [*args, "--out", "acc-1"], workspace)
+    _launch(2, [*args, "--out", "acc-2"], workspace, launcher="accelerate")
+    _close(workspace / "acc-1", workspace / "acc-2", atol=1e-5)
+    assert [_processes(workspace / f"acc-{n}") for n in (1, 2)] == [1, 2]
+
+
+def test_pretraining_across_two_processes(workspace):
+    """MLM masks and dropout are drawn per process, so no exact match: the 2-process run trains
+    the same number of optimizer steps at the same global batch, and its loss falls."""
+    corpus = workspace / "corpus.txt"
+    rows = synthetic.examples(360, seed=1)
+    corpus.write_text("\n\n".join("\n".join(t for t, _ in rows[i:i + 6]) for i in range(0, 360, 6)) + "\n")
+    args = ["teacher", "pretrain", "--corpus", "corpus.txt", "--vocab-size", "120", "--shape", "2L-32", "--heads", "2",
+            "--max-positions", "64", "--phase1-length", "32", "--phase2-length", "64", "--max-steps", "12",
+            "--batch-size", "16", "--lr", "2e-3", "--seed", "5", "--log-every", "2", "--eval-every", "6", "--out", "pt-2"]
+    _launch(2, args, workspace)
+    training = next(r for r in read_metrics(workspace / "pt-2") if r["kind"] == "training")
+    assert training["processes"] == 2 and training["steps"] == 12 and [p["steps"] for p in training["phases"]] == [11, 1]
+    losses = [h["loss"] for h in training["history"] if "loss" in h]
+    assert losses[-1] < losses[0]
+    assert type(load_model(workspace / "pt-2")).__name__ == "BertForPreTraining"

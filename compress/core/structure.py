@@ -85,6 +85,26 @@ def pretraining_heads(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return heads.predictions, heads.seq_relationship
 
 
+class PretrainingForward(nn.Module):
+    """A ``BertForPreTraining`` whose MLM head runs on the selected positions only.
+
+    ``forward(input_ids, token_type_ids, attention_mask, labels)`` -> (MLM logits
+    (n_selected, vocab), NSP logits (batch, 2)); ``labels`` is -100 where nothing is
+    predicted. (n_selected, vocab) instead of (batch, seq, vocab) is what lets a 30k
+    vocabulary fit. Training wraps this module, not the bare model, so that
+    ``DistributedDataParallel`` sees the whole computation inside its own forward.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, token_type_ids, attention_mask, labels):
+        mlm, nsp = pretraining_heads(self.model)
+        out = base_model(self.model)(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        return mlm(out.last_hidden_state[labels != -100]), nsp(out.pooler_output)
+
+
 def mlm_head(model: nn.Module) -> nn.Module:
     """The MLM head (transform + decoder tied to the word embeddings) of a pretraining or MLM model."""
     heads = getattr(model, "cls", None)

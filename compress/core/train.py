@@ -92,6 +92,7 @@ class TrainResult:
     steps: int = 0
     best_weights: Path | None = None  # safetensors file of the best evaluation, if any
     seconds: float = 0.0
+    processes: int = 1  # data-parallel processes the run was spread over
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -356,7 +357,7 @@ def train_phases(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
     )
     scheduler = linear_schedule(optimizer, warmup, total)
-    result = TrainResult()
+    result = TrainResult(processes=world)
     best_value: float | None = None
     step = 0
     if resume:
