@@ -256,7 +256,7 @@ def run_recipe(
     force: bool = False, say=print,
 ) -> Path:
     """Run ``recipe`` into ``run_dir``: skip unchanged stages, re-run changed ones and what follows."""
-    from compress.core.artifacts import write_json_atomic
+    from compress.core.artifacts import write_json_atomic, write_text_atomic
 
     run_dir = Path(run_dir).absolute()
     if not isinstance(recipe, Recipe):
@@ -298,9 +298,13 @@ def run_recipe(
         timed = next((s.config for s in recipe.stages if s.kind == "latency"), None)
         point = {"batch": timed.batch[0], "seq": timed.seq[0]} if timed else {}
         leaderboard(models, run_dir / "report", LeaderboardConfig(**point), overwrite=True)
-        for name in ("report.md", "report.html"):
-            if (run_dir / "report" / name).is_file():
-                shutil.copy2(run_dir / "report" / name, run_dir / name)
+        # A copy at the top of the run; the HTML inlines its images, the Markdown's links now point into report/.
+        if (run_dir / "report" / "report.html").is_file():
+            shutil.copy2(run_dir / "report" / "report.html", run_dir / "report.html")
+        text = (run_dir / "report" / "report.md").read_text(encoding="utf-8")
+        for image in (run_dir / "report").glob("*.png"):
+            text = text.replace(f"]({image.name})", f"](report/{image.name})")
+        write_text_atomic(run_dir / "report.md", text)
     return run_dir
 
 

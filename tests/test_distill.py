@@ -86,6 +86,20 @@ def test_teacher_cache_hits_and_invalidates(setting, tmp_path):
     assert info(third)["hit"] is False and info(third)["path"] != info(first)["path"]  # truncation changes the token ids
     assert len(list(cache.iterdir())) == 2
 
+    # the key is the teacher's content: a byte-identical copy hits, a teacher with one weight changed misses
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = shutil.copytree(teacher, tmp_path / "teacher-copy")
+    assert info(distill(copy, tmp_path / "d", _cfg(setting, epochs=1, cache_dir=str(cache))))["hit"] is True
+    weights = load_file(copy / "model.safetensors")
+    name = next(k for k in weights if k.endswith("classifier.bias"))
+    weights[name] = weights[name] + 0.5
+    save_file(weights, copy / "model.safetensors", metadata={"format": "pt"})
+    fifth = distill(copy, tmp_path / "e", _cfg(setting, epochs=1, cache_dir=str(cache)))
+    assert info(fifth)["hit"] is False and len(list(cache.iterdir())) == 3
+
 
 def test_cached_and_online_teacher_give_the_same_student(setting, tmp_path):
     import torch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -106,3 +107,16 @@ def test_committed_recipes_validate(tmp_path):
     assert [s.kind for s in demo.stages][:3] == ["pretrain", "finetune", "distill"]
     study = load_recipe(root / "bert-base-sst2.yaml", variables={"glue": str(tmp_path)})
     assert study.stages[0].inputs["model"] == "bert-base"
+
+
+def test_report_lands_at_the_top_of_the_run(inputs, tmp_path):
+    data, init = inputs
+    run = run_recipe({**_recipe(data, init), "report": True}, tmp_path / "run", say=lambda _: None)
+    report = (run / "report.md").read_text()
+    assert (run / "report.html").is_file() and (run / "report" / "report.md").is_file()
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    assert any(r.startswith("| teacher | finetune") for r in rows) and any(r.startswith("| student | distill") for r in rows)
+    # the latency column is read at the recipe's own latency point, and the image links resolve from the run's top
+    assert "latency at batch 1, seq 16" in report
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
+    assert images and all((run / link).is_file() for link in images)

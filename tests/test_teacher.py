@@ -113,7 +113,11 @@ def test_pretrain_resume_after_crash_matches_uninterrupted(tmp_path, monkeypatch
         pretrain(tmp_path / "run", _pretrain_cfg(corpus, tokenizer=str(ref_tok)))
     assert not (tmp_path / "run").exists()  # nothing published
     monkeypatch.setattr(pt, "pretraining_loss", real)
+    # every checkpoint file read on resume goes through torch.load(weights_only=True): no code can run
+    loads, real_load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: loads.append(kw.get("weights_only")) or real_load(*a, **kw))
     out = pretrain(tmp_path / "run", _pretrain_cfg(corpus, tokenizer=str(ref_tok), resume=True))
+    assert len(loads) >= 3 and all(w is True for w in loads)  # optimizer, scheduler, RNG states
     a, b = load_model(reference).state_dict(), load_model(out).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
