@@ -16,7 +16,11 @@
   ``torch.export`` (PT2E) graph with dynamic batch and sequence dimensions, int8
   weights folded in, saved with ``torch.export.save`` as ``model.pt2`` (format
   ``inc-pt2e``); the runtime compiles it with inductor freezing, without which it is
-  not faster than fp32.
+  not faster than fp32. Its ``qat`` scheme is quantization-aware training on the same
+  graph and the same x86 inductor int8 scheme (torchao's ``prepare_qat_pt2e``; INC 3.x
+  has no PT2E QAT of its own): fake-quantized weights and activations are trained for
+  ``qat_steps`` to match the fp32 parent's outputs on the task's training inputs
+  (logit matching, no labels needed), then converted like the static result.
 
 Embeddings stay fp32 in the torch and inc backends (ONNX Runtime's dynamic preset also
 quantizes the embedding Gathers), so a BERT-base shrinks about 2.4x there, not 4x.
@@ -46,7 +50,7 @@ from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.tasks import SPAN, Task, get_task
 
-SCHEMES = ("dynamic", "static")
+SCHEMES = ("dynamic", "static", "qat")
 PRESETS = ("auto", "avx512_vnni", "avx2", "arm64")
 CALIBRATION_BATCH = 8  # sequences per calibration forward pass
 CHECK_EXAMPLES = 16  # examples run through fp32 and int8 side by side
@@ -70,19 +74,19 @@ class QuantizeConfig:
     """How to quantize: backend and scheme, calibration, kernels preset, the accuracy guard."""
 
     backend: str = option("onnxruntime", "int8 backend: torch (PyTorch dynamic, Linear layers), onnxruntime (ONNX export + Optimum), inc (Neural Compressor 3.x static PT2E)")
-    scheme: str = option("dynamic", "dynamic (activation ranges per batch) or static (calibrated); torch: dynamic, onnxruntime: both, inc: static")
+    scheme: str = option("dynamic", "dynamic (activation ranges per batch), static (calibrated) or qat (quantization-aware training); torch: dynamic, onnxruntime: dynamic/static, inc: static/qat")
     task: str = option("", "task whose train split calibrates static ranges and whose dev split scores the result")
     calibration_examples: int = option(128, "training examples for static calibration (a seeded random sample)")
     preset: str = option("auto", "onnxruntime kernels: auto (from the CPU's flags), avx512_vnni, avx2, arm64")
     per_channel: bool = option(True, "one weight scale per output channel (else one per tensor)")
     max_drop: float | None = option(None, "refuse the result when the dev primary metric drops by more than this many points")
     seed: int = option(0, "seed for choosing the calibration examples")
+    qat_steps: int = option(200, "qat: optimizer steps of quantization-aware training (batches of 8 calibration examples)")
+    qat_lr: float = option(1e-5, "qat: AdamW learning rate")
     data: TaskData = field(default_factory=TaskData)
 
     def validate(self) -> None:
         backend = BACKENDS.get(self.backend)  # unknown names list the valid ones
-        if self.scheme == "qat":
-            raise CompressError("quantization-aware training (--scheme qat) is not supported; use dynamic or static post-training quantization")
         if self.scheme not in SCHEMES:
             raise CompressError(f"unknown --scheme {self.scheme!r}; valid: {', '.join(SCHEMES)}")
         if self.scheme not in backend.schemes:
@@ -90,8 +94,11 @@ class QuantizeConfig:
                 f"the {self.backend} backend does not do {self.scheme} quantization; "
                 f"it does {', '.join(backend.schemes)}"
             )
-        if self.scheme == "static" and not self.task:
-            raise CompressError("static quantization calibrates on a task's training examples; pass --task, e.g. --task sst2")
+        if self.scheme in ("static", "qat") and not self.task:
+            use = "to calibrate on" if self.scheme == "static" else "to train on"
+            raise CompressError(f"{self.scheme} quantization needs a task's training examples {use}; pass --task, e.g. --task sst2")
+        if self.qat_steps < 1 or self.qat_lr <= 0:
+            raise CompressError(f"--qat-steps must be at least 1 and --qat-lr positive, got {self.qat_steps} and {self.qat_lr}")
         if self.max_drop is not None and not self.task:
             raise CompressError("--max-drop compares dev scores; pass --task too")
         if self.task:
@@ -228,19 +235,62 @@ def _quantize_inc(job: Job) -> dict[str, Any]:
             exported = export(wrapper, example, dynamic_shapes=dynamic)
         except RuntimeError as err:
             raise CompressError(f"Neural Compressor could not export the model to a PT2E graph: {str(err).splitlines()[0]}") from None
-        qconfig = get_default_static_config()
-        prepared = prepare(exported, qconfig)
-        with torch.no_grad():
-            for inputs in job.calibration.tensors():
-                prepared(*inputs)  # observers record activation ranges
-        # INC's convert() does not pass fold_quantize on, which would leave fp32 weights
-        # behind q/dq nodes ("int8" stored in fp32); its own quantizer folds them to int8.
-        converted = W8A8PT2EQuantizer(qconfig).convert(prepared, fold_quantize=True)
+        if job.cfg.scheme == "qat":
+            converted, extra = _qat_pt2e(exported, wrapper, job)
+        else:
+            qconfig = get_default_static_config()
+            prepared = prepare(exported, qconfig)
+            with torch.no_grad():
+                for inputs in job.calibration.tensors():
+                    prepared(*inputs)  # observers record activation ranges
+            # INC's convert() does not pass fold_quantize on, which would leave fp32 weights
+            # behind q/dq nodes ("int8" stored in fp32); its own quantizer folds them to int8.
+            converted = W8A8PT2EQuantizer(qconfig).convert(prepared, fold_quantize=True)
+            extra = {"inc_config": qconfig.to_dict()}
         drop_unused_parameters(converted)
         program = torch.export.export(converted, example, dynamic_shapes=dynamic)
     torch.export.save(program, str(job.out / PT2_FILE))
     copy_sidecars(job.parent_dir, job.out)
-    return {"inc_config": qconfig.to_dict(), "outputs": list(OUTPUTS[job.head])}
+    return {**extra, "outputs": list(OUTPUTS[job.head])}
+
+
+def _qat_pt2e(exported, wrapper, job: Job) -> tuple[Any, dict[str, Any]]:
+    """Fake-quantize the exported graph, train it to match the fp32 outputs, convert to int8.
+
+    The loss is the mean squared error between the fake-quantized and the fp32 outputs
+    (every output of the head: logits, or start and end logits), averaged over outputs;
+    gradients pass the rounding by the straight-through estimator. The graph was
+    exported in eval mode, so no dropout is in it.
+    """
+    import itertools
+    import time
+
+    import torch
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config,
+    )
+
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=True))
+    prepared = prepare_qat_pt2e(exported, quantizer)
+    batches = list(job.calibration.tensors())
+    with torch.no_grad():
+        targets = [tuple(t.detach() for t in wrapper(*inputs)) for inputs in batches]  # fp32 parent's outputs
+    optimizer = torch.optim.AdamW(prepared.parameters(), lr=job.cfg.qat_lr, weight_decay=0.0)
+    torch.manual_seed(job.cfg.seed)
+    losses, started = [], time.monotonic()
+    for step, index in zip(range(job.cfg.qat_steps), itertools.cycle(range(len(batches)))):
+        outputs = prepared(*batches[index])
+        loss = sum(torch.nn.functional.mse_loss(o.float(), t.float()) for o, t in zip(outputs, targets[index])) / len(outputs)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    converted = convert_pt2e(prepared, fold_quantize=True)
+    first, last = sum(losses[:10]) / len(losses[:10]), sum(losses[-10:]) / len(losses[-10:])
+    return converted, {"qat": {"steps": job.cfg.qat_steps, "lr": job.cfg.qat_lr, "loss": "mse to fp32 outputs",
+                               "loss_first10": first, "loss_last10": last, "seconds": round(time.monotonic() - started, 1),
+                               "quantizer": "torchao X86InductorQuantizer (is_qat=True)"}}
 
 
 def drop_unused_parameters(graph_module) -> list[str]:
@@ -285,7 +335,7 @@ BACKENDS.register("onnxruntime", Backend(
     needs_torch=False, heads=("sequence-classification", "question-answering", "base", "masked-lm"),
 ))
 BACKENDS.register("inc", Backend(
-    ("static",), "inc-pt2e", ("torch", "neural-compressor-pt", "torchao"), _quantize_inc,
+    ("static", "qat"), "inc-pt2e", ("torch", "neural-compressor-pt", "torchao"), _quantize_inc,
     heads=("sequence-classification", "question-answering", "base", "masked-lm"),
 ))
 
@@ -472,7 +522,7 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
     max_positions = reference.config.max_position_embeddings
     max_length = cfg.data.resolved_max_length(task, max_positions) if task else None
     if task:
-        n = cfg.calibration_examples if cfg.scheme == "static" else CHECK_EXAMPLES
+        n = cfg.calibration_examples if cfg.scheme in ("static", "qat") else CHECK_EXAMPLES
         calibration = task_calibration(task, tokenizer, cfg, max_length, n)
     else:
         calibration = random_calibration(tokenizer, max_positions, cfg.seed)

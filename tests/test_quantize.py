@@ -25,6 +25,7 @@ from compress.core.artifacts import load_model, load_tokenizer, read_compression
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.structure import Shape, count_parameters, describe, prune_heads, resize_ffn
+from compress.core.tasks import get_task
 from compress.quantize import (
     BACKENDS, CHECK_EXAMPLES, OUTPUT_NAMES, QuantizeConfig, check_outputs, quantize, rejected_path, resolve_preset,
     task_calibration,
@@ -32,7 +33,7 @@ from compress.quantize import (
 from eval.latency import LatencyConfig, measure_latency, size_on_disk
 from tests.conftest import make_tiny_model, save_tiny
 
-CASES = [("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static")]
+CASES = [("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static"), ("inc", "qat")]
 NEEDS = {"onnxruntime": "optimum.onnxruntime", "inc": "neural_compressor.torch.quantization"}
 
 
@@ -57,7 +58,8 @@ def env(tmp_path_factory) -> SimpleNamespace:
 
 
 def config(env, backend: str, scheme: str, **changes) -> QuantizeConfig:
-    base = {"backend": backend, "scheme": scheme, "task": "sst2", "data_dir": str(env.data), "calibration_examples": 16}
+    base = {"backend": backend, "scheme": scheme, "task": "sst2", "data_dir": str(env.data), "calibration_examples": 16,
+            "qat_steps": 40, "qat_lr": 1e-4}
     return from_dict(QuantizeConfig, {**base, **changes})
 
 
@@ -339,6 +341,28 @@ def test_pt2_archives_with_pickles_are_refused(env, tmp_path):
         runtime.load_exported_program(tampered)
 
 
+def test_qat_trains_the_fake_quantized_graph_towards_fp32(env):
+    """QAT minimises the fake-quantized model's squared error to the fp32 outputs on the
+    training inputs: the error falls, and the converted int8 model stays close to fp32
+    on them (the graph, the weights and the int8 conversion all survive training)."""
+    qat = quantized_dir(env, "inc", "qat")
+    record = read_compression(qat)
+    assert record["scheme"] == "qat" and record["qat"]["steps"] == 40
+    assert record["qat"]["loss_last10"] < record["qat"]["loss_first10"]
+    calibration = task_calibration(get_task("sst2"), load_tokenizer(env.parent), config(env, "inc", "qat"), 64, 16)
+    parent, model = load_model(env.parent), load_model(qat)
+    with torch.inference_mode():
+        for batch in _named(calibration):
+            want, got = parent(**batch).logits, model(**batch).logits
+            assert (got - want).abs().max() <= 0.1 * want.abs().max()
+
+
+def _named(calibration):
+    from compress.core.runtime import INPUTS
+
+    return [dict(zip(INPUTS, inputs)) for inputs in calibration.tensors()]
+
+
 @pytest.mark.slow
 def test_inc_compiled_matches_eager(env):
     out = quantized_dir(env, "inc", "static")
@@ -354,10 +378,12 @@ def test_inc_compiled_matches_eager(env):
 @pytest.mark.parametrize("changes, match", [
     ({"backend": "tensorrt"}, "unknown quantization backend 'tensorrt'.*valid: inc, onnxruntime, torch"),
     ({"backend": "torch", "scheme": "static", "task": "sst2"}, "torch backend does not do static quantization; it does dynamic"),
-    ({"backend": "inc", "scheme": "dynamic"}, "inc backend does not do dynamic quantization; it does static"),
-    ({"scheme": "qat"}, "quantization-aware training .* not supported"),
-    ({"scheme": "weekly"}, "unknown --scheme 'weekly'; valid: dynamic, static"),
-    ({"scheme": "static"}, "static quantization calibrates .* pass --task"),
+    ({"backend": "inc", "scheme": "dynamic"}, "inc backend does not do dynamic quantization; it does static, qat"),
+    ({"scheme": "qat", "task": "sst2"}, "onnxruntime backend does not do qat quantization; it does dynamic, static"),
+    ({"backend": "inc", "scheme": "qat"}, "qat quantization needs a task's training examples to train on; pass --task"),
+    ({"backend": "inc", "scheme": "qat", "task": "sst2", "qat_steps": 0}, "--qat-steps must be at least 1"),
+    ({"scheme": "weekly"}, "unknown --scheme 'weekly'; valid: dynamic, static, qat"),
+    ({"scheme": "static"}, "static quantization needs a task's training examples to calibrate on; pass --task"),
     ({"max_drop": 1.0}, "--max-drop compares dev scores; pass --task"),
     ({"task": "sst9"}, "sst9"),
     ({"calibration_examples": 0}, "--calibration-examples must be at least 1"),
@@ -400,7 +426,7 @@ def latency(dirs, **changes) -> dict:
 def test_latency_auto_picks_each_directory_s_runtime(env):
     dirs = [env.parent] + [quantized_dir(env, *c) for c in CASES]
     report = latency(dirs)  # backend auto, the default
-    assert [r["backend"] for r in report["rows"]] == ["torch", "torch-int8", "onnxruntime-int8", "onnxruntime-int8", "inc-int8"]
+    assert [r["backend"] for r in report["rows"]] == ["torch", "torch-int8", "onnxruntime-int8", "onnxruntime-int8", "inc-int8", "inc-int8"]
     assert report["backend"] == "torch, torch-int8, onnxruntime-int8, inc-int8"
     params = {r["params"] for r in report["rows"]}
     assert len(params) == 1  # int8 rows report the fp32 architecture's parameter count
