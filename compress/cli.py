@@ -465,7 +465,7 @@ def _heads_run(args) -> int:
       --calibration-examples 256 --max-drop 0.5 --out models/sst2-int8-static
   compress quantize --model models/sst2 --backend torch --task sst2 --data-dir ~/glue_data --out models/sst2-torch-int8
   compress quantize --model models/sst2 --backend inc --scheme static --task sst2 --data-dir ~/glue_data --out models/inc
-  compress quantize --model models/sst2 --backend inc --scheme qat --task sst2 --data-dir ~/glue_data --qat-steps 300 \
+  compress quantize --model models/sst2 --backend inc --scheme qat --task sst2 --data-dir ~/glue_data --qat-steps 300 \\
       --calibration-examples 512 --out models/inc-qat     # quantization-aware training, same int8 graph
   compress eval --model models/sst2-int8 --task sst2 --data-dir ~/glue_data   # int8 directories evaluate like any other""",
 )
