@@ -285,7 +285,7 @@ def _qat_pt2e(exported, wrapper, job: Job) -> tuple[Any, dict[str, Any]]:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     converted = convert_pt2e(prepared, fold_quantize=True)
     first, last = sum(losses[:10]) / len(losses[:10]), sum(losses[-10:]) / len(losses[-10:])
     return converted, {"qat": {"steps": job.cfg.qat_steps, "lr": job.cfg.qat_lr, "loss": "mse to fp32 outputs",
