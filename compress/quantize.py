@@ -257,6 +257,8 @@ def _quantize_inc(job: Job) -> dict[str, Any]:
 def _qat_pt2e(exported, wrapper, job: Job) -> tuple[Any, dict[str, Any]]:
     """Fake-quantize the exported graph, train it to match the fp32 outputs, convert to int8.
 
+    The observers first see every training batch once (the static calibration), then
+    are frozen: moving ranges would coarsen the grid as batches vary and undo training.
     The loss is the mean squared error between the fake-quantized and the fp32 outputs
     (every output of the head: logits, or start and end logits), averaged over outputs;
     gradients pass the rounding by the straight-through estimator. The graph was
@@ -276,6 +278,11 @@ def _qat_pt2e(exported, wrapper, job: Job) -> tuple[Any, dict[str, Any]]:
     batches = list(job.calibration.tensors())
     with torch.no_grad():
         targets = [tuple(t.detach() for t in wrapper(*inputs)) for inputs in batches]  # fp32 parent's outputs
+        for inputs in batches:  # start from the static result: observers see every batch once ...
+            prepared(*inputs)
+    for module in prepared.modules():  # ... then the ranges stay fixed while the weights learn around them
+        if hasattr(module, "disable_observer"):
+            module.disable_observer()
     optimizer = torch.optim.AdamW(prepared.parameters(), lr=job.cfg.qat_lr, weight_decay=0.0)
     torch.manual_seed(job.cfg.seed)
     losses, started = [], time.monotonic()
