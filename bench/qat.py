@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tasks", default="sst2,mrpc")
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--examples", type=int, default=512, help="training examples QAT learns from (static: the same)")
     args = parser.parse_args(argv)
 
@@ -79,12 +79,12 @@ def main(argv=None) -> int:
         f"QAT trains the fake-quantized graph {args.steps} steps (AdamW lr {args.lr:g}, batches of 8 of the same examples) "
         "to match the fp32 parent's outputs, no labels. Dev sets complete, scored by the quantize stage.",
         "",
-        "| teacher | scheme | metric | fp32 | int8 | drop (points) | QAT loss first 10 -> last 10 steps | time |",
+        "| teacher | scheme | metric | fp32 | int8 | drop (points) | QAT loss before -> after training (all batches) | time |",
         "|---|---|---|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         a, q = r["accuracy"], r["qat"]
-        loss = f"{q['loss_first10']:.4f} -> {q['loss_last10']:.4f}" if q else "—"
+        loss = f"{q['loss_before']:.5f} -> {q['loss_after']:.5f}" if q else "—"
         took = f"{r['seconds'] / 60:.1f} min" if r["seconds"] else "reused"
         lines.append(f"| {r['task']} | {r['scheme']} | {a['metric']} | {a['parent']:.2f} | {a['quantized']:.2f} | {a['drop']:+.2f} | {loss} | {took} |")
     (args.out / "qat.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
