@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=float, default=0.5)
     parser.add_argument("--recovery-epochs", type=int, default=1)
     parser.add_argument("--skip-heads-analysis", action="store_true")
+    parser.add_argument("--redo-heads-analysis", action="store_true",
+                        help="re-run the head analysis even when --out already holds one (e.g. to re-time latency alone)")
     args = parser.parse_args(argv)
 
     import compress  # noqa: F401
@@ -54,8 +56,12 @@ def main(argv=None) -> int:
     summary = next(r for r in read_metrics(pruned) if r["kind"] == "prune")
     latency = measure_latency([teacher, pruned], LatencyConfig(batch=(1, 32), seq=(128,), repeats=30, warmup=5,
                                                                record=False, out=str(args.out / "prune-latency")))
-    heads = None
-    if not args.skip_heads_analysis:
+    heads = args.out / "heads-sst2-teacher"
+    if args.skip_heads_analysis:
+        heads = None
+    elif (heads / "summary.md").is_file() and not args.redo_heads_analysis:
+        print(f"reusing the head analysis in {heads}", flush=True)
+    else:
         from eval.heads import HeadsConfig, analyze_heads
 
         hcfg = from_dict(HeadsConfig, {"task": "sst2", "data_dir": str(args.data / "glue"), "max_examples": 256,
