@@ -23,7 +23,7 @@ SST2_TRAIN = 20000  # the headline benchmark's seeded SST-2 sample (same teacher
 
 
 def student_run(teacher: Path, out: Path, task: str, data: Path, *, student: str, init: str, losses: tuple[str, ...],
-                epochs: int, lr: float, cache_dir: Path, init_layers=(), seed: int = 42) -> dict:
+                epochs: int, lr: float, cache_dir: Path, init_layers=(), seed: int = 42, sst2_train: int = SST2_TRAIN) -> dict:
     from compress.core.artifacts import read_metrics
     from compress.core.config import from_dict
     from compress.distill import DistillConfig, distill
@@ -32,7 +32,7 @@ def student_run(teacher: Path, out: Path, task: str, data: Path, *, student: str
         cfg = from_dict(DistillConfig, {
             "task": task, "student": student, "init": init, "losses": list(losses), "init_layers": list(init_layers),
             "data_dir": str(data / "glue"), "max_length": GLUE_MAX_LENGTH[task], "epochs": epochs, "lr": lr,
-            "max_train_examples": SST2_TRAIN if task == "sst2" else None,
+            "max_train_examples": sst2_train if task == "sst2" else None,
             "batch_size": 32, "seed": seed, "cache_dir": str(cache_dir),
         })
         distill(teacher, out, cfg, overwrite=True)
@@ -41,7 +41,7 @@ def student_run(teacher: Path, out: Path, task: str, data: Path, *, student: str
     retention = next(r for r in results if r["kind"] == "retention")
     return {
         "model_dir": str(out), "task": task, "student": student, "init": init, "losses": list(losses), "epochs": epochs,
-        "lr": lr, "dev": next(r for r in results if r["kind"] == "eval")["metrics"], "retention": retention,
+        "lr": lr, "n_train": training["n_train"], "dev": next(r for r in results if r["kind"] == "eval")["metrics"], "retention": retention,
         "seconds": training["seconds"], "seconds_per_epoch": training["seconds"] / epochs, "cache": training["cache"],
     }
 
@@ -75,7 +75,10 @@ def main(argv=None) -> int:
     parser.add_argument("--models", type=Path, default=Path("runs/distill"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--general-minutes", type=float, default=20.0)
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: ablation,general,latency")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: students,general,ablation,latency")
+    parser.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
+    parser.add_argument("--ablation-sst2-train", type=int, default=SST2_TRAIN,
+                        help="SST-2 training sentences in the ablation (below 20,000 its KD row is trained afresh)")
     args = parser.parse_args(argv)
 
     import compress  # noqa: F401
@@ -96,7 +99,7 @@ def main(argv=None) -> int:
     def save():
         header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
                   "threads": torch.get_num_threads(), "packages": package_versions(),
-                  "command": "python -m bench.distill " + " ".join(sys.argv[1:])}
+                  "command": "python -m bench.distill " + " ".join(sys.argv[1:]), "note": args.note}
         write_json_atomic(partial, {"header": header, **results})
         (args.out / "distill.md").write_text(render(results, header), encoding="utf-8")
 
@@ -109,6 +112,8 @@ def main(argv=None) -> int:
         "4L-312 kd (random init)": ("student-4L-312", dict(student="4L-312", init="random", losses=("kd", "hard"), lr=3e-4, epochs=4)),
     }
     for name, (folder, spec) in runs.items():
+        if "students" in skip:
+            break
         print(f"== {name}", flush=True)
         out = args.teachers / folder if (args.teachers / folder / "config.json").is_file() else m / folder
         results["students"][name] = student_run(sst2_teacher, out, "sst2", args.data, cache_dir=cache, **spec)
@@ -132,18 +137,20 @@ def main(argv=None) -> int:
             epochs = 3 if task == "sst2" else 4
             for label, losses in (("hard labels only", ("hard",)), ("KD", ("kd", "hard")),
                                   ("KD + hidden + attention", ("kd", "hard", "hidden", "attention"))):
-                if task == "sst2" and losses == ("kd", "hard"):
-                    results["ablation"].setdefault(task, {})[label] = results["students"]["3L-384 kd (teacher layers 1,3,5)"]
+                reuse = results["students"].get("3L-384 kd (teacher layers 1,3,5)")
+                if task == "sst2" and losses == ("kd", "hard") and reuse and args.ablation_sst2_train == SST2_TRAIN:
+                    results["ablation"].setdefault(task, {})[label] = reuse
                     continue
                 print(f"== ablation {task}: {label}", flush=True)
-                out = m / f"ablation-{task}-{'-'.join(losses)}"
+                n = args.ablation_sst2_train
+                out = m / (f"ablation-{task}-{'-'.join(losses)}" + (f"-n{n}" if task == "sst2" and n != SST2_TRAIN else ""))
                 results["ablation"].setdefault(task, {})[label] = student_run(
                     teacher, out, task, args.data, student="3L-384", init="teacher-layers", init_layers=(1, 3, 5),
-                    losses=losses, epochs=epochs, lr=1e-4, cache_dir=cache)
+                    losses=losses, epochs=epochs, lr=1e-4, cache_dir=cache, sst2_train=n)
                 save()
 
     # 4. Latency: teacher and students, batch 1 and 32, sequence 128, one run.
-    if "latency" not in skip:
+    if "latency" not in skip and results["students"]:
         from eval.latency import LatencyConfig, measure_latency
 
         dirs = [sst2_teacher] + [Path(r["model_dir"]) for r in results["students"].values()]
@@ -161,16 +168,17 @@ def render(results: dict, header: dict) -> str:
         f"- date: {header['date']}; {header['cpu']}, {header['cores']} cores, {header['threads']} threads, no GPU",
         f"- torch {header['packages'].get('torch')}, transformers {header['packages'].get('transformers')}",
         f"- command: `{header['command']}`",
-        "- data: a seeded sample of 20,000 SST-2 training sentences (the headline benchmark's) and the full dev set (872), "
+        "- data: a seeded sample of SST-2 training sentences (20,000, the headline benchmark's, unless a table says "
+        "otherwise) and the full dev set (872), "
         "max length 64; MRPC train/dev in full, max length 128. Batch 32, "
         "AdamW with 10% warm-up and linear decay, best dev epoch kept. KD = soft-target KL at T=2 (x T²) mixed "
         "0.5/0.5 with the hard-label loss; intermediate = hidden-state MSE + attention-map MSE, uniform layer map.",
-        "",
-        "## Students",
-        "",
-        "| student | init | params | SST-2 dev acc | teacher | retention | s/epoch |",
-        "|---|---|--:|--:|--:|--:|--:|",
     ]
+    if header.get("note"):
+        lines.append(f"- {header['note']}")
+    if results["students"]:
+        lines += ["", "## Students", "", "| student | init | params | SST-2 dev acc | teacher | retention | s/epoch |",
+                  "|---|---|--:|--:|--:|--:|--:|"]
     params = {Path(row["model"]).name: row["params"] for row in (results.get("latency") or {}).get("rows", [])}
     for name, r in results["students"].items():
         ret, p = r["retention"], params.get(Path(r["model_dir"]).name)
@@ -185,11 +193,13 @@ def render(results: dict, header: dict) -> str:
                   f"{g['steps']} steps of 64 x 128 tokens on the text corpora, {g['seconds'] / 60:.0f} min): held-out "
                   f"loss {g['heldout_first']:.3f} -> {g['heldout_last']:.3f}."]
     if results.get("ablation"):
-        lines += ["", "## Ablation (3L-384 from teacher layers 1,3,5)", "", "| task | losses | dev metric | retention | s/epoch |", "|---|---|--:|--:|--:|"]
+        lines += ["", "## Ablation (3L-384 from teacher layers 1,3,5)", "",
+                  "| task | losses | train examples | epochs | dev metric | teacher | retention | s/epoch |", "|---|---|--:|--:|--:|--:|--:|--:|"]
         for task, rows in results["ablation"].items():
             for label, r in rows.items():
-                metric = r["retention"]["metric"]
-                lines.append(f"| {task} | {label} | {metric} {r['dev'][metric]:.2f} | {100 * r['retention']['ratio']:.1f}% | {r['seconds_per_epoch']:.0f} |")
+                metric, ret = r["retention"]["metric"], r["retention"]
+                lines.append(f"| {task} | {label} | {r.get('n_train', '—')} | {r['epochs']} | {metric} {r['dev'][metric]:.2f} | "
+                             f"{ret['teacher']:.2f} | {100 * ret['ratio']:.1f}% | {r['seconds_per_epoch']:.0f} |")
         sst2 = results["ablation"].get("sst2", {})
         if "hard labels only" in sst2 and "KD" in sst2:
             plain, kd = sst2["hard labels only"]["seconds_per_epoch"], sst2["KD"]["seconds_per_epoch"]
