@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--phase2-batch-size", type=int, default=16, help="same tokens per step at 4x the length")
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
     args = parser.parse_args(argv)
 
     import compress  # noqa: F401
@@ -84,7 +86,8 @@ def main(argv=None) -> int:
     heldout = [h for h in training["history"] if "eval" in h]
     header = {
         "date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
-        "threads": torch.get_num_threads(), "packages": package_versions(),
+        "threads": torch.get_num_threads(), "packages": package_versions(), "note": args.note,
+        "command": "python -m bench.pretrain " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     write_json_atomic(args.out / "pretrain.json", {"header": header, "config": json.loads(json.dumps(cfg, default=lambda o: o.__dict__)),
                                                    "training": training, "probe_seconds_per_step": per_step})
@@ -101,6 +104,8 @@ def render(training, heldout, header, cfg, per_step) -> str:
         "# Pretraining a small BERT from scratch (MLM + NSP) on CPU",
         "",
         f"- date: {header['date']}; {header['cpu']}, {header['cores']} cores, {header['threads']} threads; no GPU",
+        *([f"- command: `{header['command']}`"] if header.get("command") else []),
+        *([f"- {header['note']}"] if header.get("note") else []),
         f"- torch {header['packages'].get('torch')}, transformers {header['packages'].get('transformers')}, "
         f"tokenizers {header['packages'].get('tokenizers')}",
         f"- corpus: WikiText-2 raw valid+test, Tiny Shakespeare, 16 Gutenberg books: {training['corpus']['documents']} "
