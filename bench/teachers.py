@@ -45,13 +45,13 @@ def split_squad_dev(dev_file: Path, out: Path, n_train_articles: int = 36) -> tu
     return out / "train-v1.1.json", out / "dev-v1.1.json"
 
 
-def run_task(task: str, data: Path, models: Path, *, max_train: int | None, overwrite: bool) -> dict:
+def run_task(task: str, data: Path, models: Path, *, max_train: int | None, overwrite: bool, epochs: int | None = None) -> dict:
     from compress.core.artifacts import read_compression, read_metrics
     from compress.core.data import TaskData
     from compress.core.train import TrainConfig
     from teacher.finetune import FinetuneConfig, finetune
 
-    recipe = RECIPES[task]
+    recipe = {**RECIPES[task], **({"epochs": epochs} if epochs else {})}
     train = TrainConfig(batch_size=32, warmup_ratio=0.1, seed=42, **recipe)
     out = models / f"teacher-{task}"
     if task == "squad":
@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--max-train", type=int, default=None, help="subsample training sets (reported)")
     parser.add_argument("--overwrite", action="store_true", help="re-train models that already exist")
+    parser.add_argument("--squad-epochs", type=int, default=None, help="SQuAD epochs instead of the recipe's 2 (reported)")
     args = parser.parse_args(argv)
 
     import compress  # noqa: F401  (quiet logging)
@@ -138,7 +139,8 @@ def main(argv=None) -> int:
     rows = json.loads(previous.read_text())["rows"] if previous.is_file() else []
     for task in args.tasks.split(","):
         print(f"== {task}", flush=True)
-        row = run_task(task, args.data, args.models, max_train=args.max_train, overwrite=args.overwrite)
+        row = run_task(task, args.data, args.models, max_train=args.max_train, overwrite=args.overwrite,
+                       epochs=args.squad_epochs if task == "squad" else None)
         rows = [r for r in rows if r["task"] != task] + [row]
         rows.sort(key=lambda r: TASKS.index(r["task"]) if r["task"] in TASKS else 99)
         header = {
