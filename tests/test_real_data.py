@@ -79,3 +79,17 @@ def test_squad_dev_v11(data_root):
     assert len(ds) == 10570
     assert len(set(ds["title"])) == 48
     assert all(len(a["text"]) >= 1 for a in ds["answers"])
+
+
+def test_demo_data_dir_prepares_real_sst2(data_root, tmp_path):
+    """`compress demo --data-dir`: the recipe points at the real task and pretrains on its training sentences."""
+    from compress.demo import prepare_data
+    from teacher.corpus import read_documents
+
+    _, variables = prepare_data(tmp_path, data_root / "glue", seed=0)
+    assert variables["data_dir"] == str((data_root / "glue").absolute())
+    assert variables["train_examples"] == "4000" and variables["vocab_size"] == "4000"
+    docs = read_documents(tmp_path / "data" / "corpus.txt")
+    assert len(docs) == 2500  # the first 20,000 SST-2 training sentences, 8 per document
+    first = load_split(get_task("sst2"), "train", DataSource(data_dir=str(data_root / "glue")))["sentence"][0]
+    assert docs[0][0].startswith(first.strip()[:20])
