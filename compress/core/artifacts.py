@@ -57,28 +57,18 @@ def utc_now() -> str:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temporary file in the same directory and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=_json_default)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write text via a temporary file in the same directory and ``os.replace``."""
+    """Write text via a temporary file in the same directory, flushed to disk, then ``os.replace``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
