@@ -21,15 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-SST2_TRAIN = 20000
-TEACHER_TASKS = ("sst2", "mrpc", "stsb", "cola", "rte")
-TEACHER_RECIPE = {
-    "sst2": {"epochs": 2, "lr": 5e-5},
-    "mrpc": {"epochs": 4, "lr": 5e-5},
-    "stsb": {"epochs": 4, "lr": 5e-5},
-    "cola": {"epochs": 4, "lr": 5e-5},
-    "rte": {"epochs": 4, "lr": 5e-5},
-}
+from bench.headline import build_results, write_results
+from bench.teachers import SST2_TRAIN, TEACHER_RECIPE, TEACHER_TASKS, minilm_path
+from compress.pipeline import run_recipe
 
 
 def recipe(minilm: Path, glue: Path) -> dict:
@@ -72,12 +66,6 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="results (default: bench/results/<date>)")
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)
-
-    import compress  # noqa: F401
-
-    from bench.headline import build_results, write_results
-    from bench.teachers import minilm_path
-    from compress.pipeline import run_recipe
 
     started = time.monotonic()
     out = args.out or Path("bench/results") / dt.date.today().isoformat()

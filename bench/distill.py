@@ -18,16 +18,21 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
+from bench.pretrain import corpus_paths
+from bench.teachers import SST2_TRAIN, minilm_path
+from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.config import from_dict
+from compress.core.hardware import cpu_info, package_versions
+from compress.distill import DistillConfig, GeneralDistillConfig, distill, distill_general
+from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
+
 GLUE_MAX_LENGTH = {"sst2": 64, "mrpc": 128}
-SST2_TRAIN = 20000  # the headline benchmark's seeded SST-2 sample (same teacher, same students)
 
 
 def student_run(teacher: Path, out: Path, task: str, data: Path, *, student: str, init: str, losses: tuple[str, ...],
                 epochs: int, lr: float, cache_dir: Path, init_layers=(), seed: int = 42, sst2_train: int = SST2_TRAIN) -> dict:
-    from compress.core.artifacts import read_metrics
-    from compress.core.config import from_dict
-    from compress.distill import DistillConfig, distill
-
     if not (out / "config.json").is_file():
         cfg = from_dict(DistillConfig, {
             "task": task, "student": student, "init": init, "losses": list(losses), "init_layers": list(init_layers),
@@ -47,11 +52,6 @@ def student_run(teacher: Path, out: Path, task: str, data: Path, *, student: str
 
 
 def general_run(teacher: Path, out: Path, data: Path, minutes: float, cache_seconds_per_step: float | None = None) -> dict:
-    from compress.core.artifacts import read_metrics
-    from compress.core.config import from_dict
-    from compress.distill import GeneralDistillConfig, distill_general
-    from bench.pretrain import corpus_paths
-
     if not (out / "config.json").is_file():
         # ~2.4 s/step measured for 4L-312 with the 6L-384 teacher online at 64 x 128 tokens.
         steps = max(50, int(minutes * 60 / (cache_seconds_per_step or 2.4)))
@@ -80,13 +80,6 @@ def main(argv=None) -> int:
     parser.add_argument("--ablation-sst2-train", type=int, default=SST2_TRAIN,
                         help="SST-2 training sentences in the ablation (below 20,000 its KD row is trained afresh)")
     args = parser.parse_args(argv)
-
-    import compress  # noqa: F401
-    import torch
-
-    from compress.core.artifacts import utc_now, write_json_atomic
-    from compress.core.hardware import cpu_info, package_versions
-    from bench.teachers import minilm_path
 
     skip = set(filter(None, args.skip.split(",")))
     args.models.mkdir(parents=True, exist_ok=True)
@@ -151,8 +144,6 @@ def main(argv=None) -> int:
 
     # 4. Latency: teacher and students, batch 1 and 32, sequence 128, one run.
     if "latency" not in skip and results["students"]:
-        from eval.latency import LatencyConfig, measure_latency
-
         dirs = [sst2_teacher] + [Path(r["model_dir"]) for r in results["students"].values()]
         results["latency"] = measure_latency(dirs, LatencyConfig(batch=(1, 32), seq=(128,), repeats=30, warmup=5,
                                                                 record=False, out=str(args.out / "distill-latency")))
@@ -208,8 +199,6 @@ def render(results: dict, header: dict) -> str:
                       "dev evaluation included in both). The teacher's one pass over the training set to fill the cache "
                       "is paid once and reused by every later run with the same teacher and data."]
     if results.get("latency"):
-        from eval.latency import format_markdown
-
         lines += ["", "## Latency (one run, each model in its own process)", "", format_markdown(results["latency"])]
     return "\n".join(lines) + "\n"
 

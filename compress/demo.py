@@ -13,8 +13,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from compress.core import synthetic
 from compress.core.artifacts import check_output
+from compress.core.data import DataSource, load_split
 from compress.core.errors import CompressError
+from compress.core.tasks import get_task
+from compress.pipeline import run_recipe
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo.yaml"
 
@@ -28,10 +32,6 @@ def _write_corpus(path: Path, sentences: list[str], per_document: int = 8) -> Pa
 
 def prepare_data(out: Path, data_dir: str | Path | None, seed: int) -> tuple[Path, dict[str, str]]:
     """Task data and pretraining corpus for the demo; returns the task folder and recipe variables."""
-    from compress.core import synthetic
-    from compress.core.data import DataSource, load_split
-    from compress.core.tasks import get_task
-
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     if data_dir is None:
@@ -48,8 +48,6 @@ def prepare_data(out: Path, data_dir: str | Path | None, seed: int) -> tuple[Pat
 
 def run_demo(out: str | Path, *, overwrite: bool = False, seed: int = 0, data_dir: str | Path | None = None, say=print) -> Path:
     """Run the demo into the run directory ``out``; return the report's path."""
-    from compress.pipeline import run_recipe
-
     if not RECIPE.is_file():
         raise CompressError(f"the demo recipe {RECIPE} is missing; reinstall compress from its repository")
     out = Path(out).absolute()

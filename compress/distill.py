@@ -29,22 +29,55 @@ DistilBERT's MLM + KD + cosine when the teacher has an MLM head).
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from compress import losses as L
+from compress.core.artifacts import (
+    check_output,
+    compression_record,
+    dir_hash,
+    load_tokenizer,
+    read_metrics,
+    require_torch_weights,
+    save_model_dir,
+    saved_head,
+    utc_now,
+)
 from compress.core.config import option
-from compress.core.data import TaskData
+from compress.core.data import TaskData, collate, load_task_data
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.tasks import REGRESSION, SPAN, get_task
-from compress.core.train import TrainConfig
+from compress.core.runtime import load_model
+from compress.core.structure import Shape, base_model, capture, count_parameters, encoder_layers, mlm_head, value_projection
+from compress.core.tasks import TaskKind, get_task
+from compress.core.train import (
+    Phase,
+    TrainConfig,
+    TrainResult,
+    is_main_process,
+    load_weights,
+    main_process_first,
+    prepare_work_dir,
+    train_phases,
+    work_dir_for,
+)
+from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records
+from compress.students.init import init_student
+from compress.students.layer_map import parse_layer_map
+from compress.students.presets import resolve_shape
+from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
+from compress.teacher.presets import resolve_model
+from compress.teacher_cache import load_or_build
 
 PREDICTION_TERMS = ("kd", "hard")
 MLM = "mlm"  # the kind of a general-distillation batch with masked-LM targets
+ENCODER = "encoder"  # the kind of a general-distillation batch without targets (MiniLM-style terms)
+Kind = TaskKind | str  # what a batch is: the task's TaskKind, or MLM / ENCODER in general distillation
 INTERMEDIATE_TERMS = ("hidden", "embedding", "attention", "cosine", "minilm")
 
 
@@ -115,7 +148,7 @@ class DistillConfig:
 class Outputs:
     """What a forward pass produced, for the loss terms."""
 
-    logits: dict[str, torch.Tensor] = field(default_factory=dict)  # logits | start_logits, end_logits
+    logits: dict[str, torch.Tensor] = field(default_factory=dict)  # the kind's outputs: logits | start_logits, end_logits
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # hidden-state index -> (batch, seq, d)
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # layer (1-based) -> (batch, heads, seq, seq)
     values: torch.Tensor | None = None  # last layer's value projection (batch, seq, heads*d)
@@ -125,14 +158,14 @@ class Outputs:
 class Step:
     """Everything one loss term may read for one batch."""
 
-    kind: str  # CLASSIFICATION, REGRESSION or SPAN
+    kind: Kind
     student: Outputs
     teacher: Outputs
     batch: dict[str, torch.Tensor]
     mask: torch.Tensor  # (batch, seq) 1 for real tokens
     pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
     projections: nn.ModuleDict
-    cfg: DistillConfig
+    loss: LossWeights  # the terms read the temperature and relation heads; the weights are applied by the caller
 
 
 @dataclass(frozen=True)
@@ -144,67 +177,92 @@ class Term:
 
 TERMS: Registry[Term] = Registry("distillation loss")
 
-
-def _kd(step: Step) -> torch.Tensor:
-    from compress import losses as L
-
-    s, t, T = step.student.logits, step.teacher.logits, step.cfg.loss.temperature
-    if step.kind == SPAN:
-        return L.span_kd(s["start_logits"], s["end_logits"], t["start_logits"], t["end_logits"], step.mask, temperature=T)
-    if step.kind == REGRESSION:
-        return L.logits_mse(s["logits"], t["logits"])
-    return L.soft_target_kl(s["logits"], t["logits"], temperature=T)
+# The kd term's loss, by name: (student outputs, teacher outputs, mask (batch, seq), temperature) -> scalar.
+SOFT_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("soft-target loss")
+# The hard term's loss, by name: (student outputs, batch with the gold targets) -> scalar.
+HARD_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("hard-target loss")
 
 
-def _hard(step: Step) -> torch.Tensor:
-    from compress import losses as L
+@SOFT_LOSSES.register("kl")
+def _soft_kl(s, t, mask, temperature: float) -> torch.Tensor:
+    return L.soft_target_kl(s["logits"], t["logits"], temperature=temperature)
 
-    s, batch = step.student.logits, step.batch
-    if step.kind == MLM:
-        return L.hard_label_ce(s["logits"], batch["labels"][batch["labels"] != -100])  # masked-LM loss
-    if step.kind == SPAN:
-        return (L.hard_label_ce(s["start_logits"], batch["start_positions"]) + L.hard_label_ce(s["end_logits"], batch["end_positions"])) / 2
-    if step.kind == REGRESSION:
-        return torch.nn.functional.mse_loss(s["logits"].squeeze(-1), batch["labels"].to(s["logits"].dtype))
+
+@SOFT_LOSSES.register("span_kl")
+def _soft_span_kl(s, t, mask, temperature: float) -> torch.Tensor:
+    # Start and end logits are (batch, seq): padded positions leave both softmaxes.
+    return L.span_kd(s["start_logits"], s["end_logits"], t["start_logits"], t["end_logits"], mask, temperature=temperature)
+
+
+@SOFT_LOSSES.register("mse")
+def _soft_mse(s, t, mask, temperature: float) -> torch.Tensor:
+    return L.logits_mse(s["logits"], t["logits"])  # a score has no temperature
+
+
+@HARD_LOSSES.register("cross_entropy")
+def _hard_ce(s, batch) -> torch.Tensor:
     return L.hard_label_ce(s["logits"], batch["labels"])
 
 
-def _hidden(step: Step) -> torch.Tensor:
-    from compress import losses as L
+@HARD_LOSSES.register("mse")
+def _hard_mse(s, batch) -> torch.Tensor:
+    return L.hard_label_mse(s["logits"], batch["labels"])
 
+
+@HARD_LOSSES.register("span_cross_entropy")
+def _hard_span_ce(s, batch) -> torch.Tensor:
+    start = L.hard_label_ce(s["start_logits"], batch["start_positions"])
+    return (start + L.hard_label_ce(s["end_logits"], batch["end_positions"])) / 2
+
+
+@HARD_LOSSES.register("mlm_cross_entropy")
+def _hard_mlm_ce(s, batch) -> torch.Tensor:
+    # MLM logits exist only at the selected positions: (n_selected, vocab) against their labels.
+    return L.mlm_ce(s["logits"], batch["labels"][batch["labels"] != -100])
+
+
+def _loss_names(kind: Kind) -> tuple[str, str]:
+    """(soft, hard) loss names for a batch of ``kind``, keys of SOFT_LOSSES and HARD_LOSSES."""
+    if kind == MLM:  # general distillation: KL over the vocabulary, masked-LM targets
+        return "kl", "mlm_cross_entropy"
+    return kind.soft_loss, kind.hard_loss
+
+
+def _kd(step: Step) -> torch.Tensor:
+    soft = SOFT_LOSSES.get(_loss_names(step.kind)[0])
+    return soft(step.student.logits, step.teacher.logits, step.mask, step.loss.temperature)
+
+
+def _hard(step: Step) -> torch.Tensor:
+    return HARD_LOSSES.get(_loss_names(step.kind)[1])(step.student.logits, step.batch)
+
+
+def _hidden(step: Step) -> torch.Tensor:
     pairs = [(si, ti) for si, ti in step.pairs if si > 0]
     proj = step.projections["hidden"] if "hidden" in step.projections else None
     return sum(L.hidden_mse(step.student.hidden[si], step.teacher.hidden[ti], step.mask, proj) for si, ti in pairs) / len(pairs)
 
 
 def _embedding(step: Step) -> torch.Tensor:
-    from compress import losses as L
-
     proj = step.projections["embedding"] if "embedding" in step.projections else None
     return L.embedding_mse(step.student.hidden[0], step.teacher.hidden[0], step.mask, proj)
 
 
 def _attention(step: Step) -> torch.Tensor:
-    from compress import losses as L
-
     pairs = [(si, ti) for si, ti in step.pairs if si > 0]
     return sum(L.attention_mse(step.student.attentions[si], step.teacher.attentions[ti], step.mask) for si, ti in pairs) / len(pairs)
 
 
 def _cosine(step: Step) -> torch.Tensor:
-    from compress import losses as L
-
     s_last, t_last = max(step.student.hidden), max(step.teacher.hidden)
     proj = step.projections["hidden"] if "hidden" in step.projections else None
     return L.cosine_hidden(step.student.hidden[s_last], step.teacher.hidden[t_last], step.mask, proj)
 
 
 def _minilm(step: Step) -> torch.Tensor:
-    from compress import losses as L
-
     s_last, t_last = max(step.student.attentions), max(step.teacher.attentions)
     attention = L.attention_kl(step.student.attentions[s_last], step.teacher.attentions[t_last], step.mask)
-    relation = L.value_relation_kl(step.student.values, step.teacher.values, step.mask, relation_heads=step.cfg.loss.relation_heads)
+    relation = L.value_relation_kl(step.student.values, step.teacher.values, step.mask, relation_heads=step.loss.relation_heads)
     return attention + relation
 
 
@@ -225,32 +283,30 @@ def needs_of(terms: tuple[str, ...]) -> set[str]:
 # ---------------------------------------------------------------------------- forward passes
 
 
-def run_model(model, batch: dict[str, torch.Tensor], needs: set[str], hidden_index: set[int], kind: str) -> Outputs:
+def run_model(model, batch: dict[str, torch.Tensor], needs: set[str], hidden_index: set[int], kind: Kind) -> Outputs:
     """Forward pass returning the outputs the loss terms need (hooks only while it runs)."""
-    from compress.core.structure import base_model, capture, encoder_layers, mlm_head, value_projection
-
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
     watch = {"values": value_projection(model, len(encoder_layers(model)) - 1)} if "values" in needs else {}
     flags = {"output_hidden_states": "hidden" in needs, "output_attentions": "attentions" in needs}
     with capture(watch) as seen:
-        if kind == MLM:
-            out = base_model(model)(**inputs, **flags)
-        else:
-            out = model(**inputs, **flags)
-    result = Outputs(values=seen.get("values"))
-    if kind == MLM:
-        # MLM logits only where a token was selected: (n_selected, vocab), not (batch, seq, vocab).
-        selected = batch["labels"] != -100
-        result.logits = {"logits": mlm_head(model)(out.last_hidden_state[selected])}
-    elif kind == SPAN:
-        result.logits = {"start_logits": out.start_logits, "end_logits": out.end_logits}
-    elif getattr(out, "logits", None) is not None:
-        result.logits = {"logits": out.logits}
+        out = (base_model(model) if kind == MLM else model)(**inputs, **flags)  # MLM: the head runs below
+    result = Outputs(logits=_prediction_logits(model, out, batch, kind), values=seen.get("values"))
     if "hidden" in needs:
         result.hidden = {i: out.hidden_states[i] for i in hidden_index}
     if "attentions" in needs:
         result.attentions = {i + 1: a for i, a in enumerate(out.attentions)}
     return result
+
+
+def _prediction_logits(model, out, batch: dict[str, torch.Tensor], kind: Kind) -> dict[str, torch.Tensor]:
+    """The outputs the kd/hard terms read: the kind's outputs, MLM logits, or none (ENCODER)."""
+    if kind == MLM:
+        # MLM logits only where a token was selected: (n_selected, vocab), not (batch, seq, vocab).
+        selected = batch["labels"] != -100
+        return {"logits": mlm_head(model)(out.last_hidden_state[selected])}
+    if kind == ENCODER:
+        return {}
+    return {name: getattr(out, name) for name in kind.outputs}
 
 
 class Distiller(nn.Module):
@@ -264,7 +320,7 @@ class Distiller(nn.Module):
         self.student = student
         self.projections = projections
 
-    def forward(self, batch, needs: set[str], hidden_index: set[int], kind: str) -> Outputs:
+    def forward(self, batch, needs: set[str], hidden_index: set[int], kind: Kind) -> Outputs:
         return run_model(self.student, batch, needs, hidden_index, kind)
 
 
@@ -280,142 +336,197 @@ def make_projections(student, teacher, terms: tuple[str, ...]) -> nn.ModuleDict:
     return mods
 
 
-# ---------------------------------------------------------------------------- entry point
+def _teacher_layers(pairs: list[tuple[int, int]], needs: set[str]) -> set[int]:
+    """Teacher hidden-state indices the hidden terms read (none when no term reads hidden states)."""
+    return {t for _, t in pairs} if "hidden" in needs else set()
 
 
-def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False) -> Path:
-    """Distil ``teacher`` into a ``cfg.student`` on ``cfg.task``; write the best dev student to ``out``."""
-    from compress.core.artifacts import (
-        check_output, compression_record, dir_hash, load_model, load_tokenizer, read_metrics, save_model_dir, utc_now, require_torch_weights,
-    )
-    from compress.core.data import collate, load_task_data
-    from compress.core.structure import count_parameters
-    from compress.core.train import is_main_process, load_weights, main_process_first, prepare_work_dir, train
-    from compress.teacher_cache import load_or_build
-    from eval.evaluate import dev_evaluator, split_records
-    from students.init import init_student
-    from students.layer_map import parse_layer_map
-    from students.presets import resolve_shape
-    from teacher.finetune import work_dir_for
-    from teacher.presets import resolve_model
+def _loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_model, cache, pairs: list[tuple[int, int]]):
+    """``loss_fn(model, batch) -> (loss, logs)`` for the training loop: the weighted sum of ``terms``, each logged."""
+    needs = needs_of(terms)
+    teacher_hidden = _teacher_layers(pairs, needs)
+    student_hidden = {s for s, _ in pairs} if "hidden" in needs else set()
+    if "cosine" in terms:  # the last hidden states of both
+        student_hidden |= {max(s for s, _ in pairs)}
+        teacher_hidden |= {max(t for _, t in pairs)}
+    weights = {t: TERMS.get(t).weight(loss, terms) for t in terms}
+    student_needs = needs | {"logits"}
 
-    task = get_task(cfg.task)
+    def loss_fn(model, batch):
+        index = batch.pop("cache_index", None)  # (batch,) rows of the teacher cache, in task distillation
+        teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs, teacher_hidden)
+        student = model(batch, student_needs, student_hidden, kind)
+        inner = model.module if hasattr(model, "module") else model  # DDP wraps the Distiller
+        step = Step(kind, student, teacher, batch, batch["attention_mask"], pairs, inner.projections, loss)
+        parts = {t: TERMS.get(t).compute(step) for t in terms}
+        total = sum(weights[t] * parts[t] for t in terms)
+        return total, {f"loss_{t}": v.detach() for t, v in parts.items()}
+
+    return loss_fn
+
+
+def _teacher_outputs(kind: Kind, teacher_model, cache, batch, index, needs: set[str], hidden_index: set[int]) -> Outputs:
+    """The teacher's outputs for a batch: from the cache when it holds them, else a no-grad forward."""
+    if cache is not None:
+        return _cached_outputs(kind, cache, batch, index, needs)
+    with torch.no_grad():
+        return run_model(teacher_model, batch, needs | {"logits"}, set(hidden_index), kind)
+
+
+def _cached_outputs(kind: TaskKind, cache, batch, index: torch.Tensor, needs: set[str]) -> Outputs:
+    """The cached teacher outputs (and hidden states) of the batch's rows, on the batch's device."""
+    seq, device = batch["input_ids"].shape[1], batch["input_ids"].device
+    logits = {}
+    for name in kind.outputs:
+        values = cache.batch_outputs(index.tolist(), name).to(device)
+        if kind.per_token:  # (batch, longest cached) -> (batch, seq): cut, or pad when the batch is padded further
+            values = torch.nn.functional.pad(values[:, :seq], (0, max(0, seq - values.shape[1])), value=-1e4)
+        logits[name] = values
+    result = Outputs(logits=logits)
+    if "hidden" in needs:
+        stacked = cache.batch_hidden(index.tolist(), seq).to(device)  # (layers, batch, seq, hidden)
+        result.hidden = {layer: stacked[i] for i, layer in enumerate(cache.layers)}
+    return result
+
+
+# ---------------------------------------------------------------------------- steps both entry points take
+
+
+@dataclass
+class _Teacher:
+    """The teacher of a run: its directory, content hash, tokenizer and loaded model."""
+
+    dir: Path
+    hash: str  # dir_hash: keys the teacher cache and a resumable run
+    tokenizer: object
+    model: nn.Module
+
+
+@dataclass
+class _Student:
+    """A student built from its teacher, and how the two line up."""
+
+    model: nn.Module
+    init: dict  # how it was initialised (compression.json "init")
+    shape: Shape  # as recorded: with --init DIR, the shape DIR holds (not the --student preset)
+    pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
+
+
+def _check_out(out: str | Path, resume: bool, overwrite: bool) -> Path:
+    """The output directory; one that holds something is refused unless resuming into it or overwriting."""
     out = Path(out)
-    if not cfg.resume:
+    if not resume:
         check_output(out, overwrite)
-    teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
-    tokenizer = load_tokenizer(teacher_dir)
-    needs_attn = bool(needs_of(cfg.losses) & {"attentions"})
-    head = "question-answering" if task.kind == SPAN else "sequence-classification"
-    teacher_model = load_model(teacher_dir, head=head, attn_implementation="eager" if needs_attn else None)
-    _check_teacher(teacher_model, teacher_dir, task)
+    return out
 
+
+def _open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> _Teacher:
+    """Load the teacher with ``head``; eager attention when a term reads attention maps."""
+    tokenizer = load_tokenizer(teacher_dir)
+    model = load_model(teacher_dir, head=head, attn_implementation="eager" if "attentions" in needs else None)
+    return _Teacher(teacher_dir, dir_hash(teacher_dir), tokenizer, model)
+
+
+def _build_student(teacher: _Teacher, cfg: DistillConfig | GeneralDistillConfig, needs: set[str]) -> _Student:
+    """The ``cfg.student`` shape (or ``--init DIR``), initialised as ``cfg.init`` says, and its layer map."""
     shape = resolve_shape(cfg.student, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
     method, pretrained = (cfg.init, None) if cfg.init in ("teacher-layers", "random") else ("pretrained", cfg.init)
-    student, init_info = init_student(
-        teacher_model, shape, method=method, layers=list(cfg.init_layers) or None, seed=cfg.train.seed, pretrained=pretrained,
-    )
-    if needs_attn:
-        student.config._attn_implementation = "eager"
+    model, info = init_student(teacher.model, shape, method=method, layers=list(cfg.init_layers) or None,
+                               seed=cfg.train.seed, pretrained=pretrained)
+    if "attentions" in needs:  # output_attentions needs the eager implementation
+        model.config._attn_implementation = "eager"
+    c = model.config
     if pretrained is not None:  # --init DIR: the student is whatever DIR holds, not the --student preset
-        from compress.core.structure import Shape
-
-        c = student.config
         shape = Shape(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size)
-    n_student, n_teacher = student.config.num_hidden_layers, teacher_model.config.num_hidden_layers
-    pairs = parse_layer_map(cfg.loss.layer_map, n_student, n_teacher)
+    pairs = parse_layer_map(cfg.loss.layer_map, c.num_hidden_layers, teacher.model.config.num_hidden_layers)
+    return _Student(model, info, shape, pairs)
 
-    max_length = cfg.data.resolved_max_length(task, min(teacher_model.config.max_position_embeddings, student.config.max_position_embeddings))
-    features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
-    features = features.add_column("cache_index", list(range(len(features))))
-    pad = collate(tokenizer)
-    device = _device(cfg.train.device)
-    teacher_model.to(device)
 
-    stages = [("intermediate", tuple(t for t in cfg.losses if t in INTERMEDIATE_TERMS)),
-              ("prediction", tuple(t for t in cfg.losses if t in PREDICTION_TERMS))] if cfg.two_stage else [("joint", cfg.losses)]
-    teacher_hash = dir_hash(teacher_dir)
-    projections = make_projections(student, teacher_model, cfg.losses)
-    wrapper = Distiller(student, projections)
-    evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
-    work = prepare_work_dir(work_dir_for(out), cfg.resume)
-    history, best, best_step, seconds, cache_info = [], None, None, 0.0, []
+def _device_for(teacher: _Teacher, name: str) -> torch.device:
+    """The device to train on (``auto``: CUDA when there is one); the teacher moves there."""
+    device = torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+    teacher.model.to(device)
+    return device
 
-    for stage, terms in stages:
-        needs = needs_of(terms)
-        hidden_pairs = {t for _, t in pairs} if needs & {"hidden"} else set()
-        cached_outputs = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
-        use_cache = cfg.cache and needs <= cached_outputs
-        cache = None
-        if use_cache and "logits" in needs:  # a hard-label-only run needs no teacher outputs at all
-            names = ["start_logits", "end_logits"] if task.kind == SPAN else ["logits"]
-            layers = sorted(hidden_pairs) if "hidden" in needs else []
-            with main_process_first():  # one process computes the teacher outputs, the others read them
-                cache = load_or_build(
-                    teacher_model, teacher_hash, features, pad, outputs=names, layers=layers,
-                    cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None, batch_size=cfg.data.eval_batch_size,
-                    device=device,
-                )
-            cache_info.append({"stage": stage, "path": str(cache.path), "hit": cache.hit, "layers": layers})
-        loss_fn = _loss_fn(task.kind, terms, cfg, teacher_model, cache, pairs, needs, hidden_pairs)
-        stage_cfg = cfg.train
-        if stage == "intermediate" and cfg.intermediate_epochs:
-            from dataclasses import replace
 
-            stage_cfg = replace(cfg.train, epochs=cfg.intermediate_epochs)
-        select = task.primary_metric if stage != "intermediate" else None
-        result = train(
-            wrapper, features, _collate_with_cache(pad), stage_cfg, loss_fn=loss_fn, work_dir=work / stage,
-            evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
-            run_key=[teacher_hash, task.name, n_train, max_length, list(terms), shape.label, cfg.loss.layer_map],
-            desc=f"distilling {task.display} ({stage})", lengths=[len(ids) for ids in features["input_ids"]],
-        )
-        history += [{**h, "stage": stage} for h in result.history]
-        seconds += result.seconds
-        if result.best_weights is not None:
-            best, best_step = result.best, result.best_step
-            if is_main_process():  # only rank 0 evaluated, so only it has the best weights
-                load_weights(wrapper, result.best_weights)
-    if not is_main_process():
-        return out
+def _train_keeping_best(wrapper: Distiller, phase: Phase, cfg: TrainConfig, **options) -> TrainResult:
+    """Train through ``phase`` (options: see ``train_phases``); rank 0 then holds the best evaluated weights."""
+    result = train_phases(wrapper, [phase], cfg, **options)
+    if result.best_weights is not None and is_main_process():  # only rank 0 evaluated, so only it has them
+        load_weights(wrapper, result.best_weights)
+    return result
 
-    teacher_metric = _teacher_score(teacher_dir, task, read_metrics(teacher_dir), evaluate, teacher_model)
-    records = split_records(task, dev, best or {}, data=cfg.data.describe(), max_length=max_length)
-    primary = (best or {}).get(task.primary_metric)
-    retention = {
-        "kind": "retention", "task": task.name, "metric": task.primary_metric, "student": primary,
-        "teacher": teacher_metric, "ratio": (primary / teacher_metric) if primary is not None and teacher_metric else None,
-        "when": utc_now(),
+
+def _record(stage: str, cfg: DistillConfig | GeneralDistillConfig, teacher: _Teacher, student: _Student, **extra) -> dict:
+    """compression.json of a distilled student: teacher, student shape, init and layer map, plus ``extra``."""
+    extra = {
+        "teacher": {"path": str(teacher.dir), "hash": teacher.hash}, "student_shape": student.shape.__dict__,
+        "init": student.init, "layer_map": [list(p) for p in student.pairs], "params": count_parameters(student.model),
+        **extra,
     }
-    training = {
-        "kind": "training", "stage": "distill", "task": task.name, "seconds": round(seconds, 1),
-        "best_step": best_step, "n_train": n_train, "processes": result.processes, "history": history, "cache": cache_info,
-        "when": utc_now(),
-    }
-    record = compression_record(
-        stage="distill", method="+".join(cfg.losses), config=cfg, parent=teacher_dir, seed=cfg.train.seed,
-        extra={
-            "task": task.name, "teacher": {"path": str(teacher_dir), "hash": teacher_hash},
-            "student_shape": shape.__dict__, "init": init_info, "layer_map": [list(p) for p in pairs],
-            "losses": list(cfg.losses), "params": count_parameters(student), "best": best, "cache": cache_info,
-        },
-    )
-    save_model_dir(student, out, tokenizer=tokenizer, record=record, overwrite=True if cfg.resume else overwrite,
-                   metrics=[*records, retention, training])
+    return compression_record(stage=stage, method="+".join(cfg.losses), config=cfg, parent=teacher.dir,
+                              seed=cfg.train.seed, extra=extra)
+
+
+def _write_student(student: _Student, out: Path, teacher: _Teacher, record: dict, metrics: list[dict], *,
+                   resume: bool, overwrite: bool, work: Path) -> Path:
+    """Save the student (over an interrupted run's output when resuming), then drop the checkpoints."""
+    save_model_dir(student.model, out, tokenizer=teacher.tokenizer, record=record,
+                   overwrite=True if resume else overwrite, metrics=metrics)
     shutil.rmtree(work, ignore_errors=True)
     return out
 
 
-def _device(name: str):
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
+# ---------------------------------------------------------------------------- task distillation
+
+
+@dataclass
+class _TaskData:
+    """The task's training features and dev splits, as distillation reads them."""
+
+    features: object  # tokenised training set (datasets.Dataset) with a cache_index column: its row number
+    dev: dict  # dev split name -> raw examples
+    n_train: int
+    max_length: int
+    pad: Callable  # pads a list of features into a batch
+
+
+def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False) -> Path:
+    """Distil ``teacher`` into a ``cfg.student`` on ``cfg.task``; write the best dev student to ``out``."""
+    task = get_task(cfg.task)
+    out = _check_out(out, cfg.resume, overwrite)
+    teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
+    teach = _open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
+    _check_teacher(teach.model, teacher_dir, task)
+    student = _build_student(teach, cfg, needs_of(cfg.losses))
+    data = _task_data(task, teach, student, cfg)
+    device = _device_for(teach, cfg.train.device)
+    wrapper = Distiller(student.model, make_projections(student.model, teach.model, cfg.losses))
+    evaluate = dev_evaluator(task, teach.tokenizer, data.dev, data.max_length, batch_size=cfg.data.eval_batch_size,
+                             doc_stride=cfg.data.doc_stride)
+    work = prepare_work_dir(work_dir_for(out), cfg.resume)
+    trained = _train_stages(cfg, task, teach, student, wrapper, data, evaluate, work, device)
+    if not is_main_process():
+        return out
+    metrics = _task_metrics(task, data, trained, teach, evaluate, cfg)
+    record = _record("distill", cfg, teach, student, task=task.name, losses=list(cfg.losses), best=trained.best,
+                     cache=trained.cache)
+    return _write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work)
+
+
+def summarize(out: Path, cfg: DistillConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress distill`` prints: the dev results, then how much of the teacher's score the student keeps."""
+    results = read_metrics(out)
+    lines = [format_table([r for r in results if r.get("kind") == "eval"])]
+    for r in results:
+        if r.get("kind") == "retention" and r.get("ratio") is not None:
+            lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['metric']}")
+    return "\n".join(lines), []
 
 
 def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
-    from eval.evaluate import output_to_task_labels
-
-    if task.kind == SPAN:
+    """Refuse a teacher whose outputs are not the task's labels (a classifier of another task)."""
+    if task.behaviour.problem_type is None:  # not a classifier head: no labels to match
         return
     try:
         output_to_task_labels(teacher_model.config, task)
@@ -423,14 +534,72 @@ def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
         raise CompressError(f"teacher {teacher_dir}: {err}; distil from a teacher fine-tuned on {task.display}") from None
 
 
-def _teacher_score(teacher_dir: Path, task, results: list[dict], evaluate, teacher_model) -> float | None:
-    """The teacher's dev score: from its metrics.json when recorded on this task, else measured now."""
-    for r in reversed(results):
-        if r.get("kind") == "eval" and r.get("task") == task.name and r.get("split") in ("dev", "dev_matched"):
-            value = (r.get("metrics") or {}).get(task.primary_metric)
-            if value is not None:
-                return float(value)
-    return evaluate(teacher_model).get(task.primary_metric)
+def _task_data(task, teacher: _Teacher, student: _Student, cfg: DistillConfig) -> _TaskData:
+    """Tokenise the task at a length both models take; number the training rows for the teacher cache."""
+    model_max = min(teacher.model.config.max_position_embeddings, student.model.config.max_position_embeddings)
+    max_length = cfg.data.resolved_max_length(task, model_max)
+    features, dev, n_train = load_task_data(task, teacher.tokenizer, cfg.data, max_length, seed=cfg.train.seed)
+    features = features.add_column("cache_index", list(range(len(features))))
+    return _TaskData(features, dev, n_train, max_length, collate(teacher.tokenizer))
+
+
+@dataclass
+class _Trained:
+    """What the stages of a task distillation produced, for the output's records."""
+
+    history: list[dict] = field(default_factory=list)  # every stage's log, each entry tagged with its stage
+    best: dict | None = None  # dev metrics of the best evaluation
+    best_step: int | None = None
+    seconds: float = 0.0
+    cache: list[dict] = field(default_factory=list)  # one entry per stage that read the teacher cache
+    processes: int = 1
+
+
+def _stages(cfg: DistillConfig) -> list[tuple[str, tuple[str, ...], TrainConfig]]:
+    """(name, terms, training config) per stage: TinyBERT's intermediate-then-prediction order, or one joint stage."""
+    if not cfg.two_stage:
+        return [("joint", cfg.losses, cfg.train)]
+    intermediate = replace(cfg.train, epochs=cfg.intermediate_epochs) if cfg.intermediate_epochs else cfg.train
+    return [("intermediate", tuple(t for t in cfg.losses if t in INTERMEDIATE_TERMS), intermediate),
+            ("prediction", tuple(t for t in cfg.losses if t in PREDICTION_TERMS), cfg.train)]
+
+
+def _train_stages(cfg, task, teacher: _Teacher, student: _Student, wrapper, data: _TaskData, evaluate, work, device) -> _Trained:
+    """Train through every stage; the best dev weights (selected in the stages that predict) end in ``wrapper``."""
+    trained = _Trained()
+    lengths = [len(ids) for ids in data.features["input_ids"]]
+    for stage, terms, stage_cfg in _stages(cfg):
+        cache = _teacher_cache(teacher, terms, student.pairs, data, task, cfg, device)
+        if cache is not None:
+            trained.cache.append({"stage": stage, "path": str(cache.path), "hit": cache.hit, "layers": list(cache.layers)})
+        select = task.primary_metric if stage != "intermediate" else None
+        result = _train_keeping_best(
+            wrapper, Phase(data.features, _collate_with_cache(data.pad), lengths=lengths), stage_cfg,
+            loss_fn=_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=work / stage,
+            evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
+            run_key=[teacher.hash, task.name, data.n_train, data.max_length, list(terms), student.shape.label, cfg.loss.layer_map],
+            desc=f"distilling {task.display} ({stage})",
+        )
+        trained.history += [{**h, "stage": stage} for h in result.history]
+        trained.seconds += result.seconds
+        trained.processes = result.processes
+        if result.best_weights is not None:
+            trained.best, trained.best_step = result.best, result.best_step
+    return trained
+
+
+def _teacher_cache(teacher: _Teacher, terms, pairs, data: _TaskData, task, cfg: DistillConfig, device):
+    """The teacher's outputs for ``terms`` cached on disk (computed on first use), or None: read them online."""
+    needs = needs_of(terms)
+    cacheable = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
+    if not (cfg.cache and needs <= cacheable and "logits" in needs):  # hard labels alone need no teacher outputs
+        return None
+    with main_process_first():  # one process computes the teacher outputs, the others read them
+        return load_or_build(
+            teacher.model, teacher.hash, data.features, data.pad, outputs=list(task.behaviour.outputs),
+            layers=sorted(_teacher_layers(pairs, needs)), cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None,
+            batch_size=cfg.data.eval_batch_size, device=device,
+        )
 
 
 def _collate_with_cache(pad):
@@ -443,46 +612,33 @@ def _collate_with_cache(pad):
     return collate_step
 
 
-def _loss_fn(kind, terms, cfg, teacher_model, cache, pairs, needs, hidden_pairs):
-    student_hidden = {s for s, _ in pairs} if needs & {"hidden"} else set()
-    if "cosine" in terms:
-        student_hidden |= {max(s for s, _ in pairs)}
-        hidden_pairs = set(hidden_pairs) | {max(t for _, t in pairs)}
-    weights = {t: TERMS.get(t).weight(cfg.loss, terms) for t in terms}
-    student_needs = needs | {"logits"}
-
-    def loss_fn(model, batch):
-        index = batch.pop("cache_index")
-        teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs, hidden_pairs)
-        student = model(batch, student_needs, student_hidden, kind)
-        inner = model.module if hasattr(model, "module") else model  # DDP wraps the Distiller
-        step = Step(kind, student, teacher, batch, batch["attention_mask"], pairs, inner.projections, cfg)
-        parts = {t: TERMS.get(t).compute(step) for t in terms}
-        total = sum(weights[t] * parts[t] for t in terms)
-        return total, {f"loss_{t}": v.detach() for t, v in parts.items()}
-
-    return loss_fn
+def _task_metrics(task, data: _TaskData, trained: _Trained, teacher: _Teacher, evaluate, cfg: DistillConfig) -> list[dict]:
+    """metrics.json records of the student: dev scores, retention of the teacher's score, the training log."""
+    teacher_metric = _teacher_score(teacher.dir, task, read_metrics(teacher.dir), evaluate, teacher.model)
+    best = trained.best or {}
+    records = split_records(task, data.dev, best, data=cfg.data.describe(), max_length=data.max_length)
+    primary = best.get(task.primary_metric)
+    retention = {
+        "kind": "retention", "task": task.name, "metric": task.primary_metric, "student": primary,
+        "teacher": teacher_metric, "ratio": (primary / teacher_metric) if primary is not None and teacher_metric else None,
+        "when": utc_now(),
+    }
+    training = {
+        "kind": "training", "stage": "distill", "task": task.name, "seconds": round(trained.seconds, 1),
+        "best_step": trained.best_step, "n_train": data.n_train, "processes": trained.processes,
+        "history": trained.history, "cache": trained.cache, "when": utc_now(),
+    }
+    return [*records, retention, training]
 
 
-def _teacher_outputs(kind, teacher_model, cache, batch, index, needs, hidden_pairs) -> Outputs:
-    """The teacher's outputs for a batch: from the cache when it holds them, else a no-grad forward."""
-    if cache is not None:
-        seq = batch["input_ids"].shape[1]
-        device = batch["input_ids"].device
-        names = ["start_logits", "end_logits"] if kind == SPAN else ["logits"]
-        logits = {}
-        for name in names:
-            values = cache.batch_outputs(index.tolist(), name).to(device)
-            if kind == SPAN:  # (batch, longest cached) -> (batch, seq): cut, or pad when the batch is padded further
-                values = torch.nn.functional.pad(values[:, :seq], (0, max(0, seq - values.shape[1])), value=-1e4)
-            logits[name] = values
-        result = Outputs(logits=logits)
-        if "hidden" in needs:
-            stacked = cache.batch_hidden(index.tolist(), seq).to(device)  # (layers, batch, seq, hidden)
-            result.hidden = {layer: stacked[i] for i, layer in enumerate(cache.layers)}
-        return result
-    with torch.no_grad():
-        return run_model(teacher_model, batch, needs | {"logits"}, set(hidden_pairs), kind)
+def _teacher_score(teacher_dir: Path, task, results: list[dict], evaluate, teacher_model) -> float | None:
+    """The teacher's dev score: from its metrics.json when recorded on this task, else measured now."""
+    for r in reversed(results):
+        if r.get("kind") == "eval" and r.get("task") == task.name and r.get("split") in ("dev", "dev_matched"):
+            value = (r.get("metrics") or {}).get(task.primary_metric)
+            if value is not None:
+                return float(value)
+    return evaluate(teacher_model).get(task.primary_metric)
 
 
 # ---------------------------------------------------------------------------- general distillation
@@ -535,43 +691,57 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
     heads. The output is an encoder directory to start task distillation from
     (``compress distill --init DIR``).
     """
-    from compress.core.artifacts import (
-        check_output, compression_record, dir_hash, load_model, load_tokenizer, save_model_dir, saved_head, utc_now,
-    )
-    from compress.core.structure import count_parameters
-    from compress.core.train import Phase, is_main_process, load_weights, prepare_work_dir, train_phases
-    from students.init import init_student
-    from students.layer_map import parse_layer_map
-    from students.presets import resolve_shape
-    from teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
-    from teacher.finetune import work_dir_for
-    from teacher.presets import resolve_model
-
-    out = Path(out)
-    if not cfg.resume:
-        check_output(out, overwrite)
+    out = _check_out(out, cfg.resume, overwrite)
     teacher_dir = resolve_model(teacher)
     uses_mlm = bool({"kd", "mlm"} & set(cfg.losses))
-    head = "masked-lm" if uses_mlm else "base"
+    _check_mlm_head(teacher_dir, uses_mlm)
+    terms = tuple("hard" if t == "mlm" else t for t in cfg.losses)  # mlm is the "hard" term of an MLM batch
+    teach = _open_teacher(teacher_dir, "masked-lm" if uses_mlm else "base", needs_of(terms))
+    student = _build_student(teach, cfg, needs_of(terms))
+    heldout, train_set = _read_corpus(cfg, teach.tokenizer)
+    collate_step = _corpus_collator(teach.tokenizer, cfg, uses_mlm)
+    device = _device_for(teach, cfg.train.device)
+    loss_fn = _loss_fn(MLM if uses_mlm else ENCODER, terms, cfg.loss, teach.model, None, student.pairs)
+    wrapper = Distiller(student.model, make_projections(student.model, teach.model, terms))
+    held_batches = [collate_step(heldout[i : i + 64], 10**9 + i) for i in range(0, len(heldout), 64)]
+    work = prepare_work_dir(work_dir_for(out), cfg.resume)
+    result = _train_keeping_best(
+        wrapper, Phase(train_set, collate_step, lengths=[len(x.tokens_a) + len(x.tokens_b) + 3 for x in train_set], name="corpus"),
+        cfg.train, loss_fn=loss_fn, work_dir=work, resume=cfg.resume, desc="general distillation",
+        evaluate=_heldout_evaluator(loss_fn, held_batches, device) if held_batches else None,
+        select="neg_heldout_loss" if held_batches else None,
+        run_key=[teach.hash, len(train_set), student.shape.label, list(cfg.losses)],
+    )
+    if not is_main_process():
+        return out
+    training = {
+        "kind": "training", "stage": "distill-general", "steps": result.steps, "seconds": round(result.seconds, 1),
+        "processes": result.processes,
+        "sequences": len(train_set), "history": result.history, "best": result.best, "when": utc_now(),
+    }
+    return _write_student(student, out, teach, _record("distill-general", cfg, teach, student), [training],
+                          resume=cfg.resume, overwrite=overwrite, work=work)
+
+
+def _check_mlm_head(teacher_dir: Path, uses_mlm: bool) -> None:
+    """The kd/mlm terms read masked-LM logits: refuse a teacher without an MLM head."""
     if uses_mlm and saved_head(teacher_dir) not in ("masked-lm", "pretraining"):
         raise CompressError(
             f"the kd/mlm terms need a teacher with a masked-LM head and {teacher_dir} has none; "
             "use --losses minilm (or hidden/attention/cosine)"
         )
-    tokenizer = load_tokenizer(teacher_dir)
-    needs = needs_of(tuple(t for t in cfg.losses if t != "mlm"))
-    teacher_model = load_model(teacher_dir, head=head, attn_implementation="eager" if "attentions" in needs else None)
-    shape = resolve_shape(cfg.student, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
-    method, pretrained = (cfg.init, None) if cfg.init in ("teacher-layers", "random") else ("pretrained", cfg.init)
-    student, init_info = init_student(teacher_model, shape, method=method, layers=list(cfg.init_layers) or None,
-                                      seed=cfg.train.seed, pretrained=pretrained)
-    pairs = parse_layer_map(cfg.loss.layer_map, student.config.num_hidden_layers, teacher_model.config.num_hidden_layers)
 
+
+def _read_corpus(cfg: GeneralDistillConfig, tokenizer) -> tuple[list, list]:
+    """(held-out, training) sequences of contiguous corpus text in [CLS] A [SEP] B [SEP] form."""
     docs = tokenize_documents(read_documents(list(cfg.corpus)), tokenizer)
-    # Contiguous text in [CLS] A [SEP] B [SEP] form (no NotNext pairs: NSP is not distilled).
-    instances = build_instances(docs, cfg.max_length, cfg.train.seed, nsp_probability=0.0)
+    instances = build_instances(docs, cfg.max_length, cfg.train.seed, nsp_probability=0.0)  # NSP is not distilled
     n_held = int(len(instances) * cfg.heldout_fraction)
-    heldout, train_set = instances[:n_held], instances[n_held:]
+    return instances[:n_held], instances[n_held:]
+
+
+def _corpus_collator(tokenizer, cfg: GeneralDistillConfig, uses_mlm: bool):
+    """``collate(items, step)`` of corpus sequences: masked for the kd/mlm terms, clean text otherwise."""
     masker = PretrainCollator(tokenizer, mlm_probability=cfg.mlm_probability, seed=cfg.train.seed)
 
     def collate_step(items, step):
@@ -583,56 +753,18 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
             batch.pop("labels")
         return batch
 
-    terms = tuple("hard" if t == "mlm" else t for t in cfg.losses)  # mlm is the "hard" term of an MLM batch
-    task_cfg = DistillConfig(task="sst2", losses=terms, loss=cfg.loss)  # the terms read Step.cfg; its task is unused
-    if "attentions" in needs:
-        student.config._attn_implementation = "eager"
-    device = _device(cfg.train.device)
-    teacher_model.to(device)
-    hidden_pairs = {t for _, t in pairs} if "hidden" in needs else set()
-    kind = MLM if uses_mlm else "encoder"
-    loss_fn = _loss_fn(kind, terms, task_cfg, teacher_model, None, pairs, needs, hidden_pairs)
-    wrapper = Distiller(student, make_projections(student, teacher_model, terms))
-    held_batches = [collate_step(heldout[i : i + 64], 10**9 + i) for i in range(0, len(heldout), 64)]
+    return collate_step
 
+
+def _heldout_evaluator(loss_fn, batches: list[dict], device):
+    """``evaluate(model)``: the distillation loss on held-out batches (and its negation, to select by)."""
     def evaluate(model) -> dict[str, float]:
         total, n = 0.0, 0
         with torch.inference_mode():
-            for batch in held_batches:
-                batch = {k: v.to(device) for k, v in batch.items()}
-                batch["cache_index"] = torch.zeros(len(batch["input_ids"]), dtype=torch.long)
-                loss, _ = loss_fn(model, dict(batch))
+            for batch in batches:
+                batch = {k: v.to(device) for k, v in batch.items()}  # a copy: loss_fn may pop from it
+                loss, _ = loss_fn(model, batch)
                 total, n = total + float(loss) * len(batch["input_ids"]), n + len(batch["input_ids"])
         return {"heldout_loss": total / max(1, n), "neg_heldout_loss": -total / max(1, n)}
 
-    def with_index(items, step):
-        batch = collate_step(items, step)
-        batch["cache_index"] = torch.zeros(len(items), dtype=torch.long)  # no cache: a placeholder
-        return batch
-
-    work = prepare_work_dir(work_dir_for(out), cfg.resume)
-    lengths = [len(x.tokens_a) + len(x.tokens_b) + 3 for x in train_set]
-    result = train_phases(
-        wrapper, [Phase(train_set, with_index, lengths=lengths, name="corpus")], cfg.train, loss_fn=loss_fn,
-        work_dir=work, evaluate=evaluate if held_batches else None, select="neg_heldout_loss" if held_batches else None,
-        resume=cfg.resume, run_key=[dir_hash(teacher_dir), len(train_set), shape.label, list(cfg.losses)],
-        desc="general distillation",
-    )
-    if not is_main_process():
-        return out
-    if result.best_weights is not None:
-        load_weights(wrapper, result.best_weights)
-    training = {
-        "kind": "training", "stage": "distill-general", "steps": result.steps, "seconds": round(result.seconds, 1),
-        "processes": result.processes,
-        "sequences": len(train_set), "history": result.history, "best": result.best, "when": utc_now(),
-    }
-    record = compression_record(
-        stage="distill-general", method="+".join(cfg.losses), config=cfg, parent=teacher_dir, seed=cfg.train.seed,
-        extra={"teacher": {"path": str(teacher_dir), "hash": dir_hash(teacher_dir)}, "student_shape": shape.__dict__,
-               "init": init_info, "layer_map": [list(p) for p in pairs], "params": count_parameters(student)},
-    )
-    save_model_dir(student, out, tokenizer=tokenizer, record=record, overwrite=True if cfg.resume else overwrite,
-                   metrics=[training])
-    shutil.rmtree(work, ignore_errors=True)
-    return out
+    return evaluate

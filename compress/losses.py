@@ -145,26 +145,6 @@ def hard_label_ce(student_logits: Tensor, labels: Tensor) -> Tensor:
     return _cross_entropy(student_logits, labels)
 
 
-def kd_classification(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    labels: Tensor | None = None,
-    *,
-    temperature: float = 2.0,
-    alpha: float = 0.5,
-) -> Tensor:
-    """Hinton et al. (2015) KD objective: α · soft_target_kl + (1 - α) · hard_label_ce.
-
-    ``(batch, C)`` logits and ``(batch,)`` labels; with ``labels=None`` only the soft term.
-    """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    soft = soft_target_kl(student_logits, teacher_logits, temperature)
-    if labels is None:
-        return soft
-    return alpha * soft + (1.0 - alpha) * hard_label_ce(student_logits, labels)
-
-
 def logits_mse(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     """MSE between student and teacher outputs: regression KD (e.g. STS-B; Tang et al. 2019).
 
@@ -174,21 +154,13 @@ def logits_mse(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     return F.mse_loss(student_logits, teacher)
 
 
-def kd_regression(
-    student: Tensor, teacher: Tensor, labels: Tensor | None = None, *, alpha: float = 0.5
-) -> Tensor:
-    """Regression KD: α · MSE(student, teacher) + (1 - α) · MSE(student, labels).
+def hard_label_mse(student_scores: Tensor, labels: Tensor) -> Tensor:
+    """MSE with the gold targets: the hard term of a regression task (STS-B).
 
-    ``student``, ``teacher``: ``(batch, 1)`` or ``(batch,)``; ``labels``: ``(batch,)`` floats.
-    With ``labels=None`` only the teacher term.
+    ``student_scores``: ``(batch, 1)`` or ``(batch,)``; ``labels``: ``(batch,)`` floats,
+    cast to the scores' dtype (mixed precision).
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    soft = logits_mse(student, teacher)
-    if labels is None:
-        return soft
-    gold = F.mse_loss(student.reshape(-1), labels.reshape(-1).to(student))
-    return alpha * soft + (1.0 - alpha) * gold
+    return F.mse_loss(student_scores.reshape(-1), labels.reshape(-1).to(student_scores.dtype))
 
 
 def span_kd(
@@ -222,7 +194,8 @@ def span_kd(
 def mlm_ce(prediction_logits: Tensor, labels: Tensor) -> Tensor:
     """Masked-LM cross-entropy (Devlin et al. 2019; DistilBERT's L_mlm) over labels != -100.
 
-    ``prediction_logits``: ``(batch, seq, vocab)``; ``labels``: ``(batch, seq)``.
+    ``prediction_logits``: ``(batch, seq, vocab)`` with ``labels`` ``(batch, seq)``, or
+    only the selected positions: ``(n_selected, vocab)`` with ``(n_selected,)``.
     """
     return _cross_entropy(prediction_logits, labels)
 

@@ -30,45 +30,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compress.core.artifacts import dir_hash, write_json_atomic, write_text_atomic
+from compress.core.config import field_names, from_dict, load_file
 from compress.core.errors import CompressError
-from compress.core.registry import Registry
+from compress.core.train import fingerprint
+from compress.eval.evaluate import evaluate
+from compress.eval.latency import measure_latency
+from compress.eval.leaderboard import LeaderboardConfig
+from compress.eval.report import leaderboard
+from compress.stages import RECIPE_STAGES as STAGES
+from compress.stages import SEVERAL
+from compress.teacher.presets import HUB_ALIASES
 
 MANIFEST = "manifest.json"
 REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_\-]+)\}$")
 
 
-@dataclass(frozen=True)
-class StageKind:
-    """One kind of stage: its config class and entry function (imported lazily), and its inputs."""
-
-    config: str  # "module:ConfigClass"
-    entry: str  # "module:function"
-    inputs: tuple[str, ...]  # "model", "teacher" (one directory) or "models", "runs" (several)
-    produces_model: bool = True
-
-    def config_class(self) -> type:
-        return _load(self.config)
-
-    def run(self, inputs: dict[str, Any], cfg: Any, out: Path) -> Path:
-        """Call the stage's entry function with its inputs, config and output directory."""
-        fn = _load(self.entry)
-        if not self.inputs:
-            return fn(out, cfg, overwrite=True)  # pretrain(out, cfg)
-        return fn(inputs[self.inputs[0]], out, cfg, overwrite=True)  # stage(input(s), out, cfg)
-
-
-def _load(path: str):
-    import importlib
-
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def run_eval(models: list[Path], out: Path, cfg, overwrite: bool = True) -> Path:
-    """The eval stage: evaluate every model (results go to each model's metrics.json too)."""
-    from compress.core.artifacts import write_json_atomic
-    from eval.evaluate import evaluate
-
+    """Recipes' eval stage: evaluate every model (results go to each model's metrics.json too)."""
     out.mkdir(parents=True, exist_ok=True)
     results = {str(m): evaluate(m, dataclasses.replace(cfg, predictions=str(out / Path(m).name))) for m in models}
     write_json_atomic(out / "eval.json", results)
@@ -76,28 +55,9 @@ def run_eval(models: list[Path], out: Path, cfg, overwrite: bool = True) -> Path
 
 
 def run_latency(models: list[Path], out: Path, cfg, overwrite: bool = True) -> Path:
-    """The latency stage: one latency report over all models."""
-    from eval.latency import measure_latency
-
+    """Recipes' latency stage: one latency report over all models, written into ``out``."""
     measure_latency(models, dataclasses.replace(cfg, out=str(out)))
     return out
-
-
-STAGES: Registry[StageKind] = Registry("recipe stage")
-for _name, _kind in {
-    "pretrain": StageKind("teacher.pretrain:PretrainConfig", "teacher.pretrain:pretrain", ()),
-    "finetune": StageKind("teacher.finetune:FinetuneConfig", "teacher.finetune:finetune", ("model",)),
-    "distill": StageKind("compress.distill:DistillConfig", "compress.distill:distill", ("teacher",)),
-    "distill-general": StageKind("compress.distill:GeneralDistillConfig", "compress.distill:distill_general", ("teacher",)),
-    "prune": StageKind("compress.prune:PruneConfig", "compress.prune:prune", ("model",)),
-    "quantize": StageKind("compress.quantize:QuantizeConfig", "compress.quantize:quantize", ("model",)),
-    "eval": StageKind("eval.evaluate:EvalConfig", "compress.pipeline:run_eval", ("models",), produces_model=False),
-    "latency": StageKind("eval.latency:LatencyConfig", "compress.pipeline:run_latency", ("models",), produces_model=False),
-    "heads": StageKind("eval.heads:HeadsConfig", "eval.heads:analyze_heads", ("model",), produces_model=False),
-    "leaderboard": StageKind("eval.leaderboard:LeaderboardConfig", "eval.leaderboard:leaderboard", ("runs",),
-                             produces_model=False),
-}.items():
-    STAGES.register(_name, _kind)
 
 
 # ---------------------------------------------------------------------------- parsing and validation
@@ -144,8 +104,6 @@ def load_recipe(source: str | Path | dict, where: str | None = None, variables: 
     ``{{name}}`` in any string is replaced from ``variables`` (``run_dir`` is always set
     by :func:`run_recipe`).
     """
-    from compress.core.config import from_dict, load_file
-
     data = load_file(source) if not isinstance(source, dict) else source
     where = where or (str(source) if not isinstance(source, dict) else "recipe")
     data = substitute(data, dict(variables or {}), where)
@@ -175,12 +133,13 @@ def load_recipe(source: str | Path | dict, where: str | None = None, variables: 
             kind = STAGES.get(str(raw["run"]))
         except CompressError as err:
             raise CompressError(f"{label}: {err}") from None
-        extra = set(raw) - {"name", "run", "config", *kind.inputs}
+        keys = [i.key for i in kind.inputs]
+        extra = set(raw) - {"name", "run", "config", *keys}
         if extra:
-            valid = ", ".join(["name", "run", "config", *kind.inputs])
+            valid = ", ".join(["name", "run", "config", *keys])
             raise CompressError(f"{label}: unknown key(s) {', '.join(sorted(extra))}; valid for {raw['run']}: {valid}")
         inputs = {}
-        for key in kind.inputs:
+        for key in keys:
             if key not in raw:
                 raise CompressError(f"{label}: missing input '{key}' (a directory, a hub name, or ${{stage}})")
             inputs[key] = _check_inputs(raw[key], key, seen, label)
@@ -199,13 +158,11 @@ def load_recipe(source: str | Path | dict, where: str | None = None, variables: 
 
 
 def _field_names(cls) -> list[str]:
-    from compress.core.config import field_names
-
     return field_names(cls)
 
 
 def _check_inputs(value: Any, key: str, seen: dict[str, Stage], label: str) -> Any:
-    many = key in ("models", "runs")
+    many = key in SEVERAL
     values = value if isinstance(value, list) else [value]
     if not many and isinstance(value, list):
         raise CompressError(f"{label}: '{key}' takes one input, got a list")
@@ -232,8 +189,6 @@ def _resolve(value: Any, run_dir: Path) -> Any:
 
 def _input_digest(value: Any, run_dir: Path, manifest: dict) -> Any:
     """What an input contributes to a stage's hash: an upstream stage's hash, or a directory's content."""
-    from compress.core.artifacts import dir_hash
-
     if isinstance(value, list):
         return [_input_digest(v, run_dir, manifest) for v in value]
     m = REFERENCE.match(str(value))
@@ -246,8 +201,6 @@ def _input_digest(value: Any, run_dir: Path, manifest: dict) -> Any:
 
 
 def stage_hash(stage: Stage, inputs_digest: Any) -> str:
-    from compress.core.train import fingerprint
-
     return fingerprint(stage.kind, dataclasses.asdict(stage.config), inputs_digest)
 
 
@@ -256,8 +209,6 @@ def run_recipe(
     force: bool = False, say=print,
 ) -> Path:
     """Run ``recipe`` into ``run_dir``: skip unchanged stages, re-run changed ones and what follows."""
-    from compress.core.artifacts import write_json_atomic, write_text_atomic
-
     run_dir = Path(run_dir).absolute()
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, variables={"run_dir": str(run_dir), **(variables or {})})
@@ -287,13 +238,11 @@ def run_recipe(
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
         if out.exists():
             shutil.rmtree(out)
-        STAGES.get(stage.kind).run(inputs, stage.config, out)
+        STAGES.get(stage.kind).run_in_recipe(inputs, stage.config, out)
         previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1)}
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
     models = [run_dir / s.name for s in recipe.stages if STAGES.get(s.kind).produces_model]
     if recipe.report and models:
-        from eval.leaderboard import LeaderboardConfig, leaderboard
-
         # The table's latency column is read at the point the recipe's own latency stage measured.
         timed = next((s.config for s in recipe.stages if s.kind == "latency"), None)
         point = {"batch": timed.batch[0], "seq": timed.seq[0]} if timed else {}
@@ -310,8 +259,6 @@ def run_recipe(
 
 def _check_exists(path: Any, stage: Stage, key: str) -> None:
     """Inputs must exist before a stage starts: an upstream output, a directory, or a hub name."""
-    from teacher.presets import HUB_ALIASES
-
     if isinstance(path, Path):  # an upstream stage's output
         if not path.exists():
             raise CompressError(f"recipe stage '{stage.name}': input '{key}' {path} was not produced")

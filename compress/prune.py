@@ -1,6 +1,6 @@
 """Structured pruning that physically removes attention heads, whole layers and FFN neurons.
 
-``prune(model_dir, out, cfg)``: score units with ``compress.importance`` (hooks only),
+``prune(model_dir, out, cfg)``: score units with ``compress.core.importance`` (hooks only),
 choose what to remove, cut the weights with ``compress.core.structure`` (Q/K/V rows and
 output-projection columns for a head; FFN rows/columns; whole layers), optionally
 recover accuracy by fine-tuning or by distilling from the unpruned model, and write a
@@ -19,12 +19,39 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+import torch
+
+from compress.core import structure as st
+from compress.core.artifacts import (
+    check_output,
+    compression_record,
+    load_tokenizer,
+    read_metrics,
+    require_torch_weights,
+    save_model_dir,
+    utc_now,
+)
 from compress.core.config import option
-from compress.core.data import TaskData
+from compress.core.data import TaskData, collate, load_task_data
 from compress.core.errors import CompressError
+from compress.core.importance import (
+    ffn_importance_magnitude,
+    ffn_importance_taylor,
+    head_importance_entropy,
+    head_importance_gradient,
+    head_importance_magnitude,
+    heads_to_remove,
+    layer_importance_gradient,
+    masked_heads,
+)
 from compress.core.registry import Registry
+from compress.core.runtime import load_model_for_task
+from compress.core.structure import heads_per_layer
 from compress.core.tasks import get_task
 from compress.core.train import TrainConfig
+from compress.distill import DistillConfig, distill
+from compress.eval.evaluate import dev_evaluator, split_records
+from compress.teacher.finetune import FinetuneConfig, finetune
 
 
 def _recovery_defaults() -> TrainConfig:
@@ -72,40 +99,6 @@ class PruneConfig:
 
 # ---------------------------------------------------------------------------- choosing heads
 
-
-def heads_to_remove(scores: Sequence[Sequence[float]], count: int, scope: str = "global") -> dict[int, list[int]]:
-    """The ``count`` lowest-scoring heads, never the last head of a layer.
-
-    ``global`` ranks all heads together; ``layer`` takes an equal share from each layer
-    (the remainder from the layers whose next candidate scores lowest).
-    """
-    sizes = [len(s) for s in scores]
-    removable = sum(n - 1 for n in sizes)
-    if count > removable:
-        raise CompressError(
-            f"cannot remove {count} heads: only {removable} can go while keeping one per layer "
-            f"(heads per layer {sizes}); drop whole layers with --layers instead"
-        )
-    chosen: dict[int, list[int]] = {}
-    if scope == "layer":
-        per_layer = [sorted(range(n), key=lambda h, l=l: scores[l][h]) for l, n in enumerate(sizes)]
-        taken = [0] * len(sizes)
-        for _ in range(count):
-            # the layer whose next head (in its own order) scores lowest, relative to its share
-            candidates = [l for l in range(len(sizes)) if taken[l] < sizes[l] - 1]
-            l = min(candidates, key=lambda l: (taken[l] / sizes[l], scores[l][per_layer[l][taken[l]]]))
-            chosen.setdefault(l, []).append(per_layer[l][taken[l]])
-            taken[l] += 1
-        return {l: sorted(h) for l, h in chosen.items()}
-    order = sorted(((float(scores[l][h]), l, h) for l, n in enumerate(sizes) for h in range(n)))
-    left = list(sizes)
-    for _, l, h in order:
-        if len([x for v in chosen.values() for x in v]) == count:
-            break
-        if left[l] > 1:
-            chosen.setdefault(l, []).append(h)
-            left[l] -= 1
-    return {l: sorted(h) for l, h in chosen.items()}
 
 
 def head_count(total: int, spec: float) -> int:
@@ -176,31 +169,21 @@ HEAD_CRITERIA: Registry = Registry("head criterion")
 
 @HEAD_CRITERIA.register("gradient")
 def _gradient(model, batches, cfg, rng):
-    from compress.importance import head_importance_gradient
-
     return head_importance_gradient(model, batches, normalize=cfg.normalize)
 
 
 @HEAD_CRITERIA.register("magnitude")
 def _magnitude(model, batches, cfg, rng):
-    from compress.importance import head_importance_magnitude
-
     return head_importance_magnitude(model)
 
 
 @HEAD_CRITERIA.register("entropy")
 def _entropy(model, batches, cfg, rng):
-    from compress.importance import head_importance_entropy
-
     return head_importance_entropy(model, batches)
 
 
 @HEAD_CRITERIA.register("random")
 def _random(model, batches, cfg, rng):
-    import torch
-
-    from compress.core.structure import heads_per_layer
-
     return [torch.tensor([rng.random() for _ in range(n)]) for n in heads_per_layer(model)]
 
 
@@ -222,14 +205,6 @@ class PruneContext:
 
 def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite: bool = False) -> Path:
     """Prune ``model_dir`` as ``cfg`` says, optionally recover, and write the result to ``out``."""
-    from compress.core import structure as st
-    from compress.core.artifacts import (
-        check_output, compression_record, load_tokenizer, save_model_dir, utc_now, require_torch_weights,
-    )
-    from compress.core.data import load_task_data
-    from eval.evaluate import dev_evaluator, split_records
-    from teacher.finetune import load_model_for_task
-
     task = get_task(cfg.task)
     out = Path(out)
     check_output(out, overwrite)
@@ -276,10 +251,19 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite, metrics=[*records, summary])
 
 
+def summarize(out: Path, cfg: PruneConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress prune`` prints: parameters and dev metric before, after pruning and after recovery."""
+    summary = next(r for r in read_metrics(out) if r.get("kind") == "prune")
+    rows = [("", "params", summary["metric"])]
+    rows.append(("before", f"{summary['params_before'] / 1e6:.2f}M", f"{summary['before']:.2f}"))
+    rows.append(("pruned", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_prune']:.2f}"))
+    if summary.get("after_recovery") is not None:
+        rows.append(("recovered", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_recovery']:.2f}"))
+    return "\n".join(f"{r[0]:<10} {r[1]:>10} {r[2]:>10}" for r in rows), []
+
+
 def _check_plan(model, cfg: PruneConfig) -> None:
     """Refuse removing every head or layer up front (the steps check again as they go)."""
-    from compress.core import structure as st
-
     n_layers = len(st.encoder_layers(model))
     if cfg.layers and "importance" not in cfg.layers:
         n_layers = len(layers_to_keep(cfg.layers, n_layers))
@@ -309,17 +293,12 @@ def _method(cfg: PruneConfig) -> str:
 
 
 def _batches(features, tokenizer, batch_size: int = 16) -> list[dict]:
-    from compress.core.data import collate
-
     pad = collate(tokenizer)
     rows = [features[i] for i in range(len(features))]
     return [pad(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
 
 def _prune_layers(model, ctx: PruneContext) -> None:
-    from compress.core import structure as st
-    from compress.importance import layer_importance_gradient
-
     n = len(st.encoder_layers(model))
     importance = layer_importance_gradient(model, ctx.batches).tolist() if "importance" in ctx.cfg.layers else None
     keep = layers_to_keep(ctx.cfg.layers, n, importance)
@@ -332,8 +311,6 @@ def _score_heads(model, ctx: PruneContext):
 
 
 def _prune_heads(model, ctx: PruneContext, model_dir: Path) -> None:
-    from compress.core import structure as st
-
     total = sum(st.heads_per_layer(model))
     target = head_count(total, ctx.cfg.heads)
     if target >= total:
@@ -358,9 +335,6 @@ def _prune_heads(model, ctx: PruneContext, model_dir: Path) -> None:
 def _prune_heads_until(model, ctx: PruneContext, start: float) -> None:
     """Michel et al.'s procedure: mask the least important heads step by step while the dev
     metric stays above ``until`` x the start, then remove the last acceptable set for real."""
-    from compress.core import structure as st
-    from compress.importance import masked_heads
-
     sizes = st.heads_per_layer(model)
     total = sum(sizes)
     scores = [s.tolist() for s in _score_heads(model, ctx)]
@@ -386,9 +360,6 @@ def _prune_heads_until(model, ctx: PruneContext, start: float) -> None:
 
 
 def _prune_ffn(model, ctx: PruneContext) -> None:
-    from compress.core import structure as st
-    from compress.importance import ffn_importance_magnitude, ffn_importance_taylor
-
     if ctx.cfg.ffn_criterion == "taylor":
         scores = ffn_importance_taylor(model, ctx.batches)
     else:
@@ -401,9 +372,6 @@ def _prune_ffn(model, ctx: PruneContext) -> None:
 
 def _recover(model, model_dir: Path, ctx: PruneContext, how: str):
     """Fine-tune the pruned model, or distil it from the unpruned one, through those stages."""
-    from compress.core.artifacts import compression_record, save_model_dir
-    from teacher.finetune import FinetuneConfig, finetune, load_model_for_task
-
     scratch = Path(tempfile.mkdtemp(prefix="compress-prune-"))
     try:
         pruned = save_model_dir(model, scratch / "pruned", tokenizer=ctx.tokenizer,
@@ -411,8 +379,6 @@ def _recover(model, model_dir: Path, ctx: PruneContext, how: str):
         if how == "finetune":
             out = finetune(pruned, scratch / "recovered", FinetuneConfig(task=ctx.task.name, data=ctx.cfg.data, train=ctx.cfg.train))
         else:
-            from compress.distill import DistillConfig, distill
-
             cfg = DistillConfig(task=ctx.task.name, init=str(pruned), losses=("kd", "hard"), data=ctx.cfg.data,
                                 train=ctx.cfg.train)
             out = distill(model_dir, scratch / "recovered", cfg)

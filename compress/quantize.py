@@ -7,7 +7,7 @@
 * ``torch``: PyTorch dynamic quantization of every ``nn.Linear`` (qint8 weights, per
   output channel; activations quantized per batch at run time). Stored as int8 values +
   scales + zero points in ``model.safetensors`` (format ``torch-int8-dynamic``).
-* ``onnxruntime``: the plain fp32 ONNX export (``compress.export``) quantized by
+* ``onnxruntime``: the plain fp32 ONNX export (``compress.core.export``) quantized by
   Optimum's ``ORTQuantizer`` with the CPU's preset, dynamic or static (min-max
   calibration on training examples). Stored as ``model.onnx`` (format ``onnx``). The
   export is quantized *unfused*: optimum 2.1 / ONNX Runtime 1.31 fail on an
@@ -35,20 +35,51 @@ to ``<out>.rejected`` and fails.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
+import torch
+from torch.export import Dim
+
+from compress.core.artifacts import (
+    COMPRESSION_FILE,
+    METRICS_FILE,
+    ONNX_FILE,
+    append_metrics,
+    apply_umask,
+    artifact_format,
+    check_output,
+    compression_record,
+    is_quantized,
+    load_tokenizer,
+    output_dir,
+    read_compression,
+    read_metrics,
+    require_model_dir,
+    saved_head,
+    write_json_atomic,
+)
+from compress.core import hardware, runtime
 from compress.core.config import option
-from compress.core.data import TaskData
+from compress.core.data import TaskData, encode_examples, load_split
 from compress.core.errors import CompressError
+from compress.core.export import OUTPUTS, _Positional, copy_sidecars, export_onnx
 from compress.core.registry import Registry
-from compress.core.tasks import SPAN, Task, get_task
+from compress.core.runtime import INPUTS, PT2_FILE, Runner, load_model, quantize_linears, structure_of, write_torch_int8
+from compress.core.structure import describe
+from compress.core.tasks import Task, get_task
+from compress.eval.evaluate import dev_evaluator, format_table, split_records
+from compress.eval.latency import size_on_disk
 
 SCHEMES = ("dynamic", "static", "qat")
 PRESETS = ("auto", "avx512_vnni", "avx2", "arm64")
@@ -143,9 +174,6 @@ BACKENDS: Registry[Backend] = Registry("quantization backend")
 
 def _quantize_torch(job: Job) -> dict[str, Any]:
     """PyTorch dynamic int8: every Linear gets qint8 weights; stored as int8 + scales."""
-    from compress.core.runtime import quantize_linears, write_torch_int8
-    from compress.export import copy_sidecars
-
     model = quantize_linears(copy.deepcopy(job.reference), per_channel=job.cfg.per_channel)
     write_torch_int8(model, job.out)
     copy_sidecars(job.parent_dir, job.out)
@@ -153,18 +181,14 @@ def _quantize_torch(job: Job) -> dict[str, Any]:
 
 
 def _torch_engine() -> str:
-    import torch
-
     return torch.backends.quantized.engine  # the kernels packed weights are laid out for (x86, qnnpack)
 
 
 def resolve_preset(preset: str) -> str:
     """The ONNX Runtime preset for this CPU: arm64, avx512_vnni (int8 weights) or avx2 (uint8)."""
-    from compress.core.hardware import cpu_info
-
     if preset != "auto":
         return preset
-    info = cpu_info()
+    info = hardware.cpu_info()  # looked up on the module at call time: tests fake the CPU
     if info["arch"].lower() in ("arm64", "aarch64"):
         return "arm64"
     # avx2's preset uses uint8 weights with reduced range: 3x slower where VNNI exists.
@@ -173,11 +197,8 @@ def resolve_preset(preset: str) -> str:
 
 def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
     """Optimum ORTQuantizer on the plain fp32 export; the result is this directory's model.onnx."""
+    # deferred: a heavy import, paid only where it is used
     from optimum.onnxruntime import AutoCalibrationConfig, AutoQuantizationConfig, ORTQuantizer
-
-    from compress.core.artifacts import ONNX_FILE
-    from compress.core.runtime import artifact_format
-    from compress.export import copy_sidecars, export_onnx
 
     preset = resolve_preset(job.cfg.preset)
     static = job.cfg.scheme == "static"
@@ -215,11 +236,6 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
 
 def _quantize_inc(job: Job) -> dict[str, Any]:
     """Neural Compressor 3.x static PT2E: export, prepare, calibrate, convert (int8 weights folded), save."""
-    import torch
-    from torch.export import Dim
-
-    from compress.core.runtime import INPUTS, PT2_FILE
-    from compress.export import OUTPUTS, _Positional, copy_sidecars
 
     wrapper = _Positional(copy.deepcopy(job.reference), OUTPUTS[job.head]).module
     example = job.calibration.example()
@@ -227,8 +243,13 @@ def _quantize_inc(job: Job) -> dict[str, Any]:
     seq = Dim("seq", min=2, max=job.reference.config.max_position_embeddings)
     dynamic = {name: {0: batch, 1: seq} for name in INPUTS}
     with quiet_inc():
+        # deferred: a heavy import, paid only where it is used
         from neural_compressor.torch.algorithms.pt2e_quant.core import W8A8PT2EQuantizer
+
+        # deferred: a heavy import, paid only where it is used
         from neural_compressor.torch.export import export
+
+        # deferred: a heavy import, paid only where it is used
         from neural_compressor.torch.quantization import get_default_static_config, prepare
 
         try:
@@ -264,13 +285,13 @@ def _qat_pt2e(exported, wrapper, job: Job) -> tuple[Any, dict[str, Any]]:
     gradients pass the rounding by the straight-through estimator. The graph was
     exported in eval mode, so no dropout is in it.
     """
-    import itertools
-    import time
-
-    import torch
+    # deferred: a heavy import, paid only where it is used
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
+
+    # deferred: a heavy import, paid only where it is used
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
-        X86InductorQuantizer, get_default_x86_inductor_quantization_config,
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
     )
 
     quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=True))
@@ -331,6 +352,7 @@ def quiet_root_logger() -> Iterator[None]:
 @contextmanager
 def quiet_inc() -> Iterator[None]:
     """Neural Compressor logs every step at INFO on stderr; keep its errors only."""
+    # deferred: a heavy import, paid only where it is used
     from neural_compressor.common.utils.logger import Logger
 
     inc_logger = Logger().get_logger()  # the singleton resets the level when first created
@@ -365,26 +387,19 @@ class Calibration:
 
     def tensors(self) -> Iterator[tuple]:
         """Each batch as positional torch tensors (input_ids, attention_mask, token_type_ids)."""
-        import torch
-
-        from compress.core.runtime import INPUTS
 
         for batch in self.batches:
             yield tuple(torch.from_numpy(batch[name]) for name in INPUTS)
 
     def example(self) -> tuple:
         """The first batch as export's example inputs, at least 2 rows (a batch of 1 would be specialised)."""
-        import torch
-
         inputs = next(self.tensors())
         return tuple(torch.cat([t, t]) if t.shape[0] < 2 else t for t in inputs)
 
     def dataset(self):
         """All batches as a ``datasets.Dataset`` of padded rows, as ORTQuantizer.fit reads them."""
+        # deferred: a heavy import, paid only where it is used
         import datasets
-        import numpy as np
-
-        from compress.core.runtime import INPUTS
 
         return datasets.Dataset.from_dict({name: np.concatenate([b[name] for b in self.batches]).tolist() for name in INPUTS})
 
@@ -401,19 +416,11 @@ class Calibration:
 
 def task_calibration(task: Task, tokenizer, cfg: QuantizeConfig, max_length: int, n: int) -> Calibration:
     """``n`` seeded random training examples of ``task``, tokenised and padded to ``max_length``."""
-    from compress.core.data import load_split
-
     train_src, _ = cfg.data.sources()
     ds = load_split(task, "train", train_src)
     n = min(n, len(ds))
     ds = ds.shuffle(seed=cfg.seed).select(range(n))
-    if task.kind == SPAN:
-        texts = ([q.lstrip() for q in ds["question"]], list(ds["context"]))
-        truncation = "only_second"  # keep the question, cut the context
-    else:
-        texts = tuple(list(ds[f]) for f in task.text_fields)  # datasets 5 columns are not lists
-        truncation = True
-    enc = tokenizer(*texts, truncation=truncation, max_length=max_length, padding="max_length", return_tensors="np")
+    enc = encode_examples(task, tokenizer, ds, max_length, padding="max_length", return_tensors="np")
     batches = _batches(enc, n)
     source = {"task": task.name, "split": "train", "examples": n, "max_length": max_length, "seed": cfg.seed,
               "data": cfg.data.describe()}
@@ -422,8 +429,6 @@ def task_calibration(task: Task, tokenizer, cfg: QuantizeConfig, max_length: int
 
 def random_calibration(tokenizer, max_positions: int, seed: int) -> Calibration:
     """Random token sequences ([CLS] ... [SEP], varied lengths) for the output check when there is no task."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     length = min(RANDOM_CHECK_LENGTH, max_positions)
     special = set(tokenizer.all_special_ids)
@@ -439,9 +444,6 @@ def random_calibration(tokenizer, max_positions: int, seed: int) -> Calibration:
 
 def _batches(enc, n: int) -> list[dict[str, Any]]:
     """Cut (n, length) arrays into int64 batches of CALIBRATION_BATCH rows."""
-    import numpy as np
-
-    from compress.core.runtime import INPUTS
 
     arrays = {name: np.asarray(enc[name], dtype=np.int64) if name in enc else np.zeros_like(enc["input_ids"], dtype=np.int64) for name in INPUTS}
     return [{k: v[i : i + CALIBRATION_BATCH] for k, v in arrays.items()} for i in range(0, n, CALIBRATION_BATCH)]
@@ -452,9 +454,6 @@ def _batches(enc, n: int) -> list[dict[str, Any]]:
 
 def collect_outputs(model, batches: list[dict[str, Any]], names: tuple[str, ...]):
     """The model's outputs ``names`` on ``batches``, flattened per example: (examples, values) float64."""
-    import numpy as np
-    import torch
-
     rows = []
     with torch.inference_mode():
         for batch in batches:
@@ -471,8 +470,6 @@ def collect_outputs(model, batches: list[dict[str, Any]], names: tuple[str, ...]
 
 def degenerate(reference, quantized) -> str | None:
     """Why the int8 outputs (examples, values) are unusable next to the fp32 ones, or None."""
-    import numpy as np
-
     if not np.isfinite(quantized).all():
         return "NaN or infinite outputs"
     if not np.abs(quantized).any():
@@ -486,8 +483,6 @@ def degenerate(reference, quantized) -> str | None:
 
 def check_outputs(reference, quantized, calibration: Calibration, names: tuple[str, ...], backend: str) -> dict[str, Any]:
     """Run fp32 and int8 side by side on the check examples; raise on degenerate int8 outputs."""
-    import numpy as np
-
     batches = calibration.check_batches()
     ref = collect_outputs(reference, batches, names)
     got = collect_outputs(quantized, batches, names)
@@ -513,12 +508,6 @@ def check_outputs(reference, quantized, calibration: Calibration, names: tuple[s
 
 def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, overwrite: bool = False) -> Path:
     """Quantize the fp32 model in ``model_dir`` to int8 with ``cfg.backend``; the output directory."""
-    from compress.core.artifacts import (
-        COMPRESSION_FILE, METRICS_FILE, check_output, load_model, load_tokenizer, output_dir, require_model_dir,
-        saved_head, write_json_atomic,
-    )
-    from compress.core.runtime import artifact_format, is_quantized, load_runtime
-
     cfg.validate()
     backend = BACKENDS.get(cfg.backend)
     model_dir = require_model_dir(model_dir)
@@ -546,7 +535,7 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
         record = _record(model_dir, cfg, backend, head, reference, calibration, extra)
         write_json_atomic(tmp / COMPRESSION_FILE, record)  # the loader reads format and structure from it
         write_json_atomic(tmp / METRICS_FILE, {"results": []})
-        quantized = load_runtime(tmp)
+        quantized = runtime.load_model(tmp)  # looked up on the module at call time: tests break the runtime
         names = tuple(record["outputs"])
         record["check"] = check_outputs(reference, quantized, calibration, names, cfg.backend)
         if task:
@@ -564,15 +553,13 @@ def _check_head(backend: Backend, cfg: QuantizeConfig, head: str, model_dir: Pat
         raise CompressError(f"the {cfg.backend} backend quantizes {', '.join(backend.heads)} models; {model_dir} is a {head} model")
     if cfg.task:
         task = get_task(cfg.task)
-        wanted = "question-answering" if task.kind == SPAN else "sequence-classification"
+        wanted = task.behaviour.head
         if head != wanted:
             raise CompressError(f"{model_dir} is a {head} model but {task.display} needs a {wanted} model; fine-tune it on {task.name} first")
 
 
 def _dev_splits(task: Task, data: TaskData) -> dict[str, Any]:
     """The raw dev split(s) (MNLI: matched and mismatched), as fine-tuning loads them."""
-    from compress.core.data import load_split
-
     _, dev_src = data.sources()
     names = [s.name for s in task.resolve_splits("dev")]
     if data.dev_file:
@@ -582,10 +569,6 @@ def _dev_splits(task: Task, data: TaskData) -> dict[str, Any]:
 
 def _record(model_dir: Path, cfg: QuantizeConfig, backend: Backend, head: str, reference, calibration: Calibration, extra: dict[str, Any]) -> dict[str, Any]:
     """compression.json for the int8 directory."""
-    from compress.core.artifacts import compression_record
-    from compress.core.runtime import Runner, structure_of
-    from compress.core.structure import describe
-
     structure = structure_of(model_dir) if isinstance(reference, Runner) else describe(reference)
     outputs = extra.pop("outputs", None) or list(OUTPUT_NAMES[head])
     return compression_record(
@@ -609,8 +592,6 @@ def _record(model_dir: Path, cfg: QuantizeConfig, backend: Backend, head: str, r
 
 
 def _versions(names: tuple[str, ...]) -> dict[str, str]:
-    from importlib import metadata
-
     versions = {}
     for name in names:
         try:
@@ -622,9 +603,6 @@ def _versions(names: tuple[str, ...]) -> dict[str, str]:
 
 def _accuracy_guard(reference, quantized, task: Task, tokenizer, dev, max_length: int, cfg: QuantizeConfig, record, tmp: Path) -> str | None:
     """Score fp32 and int8 on dev, append both to metrics.json; the reason to reject, or None."""
-    from compress.core.artifacts import append_metrics
-    from eval.evaluate import dev_evaluator, split_records
-
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
     before, after = evaluate(reference), evaluate(quantized)
     metric = task.primary_metric
@@ -646,6 +624,17 @@ def _accuracy_guard(reference, quantized, task: Task, tokenizer, dev, max_length
     )
 
 
+def summarize(out: Path, cfg: QuantizeConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress quantize`` prints: backend, scheme and weights on disk before and after, then dev results."""
+    record = read_compression(out)
+    before, after = size_on_disk(inputs["model"]), size_on_disk(out)
+    lines = [f"{record.get('backend')} {record.get('scheme')} int8: weights {before / 2**20:.1f} MB -> {after / 2**20:.1f} MB"]
+    evals = [r for r in read_metrics(out) if r.get("kind") == "eval"]
+    if evals:
+        lines.append(format_table(evals))
+    return "\n".join(lines), []
+
+
 def rejected_path(out: Path) -> Path:
     """Where a result that failed the accuracy guard goes: ``<out>.rejected`` next to ``out``."""
     out = Path(out).absolute()
@@ -657,6 +646,6 @@ def _reject(tmp: Path, out: Path) -> Path:
     target = rejected_path(out)
     if target.exists():
         shutil.rmtree(target)
-    tmp.chmod(0o755)  # mkdtemp made it private
+    apply_umask(tmp)  # mkdtemp made it private
     os.replace(tmp, target)
     return target

@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from compress.core.artifacts import apply_umask
 
 CACHE_ENV = "COMPRESS_CACHE"
 
@@ -52,14 +56,10 @@ class TeacherCache:
     hit: bool  # True when read from disk, False when just computed
 
     def batch_outputs(self, index: Sequence[int], name: str):
-        import torch
-
         return torch.from_numpy(np.ascontiguousarray(self.outputs[name][list(index)]))
 
     def batch_hidden(self, index: Sequence[int], seq_len: int):
         """Cached hidden states of some examples, padded to ``seq_len``: (n_layers, batch, seq, hidden)."""
-        import torch
-
         n_layers, width = self.hidden.shape[1], self.hidden.shape[2]
         out = np.zeros((n_layers, len(index), seq_len, width), dtype=np.float32)
         for row, i in enumerate(index):
@@ -98,6 +98,7 @@ def load_or_build(
             np.save(tmp / "offsets.npy", offsets)
         meta = {"outputs": list(outputs), "layers": list(layers), "n": len(input_ids), "teacher": teacher_hash}
         (tmp / "meta.json").write_text(json.dumps(meta))
+        apply_umask(tmp)  # mkdtemp made it private
         os.replace(tmp, path)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -119,8 +120,6 @@ def _read(path: Path, outputs: Sequence[str], layers: Sequence[int]) -> TeacherC
 
 def _compute(teacher, features, collator, outputs, layers, batch_size, device) -> tuple[dict[str, Any], Any, Any]:
     """One teacher pass in eval mode (no dropout: the outputs are deterministic)."""
-    import torch
-    from tqdm.auto import tqdm
 
     device = device or next(teacher.parameters()).device
     teacher.eval()

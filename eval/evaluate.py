@@ -1,23 +1,30 @@
 """Evaluate a model directory on a GLUE task or SQuAD with the official metrics.
 
 ``evaluate(model_dir, cfg)`` loads the model and the split, predicts in length-sorted
-batches (less padding, same results), scores with ``eval.metrics`` / ``eval.squad``,
+batches (less padding, same results), scores with ``compress.eval.metrics`` / ``compress.eval.squad``,
 appends one record per split to the model's ``metrics.json``, writes the predictions,
 and for GLUE test splits the server's submission files.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from compress.core.artifacts import append_metrics, atomic_path, load_tokenizer, require_model_dir, utc_now, write_text_atomic
 from compress.core.config import option
+from compress.core.data import DataSource, check_max_length, collate, load_split, squad_eval_features, tokenize_classification
 from compress.core.errors import CompressError
-from compress.core.tasks import REGRESSION, SPAN, Split, Task, get_task
+from compress.core.runtime import load_model, model_device
+from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, Split, Task, get_task
+from compress.eval.metrics import glue_metrics
+from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,7 @@ class EvalConfig:
             raise CompressError("pass either --data-dir or --data-file, not both")
 
 
-def default_max_length(task: Task) -> int:
-    return 384 if task.kind == SPAN else 128
-
-
 def resolve_device(name: str):
-    import torch
-
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -74,8 +75,6 @@ def resolve_device(name: str):
 
 
 def data_source(cfg: EvalConfig):
-    from compress.core.data import DataSource
-
     columns = tuple(tuple(p.split("=", 1)) for p in cfg.columns)
     return DataSource(data_dir=cfg.data_dir, data_file=cfg.data_file, columns=columns)
 
@@ -89,18 +88,14 @@ def output_to_task_labels(config, task: Task) -> list[int]:
     A model fine-tuned elsewhere may order MNLI's labels differently; ids are never
     trusted across sources, names are. Generic names (LABEL_0, ...) mean task order.
     """
-    if task.kind == REGRESSION:
-        if config.num_labels != 1:
-            raise CompressError(
-                f"the model has {config.num_labels} outputs but {task.display} is a regression task "
-                "(1 output); is this a model for another task?"
-            )
-        return [0]
     if config.num_labels != task.num_labels:
+        wanted = (f"has {task.num_labels} labels ({', '.join(task.label_names)})" if task.id2label
+                  else f"is a {task.kind} task ({task.num_labels} output)")
         raise CompressError(
-            f"the model has {config.num_labels} outputs but {task.display} has {task.num_labels} labels "
-            f"({', '.join(task.label_names)}); is this a model for another task?"
+            f"the model has {config.num_labels} outputs but {task.display} {wanted}; is this a model for another task?"
         )
+    if task.id2label is None:  # a score, not named labels: nothing to map
+        return list(range(task.num_labels))
     names = [str(config.id2label.get(i, config.id2label.get(str(i), f"LABEL_{i}"))) for i in range(config.num_labels)]
     if all(n.startswith("LABEL_") for n in names):
         return list(range(task.num_labels))
@@ -126,9 +121,6 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
     Returns one list per name in ``outputs``, in the original feature order; each item
     is a 1-D numpy array (a feature's logits, or its per-token start/end logits).
     """
-    import numpy as np
-    import torch
-    from tqdm.auto import tqdm
 
     model_inputs = {"input_ids", "attention_mask", "token_type_ids"}
     columns = [c for c in features.column_names if c in model_inputs]
@@ -158,9 +150,6 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
 
 def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     """Evaluate ``model_dir`` on ``cfg.task``; one result record per split evaluated."""
-    from compress.core.artifacts import append_metrics, load_model, load_tokenizer, require_model_dir
-    from compress.core.data import check_max_length
-
     model_dir = require_model_dir(model_dir)
     task = get_task(cfg.task) if cfg.task else None
     if task is None:
@@ -168,22 +157,18 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     splits = task.resolve_splits(cfg.split)
     if cfg.submission and any(s.submission_file is None for s in splits):
         raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
-    head = "question-answering" if task.kind == SPAN else "sequence-classification"
-    model = load_model(model_dir, head=head)  # config and weights first: their errors are the clearest
+    per_kind = _BY_KIND[task.kind]
+    model = load_model(model_dir, head=task.behaviour.head)  # config and weights first: their errors are the clearest
     tokenizer = load_tokenizer(model_dir)
     check_vocab(tokenizer, model.config, model_dir)
-    if task.kind != SPAN:
-        output_to_task_labels(model.config, task)  # fail before loading any data
-    max_length = cfg.max_length or min(default_max_length(task), model.config.max_position_embeddings)
+    per_kind.check(model.config, task)  # fail before loading any data
+    max_length = cfg.max_length or min(task.behaviour.max_length, model.config.max_position_embeddings)
     check_max_length(max_length, model.config.max_position_embeddings)
     device = resolve_device(cfg.device)
 
     records = []
     for split in splits:
-        if task.kind == SPAN:
-            record = _evaluate_squad(model, tokenizer, task, split, cfg, max_length, device, model_dir)
-        else:
-            record = _evaluate_glue(model, tokenizer, task, split, cfg, max_length, device, model_dir)
+        record = per_kind.evaluate_split(model, tokenizer, task, split, cfg, max_length, device, model_dir)
         if cfg.record and record.get("metrics"):
             append_metrics(model_dir, record)
         records.append(record)
@@ -218,11 +203,6 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
     Predictions are task label indices (floats for regression); metrics are None when
     the split has no labels. Fine-tuning and distillation call the scorer every epoch.
     """
-    import numpy as np
-
-    from compress.core.data import collate, tokenize_classification
-    from compress.core.runtime import model_device
-    from eval.metrics import glue_metrics
 
     features = tokenize_classification(ds, task, tokenizer, max_length)
     labels = np.array(ds["label"])
@@ -231,15 +211,12 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
     def score(model):
         mapping = output_to_task_labels(model.config, task)
         target = device if device is not None else model_device(model)
-        (logits,) = predict(model, features, collator, batch_size, target, desc=f"{task.display} eval")
+        (logits,) = predict(model, features, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval")
         logits = np.stack(logits)  # (n, num_labels)
-        if task.kind == REGRESSION:
-            preds = logits[:, 0]
-        else:
-            # Reorder the model's outputs into the task's label order, then argmax.
-            task_logits = np.empty_like(logits)
-            task_logits[:, mapping] = logits
-            preds = task_logits.argmax(axis=1)
+        # Reorder the model's outputs into the task's label order, then decide: argmax or the score.
+        task_logits = np.empty_like(logits)
+        task_logits[:, mapping] = logits
+        preds = _BY_KIND[task.kind].decide(task_logits)
         metrics = glue_metrics(task, preds, labels) if (labels != -1).all() else None
         return metrics, preds
 
@@ -251,21 +228,16 @@ def squad_scorer(
     max_answer_length: int = 30, null_threshold: float = 0.0, batch_size: int = 32, device=None,
 ):
     """Build SQuAD windows once; return ``score(model) -> (metrics, (predictions, null_odds))``."""
-    import numpy as np
-
-    from compress.core.data import collate, squad_eval_features
-    from compress.core.runtime import model_device
-    from eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores
 
     features = squad_eval_features(ds, tokenizer, max_length, doc_stride)
     inputs = features.remove_columns(["offset_mapping", "example_id"])
     collator = collate(tokenizer)
-    version_2 = task.name == "squad_v2"
+    version_2 = task.unanswerable
 
     def score(model):
         target = device if device is not None else model_device(model)
         starts, ends = predict(
-            model, inputs, collator, batch_size, target, outputs=("start_logits", "end_logits"), desc=f"{task.display} eval"
+            model, inputs, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval"
         )
         width = max(len(s) for s in starts)
         start_logits = np.full((len(starts), width), -1e4, dtype=np.float32)  # (n_features, seq_len)
@@ -287,13 +259,19 @@ def squad_scorer(
 
 def make_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device=None):
     """The task's scorer with the evaluation options of ``cfg``."""
-    if task.kind == SPAN:
-        return squad_scorer(
-            tokenizer, task, ds, max_length=max_length, doc_stride=cfg.doc_stride, n_best=cfg.n_best,
-            max_answer_length=cfg.max_answer_length, null_threshold=cfg.null_threshold,
-            batch_size=cfg.batch_size, device=device,
-        )
+    return _BY_KIND[task.kind].scorer(tokenizer, task, ds, cfg, max_length, device)
+
+
+def _glue_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device):
     return glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.batch_size, device=device)
+
+
+def _squad_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device):
+    return squad_scorer(
+        tokenizer, task, ds, max_length=max_length, doc_stride=cfg.doc_stride, n_best=cfg.n_best,
+        max_answer_length=cfg.max_answer_length, null_threshold=cfg.null_threshold,
+        batch_size=cfg.batch_size, device=device,
+    )
 
 
 def dev_evaluator(task: Task, tokenizer, dev: dict, max_length: int, *, batch_size: int = 64, doc_stride: int = 128):
@@ -316,8 +294,6 @@ def dev_evaluator(task: Task, tokenizer, dev: dict, max_length: int, *, batch_si
 
 def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> list[dict[str, Any]]:
     """metrics.json records (one per dev split) from a :func:`dev_evaluator` result."""
-    from compress.core.artifacts import utc_now
-
     records = []
     for i, name in enumerate(dev):
         prefix = "" if i == 0 else f"{name}/"
@@ -329,8 +305,6 @@ def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> 
 
 
 def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
-    from compress.core.data import load_split
-
     ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
     metrics, preds = glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.batch_size, device=device)(model)
     record: dict[str, Any] = {
@@ -353,9 +327,6 @@ def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, 
 
 
 def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
-    from compress.core.data import load_split
-    from eval.squad import write_null_odds, write_predictions
-
     ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
     scorer = make_scorer(tokenizer, task, ds, cfg, max_length, device)
     metrics, (preds, null_odds) = scorer(model)
@@ -373,7 +344,7 @@ def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig,
         "metrics": metrics,
         "predictions": str(pred_file),
     }
-    if task.name == "squad_v2":
+    if task.unanswerable:
         record["null_odds"] = str(write_null_odds(out / f"{task.name}_{split.name}_null_odds.json", null_odds))
     return record
 
@@ -383,26 +354,24 @@ def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig,
 
 def format_prediction(task: Task, value) -> str:
     """One prediction as the GLUE server wants it: 0/1, a label name, or a %.3f score."""
-    if task.kind == REGRESSION:
-        lo, hi = task.label_range or (float("-inf"), float("inf"))
-        return f"{min(max(float(value), lo), hi):.3f}"
+    return _BY_KIND[task.kind].format(task, value)
+
+
+def _format_label(task: Task, value) -> str:
     if task.submission_labels == "names":
         return task.label_names[int(value)]
     return str(int(value))
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+def _format_score(task: Task, value) -> str:
+    lo, hi = task.label_range or (float("-inf"), float("inf"))
+    return f"{min(max(float(value), lo), hi):.3f}"
 
 
 def write_glue_predictions(out: Path, task: Task, split: Split, idx, preds) -> Path:
     lines = ["index\tprediction"] + [f"{int(i)}\t{format_prediction(task, p)}" for i, p in zip(idx, preds)]
     path = out / f"{task.name}_{split.name}.tsv"
-    _write_text_atomic(path, "\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -420,22 +389,81 @@ def write_submission(out: Path, task: Task, split: Split, idx, preds) -> Path:
     """
     lines = ["index\tprediction"] + [f"{int(i)}\t{format_prediction(task, p)}" for i, p in zip(idx, preds)]
     path = out / split.submission_file
-    _write_text_atomic(path, "\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     build_submission_zip(out)
     return path
 
 
 def build_submission_zip(out: Path) -> Path:
     zip_path = out / "submission.zip"
-    fd, tmp = tempfile.mkstemp(prefix=".submission.", suffix=".zip", dir=out)
-    os.close(fd)
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with atomic_path(zip_path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name in SUBMISSION_FILES:
             if (out / name).is_file():
                 zf.write(out / name, arcname=name)
-    os.replace(tmp, zip_path)
     return zip_path
 
 
 def missing_submission_files(out: Path) -> list[str]:
     return [name for name in SUBMISSION_FILES if not (Path(out) / name).is_file()]
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """Evaluation records as a plain-text table: task, split, n, metric, value."""
+    rows = [("task", "split", "n", "metric", "value")]
+    for r in records:
+        for name, value in (r.get("metrics") or {}).items():
+            if name in ("n", "total", "missing"):
+                continue
+            rows.append((r["task"], r["split"], str(r.get("n", "")), name, f"{value:.2f}" if isinstance(value, float) else str(value)))
+        if not r.get("metrics") and "skipped" not in r:
+            rows.append((r["task"], r["split"], str(r.get("n", "")), "(no labels)", "predictions only"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def summarize(records: list[dict[str, Any]], cfg: EvalConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress eval`` prints: the table, and notes on skipped splits and where files went."""
+    notes = []
+    for r in records:
+        if "skipped" in r:
+            notes.append(f"note: {r['task']} {r['split']} skipped: {r['skipped']}")
+        elif "predictions" in r:
+            notes.append(f"predictions: {r['predictions']}")
+    if cfg.submission:
+        missing = missing_submission_files(cfg.submission)
+        notes.append(f"submission files in {cfg.submission}; zip: {cfg.submission}/submission.zip")
+        if missing:
+            notes.append(f"still missing for a complete GLUE submission: {', '.join(missing)}")
+    if cfg.record and any(r.get("metrics") for r in records):
+        notes.append(f"results appended to {inputs['model']}/metrics.json")
+    return format_table(records), notes
+
+
+# ---------------------------------------------------------------------------- per kind of task
+
+
+@dataclass(frozen=True)
+class _KindEval:
+    """How one kind of task is evaluated."""
+
+    check: Callable  # (model config, task) -> refuse a model made for another task, before any data loads
+    scorer: Callable  # (tokenizer, task, dataset, EvalConfig, max_length, device) -> score(model)
+    evaluate_split: Callable  # (model, tokenizer, task, split, cfg, max_length, device, model_dir) -> record
+    decide: Callable | None  # (n, outputs) logits in the task's label order -> predictions; None: spans
+    format: Callable | None  # (task, prediction) -> its text in prediction and GLUE server files; None: spans
+
+
+def _any_model(config, task: Task) -> None:
+    """A span head has no label names or count to check."""
+
+
+# Sentence tasks and SQuAD are scored by two different algorithms (one prediction per
+# example; answer spans gathered over context windows), and a score is read off the one
+# output where a label is an argmax. This table is the module's one dispatch on the kind.
+_BY_KIND: dict[str, _KindEval] = {
+    CLASSIFICATION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda logits: logits.argmax(axis=1), _format_label),
+    REGRESSION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda logits: logits[:, 0], _format_score),
+    SPAN: _KindEval(_any_model, _squad_scorer, _evaluate_squad, None, None),
+}

@@ -10,7 +10,7 @@
   attention distance, and the Jensen-Shannon distance between every pair of heads,
   embedded in 2-D with MDS.
 * How much heads matter, after Michel et al. 2019, "Are Sixteen Heads Really Better than
-  One?": the gate-gradient importance of ``compress.importance`` (with ``--task``; with
+  One?": the gate-gradient importance of ``compress.core.importance`` (with ``--task``; with
   ``--text`` there are no labels, so the weight-magnitude criterion stands in), and the
   pruning curve: the dev metric as a growing fraction of heads is masked (hooks, no
   surgery) in increasing order of importance versus a seeded random order. Importance is
@@ -25,19 +25,30 @@ are blank. Heads are named ``L{layer}H{head}`` with the 0-based ids of the unpru
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import string
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
+from sklearn.manifold import MDS
+from tqdm.auto import tqdm
 
+from compress.core import structure as st
+from compress.core.artifacts import check_output, load_tokenizer, output_dir, require_model_dir, utc_now, write_json_atomic
 from compress.core.config import option
-from compress.core.data import TaskData
+from compress.core.data import TaskData, check_max_length, collate, load_split, load_task_data
 from compress.core.errors import CompressError
+from compress.core.importance import head_importance_gradient, head_importance_magnitude, heads_to_remove, masked_heads
+from compress.core.runtime import load_model, load_model_for_task
+from compress.core.tasks import get_task
+from compress.eval.evaluate import dev_evaluator
+from compress.eval.plots import _pyplot, save_figure
 
 PUNCTUATION = frozenset(string.punctuation)
 DEFAULT_TEXT_LENGTH = 128  # tokens per input with --text when --max-length is not given
@@ -63,8 +74,6 @@ class HeadsConfig:
         if not self.task and not self.text:
             raise CompressError("nothing to analyse: pass --task TASK (with --data-dir) or --text FILE (one input per line)")
         if self.task:
-            from compress.core.tasks import get_task
-
             get_task(self.task)
         if self.text:
             path = Path(self.text)
@@ -244,8 +253,6 @@ def is_punctuation(token: str) -> bool:
 
 def head_ids(model) -> tuple[list[int], list[list[int]]]:
     """(original layer ids, original head ids per current layer): pruned heads keep their names."""
-    from compress.core import structure as st
-
     s = st.describe(model)
     n_orig = model.config.num_attention_heads
     ids = []
@@ -258,19 +265,9 @@ def head_ids(model) -> tuple[list[int], list[list[int]]]:
 
 def _load_model(model_dir: Path, task):
     """The model with eager attention (``output_attentions`` needs it) and, with a task, its trained head."""
-    from compress.core.artifacts import load_model
-    from compress.core.tasks import REGRESSION, SPAN
-
     if task is None:
         return load_model(model_dir, attn_implementation="eager")
-    # As teacher.finetune.load_model_for_task, plus eager attention.
-    if task.kind == SPAN:
-        model, info = load_model(model_dir, head="question-answering", attn_implementation="eager", with_info=True)
-    else:
-        id2label = None if task.kind == REGRESSION else dict(enumerate(task.label_names))
-        model, info = load_model(model_dir, head="sequence-classification", num_labels=task.num_labels,
-                                 id2label=id2label, attn_implementation="eager", with_info=True)
-        model.config.problem_type = "regression" if task.kind == REGRESSION else "single_label_classification"
+    model, info = load_model_for_task(model_dir, task, attn_implementation="eager", with_info=True)
     if any(k.startswith(("classifier.", "qa_outputs.")) for k in info["new_weights"]):
         raise CompressError(
             f"{model_dir} has no trained {task.display} head, so importance and the pruning curve would be noise; "
@@ -302,8 +299,6 @@ def encode_inputs(tokenizer, texts: Sequence[tuple[str, ...]], max_length: int) 
 
 def _task_inputs(task, data: TaskData, limit: int) -> tuple[list[tuple[str, ...]], str]:
     """Texts of the first ``limit`` examples of the task's (first) dev split, and where they came from."""
-    from compress.core.data import load_split
-
     _, dev_source = data.sources()
     split = task.resolve_splits("dev")[0].name
     ds = load_split(task, split, dev_source, limit)
@@ -338,10 +333,6 @@ def attention_statistics(model, tokenizer, encodings: Sequence[dict], *, batch_s
     the rows it averages, so the result equals one average over all inputs. The first
     ``js_examples`` inputs (in the given order) also feed the Jensen-Shannon matrix.
     """
-    from tqdm.auto import tqdm
-
-    from compress.core import structure as st
-    from compress.core.data import collate
 
     device = next(model.parameters()).device
     sizes = st.heads_per_layer(model)
@@ -403,11 +394,6 @@ def pruning_curve(model, evaluate, metric: str, scores: Sequence[Sequence[float]
     fractions may be capped (``removed`` says how many heads were actually masked).
     ``evaluate(model) -> {metric: value}``. Returns one row per fraction.
     """
-    from tqdm.auto import tqdm
-
-    from compress.core import structure as st
-    from compress.importance import masked_heads
-    from compress.prune import heads_to_remove
 
     sizes = st.heads_per_layer(model)
     total, removable = sum(sizes), sum(sizes) - len(sizes)
@@ -439,19 +425,12 @@ def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
 
     Michel et al.'s gate gradient with a task; the weight magnitude without one (no labels).
     """
-    from dataclasses import replace
-
-    from tqdm.auto import tqdm
-
-    from compress.core.data import collate, load_task_data
-    from compress.importance import head_importance_gradient, head_importance_magnitude
 
     if task is None:
         scores = head_importance_magnitude(model)
         return [s.tolist() for s in scores], "magnitude", (
             "weight magnitude (L2 norm of each head's Q/K/V rows and output columns): --text gives no labels "
             "for Michel et al.'s gradient criterion"), None, None
-    from eval.evaluate import dev_evaluator
 
     data = replace(cfg.data, max_train_examples=cfg.importance_examples)
     features, dev, _ = load_task_data(task, tokenizer, data, max_length, seed=cfg.seed)
@@ -471,12 +450,6 @@ def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
 
 def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, overwrite: bool = False) -> Path:
     """Analyse the attention heads of ``model_dir`` and write plots, heads.json and summary.md to ``out``."""
-    from compress.core import structure as st
-    from compress.core.artifacts import check_output, load_tokenizer, output_dir, require_model_dir, utc_now
-    from compress.core.artifacts import write_json_atomic
-    from compress.core.data import check_max_length
-    from compress.core.tasks import get_task
-
     cfg.validate()
     out = check_output(out, overwrite)
     model_dir = require_model_dir(model_dir)
@@ -551,10 +524,6 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
 
 def mds_layout(distances: Sequence[Sequence[float]], seed: int = 0) -> list[list[float]]:
     """2-D coordinates whose Euclidean distances approximate the (H, H) ``distances`` (metric MDS)."""
-    import inspect
-
-    import numpy as np
-    from sklearn.manifold import MDS
 
     d = np.asarray(distances, dtype=float)
     if len(d) < 3:  # nothing to lay out: put the heads on a line
@@ -659,8 +628,6 @@ def format_summary(result: dict[str, Any]) -> str:
 
 def _grid(per_layer: Sequence[Sequence[float]], ids: Sequence[Sequence[int]], width: int):
     """(layers, width) array with each head at its original id; missing (pruned) heads are NaN."""
-    import numpy as np
-
     grid = np.full((len(per_layer), width), np.nan)
     for l, (row, hs) in enumerate(zip(per_layer, ids)):
         for v, h in zip(row, hs):
@@ -669,8 +636,6 @@ def _grid(per_layer: Sequence[Sequence[float]], ids: Sequence[Sequence[int]], wi
 
 
 def _heatmap(ax, grid, layer_ids, title: str, vmin=None, vmax=None, cmap="viridis", fmt="{:.2f}"):
-    import numpy as np
-
     shown = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)  # NaN cells stay blank
     ax.set_xticks(range(grid.shape[1]))
     ax.set_yticks(range(grid.shape[0]), [str(l) for l in layer_ids])
@@ -689,8 +654,6 @@ def _heatmap(ax, grid, layer_ids, title: str, vmin=None, vmax=None, cmap="viridi
 
 
 def _heatmap_figure(panels, layer_ids, ids, width, path: Path, suptitle: str = "", **kw) -> None:
-    from eval.plots import _pyplot, save_figure
-
     plt = _pyplot()
     cols = len(panels)
     fig, axes = plt.subplots(1, cols, figsize=(cols * max(3.5, 0.45 * width + 1.5), max(2.5, 0.4 * len(ids) + 1.5)),
@@ -712,8 +675,6 @@ IMPORTANCE_TITLES = {
 
 def write_plots(result: dict[str, Any], directory: Path) -> dict[str, str]:
     """Every PNG of the analysis into ``directory``; returns {file name: title}."""
-    from eval.plots import _pyplot, save_figure
-
     plt = _pyplot()
     stats, layer_ids, ids = result["statistics"], result["heads"]["layers"], result["heads"]["ids"]
     width = max([result["heads"]["original_heads_per_layer"]] + [max(row) + 1 for row in ids])
@@ -784,3 +745,10 @@ def write_plots(result: dict[str, Any], directory: Path) -> dict[str, str]:
         images["pruning_curve.png"] = "pruning curve: masking heads by importance vs at random"
     return images
 
+
+
+def summarize(out: Path, cfg: HeadsConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress heads`` prints: summary.md up to its importance section."""
+    lines = (out / "summary.md").read_text(encoding="utf-8").splitlines()
+    end = next((i for i, line in enumerate(lines) if line.startswith("## Importance")), len(lines))
+    return "\n".join(lines[:end]).rstrip(), []

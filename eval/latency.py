@@ -7,7 +7,7 @@ and returns a report dict; ``format_markdown(report)`` renders it as one table a
 Why one process per model: thread pools (torch's OpenMP pool, ONNX Runtime's own pool)
 persist for the life of a process and fight each other on a 2-core machine, and a
 model's allocations and caches would warm the next model's run. So the parent never
-times anything; it spawns ``python -m eval.latency --worker`` once for the GEMM peak
+times anything; it spawns ``python -m compress.eval.latency --worker`` once for the GEMM peak
 and once per model, with the thread count fixed in the environment before torch is
 imported, and reads JSON lines back on the worker's stdout:
 
@@ -37,9 +37,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from compress.core.config import option
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from compress.core.artifacts import (
+    append_metrics,
+    artifact_format,
+    is_quantized,
+    load_config,
+    require_model_dir,
+    utc_now,
+    write_json_atomic,
+    write_text_atomic,
+)
+from compress.core.config import from_dict, option
 from compress.core.errors import CompressError
+from compress.core.export import export_onnx
+from compress.core.hardware import cpu_info, hardware, package_versions
 from compress.core.registry import Registry
+from compress.core.runtime import load_model, parameter_count, structure_of
+from compress.core.structure import count_parameters, describe, flops_per_sequence
 
 REPORT_JSON = "latency.json"
 REPORT_MD = "latency.md"
@@ -121,10 +139,6 @@ BACKENDS: Registry[Callable[[Path, LatencyConfig], Session]] = Registry("latency
 @BACKENDS.register("torch")
 def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
     """PyTorch eager fp32 with the directory's saved head, under ``torch.inference_mode``."""
-    import torch
-
-    from compress.core.artifacts import load_model
-    from compress.core.structure import count_parameters, describe
 
     require_format(model_dir, "torch", "torch")
     model = load_model(model_dir)  # eval mode, fp32, pruned shapes rebuilt
@@ -150,8 +164,6 @@ AUTO_BACKENDS = {"torch": "torch", "torch-int8-dynamic": "torch-int8", "onnx": "
 @BACKENDS.register("auto")
 def auto(model_dir: Path, cfg: LatencyConfig) -> Session:
     """The backend for the directory's format: torch, torch-int8, onnxruntime or inc."""
-    from compress.core.runtime import artifact_format
-
     fmt = artifact_format(model_dir)
     if fmt not in AUTO_BACKENDS:
         raise CompressError(f"{model_dir} has format {fmt!r}, which no latency backend runs; valid: {', '.join(AUTO_BACKENDS)}")
@@ -160,8 +172,6 @@ def auto(model_dir: Path, cfg: LatencyConfig) -> Session:
 
 def require_format(model_dir: Path, fmt: str, backend: str) -> None:
     """Refuse a directory whose format the backend does not run (e.g. --backend torch on ONNX)."""
-    from compress.core.runtime import artifact_format
-
     found = artifact_format(model_dir)
     if found != fmt:
         raise CompressError(f"the {backend} latency backend runs {fmt} directories; {model_dir} is {found} (use --backend auto)")
@@ -169,9 +179,6 @@ def require_format(model_dir: Path, fmt: str, backend: str) -> None:
 
 def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, note: str | None = None) -> Session:
     """A Session timing any model from ``compress.core.runtime`` (HF call convention, torch tensors in)."""
-    import torch
-
-    from compress.core.runtime import parameter_count, structure_of
 
     config = model.config
 
@@ -192,22 +199,16 @@ def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, no
 @BACKENDS.register("torch-int8")
 def torch_int8(model_dir: Path, cfg: LatencyConfig) -> Session:
     """PyTorch eager with the directory's dynamic int8 Linears (``compress quantize --backend torch``)."""
-    from compress.core.runtime import load_runtime
-
     require_format(model_dir, "torch-int8-dynamic", "torch-int8")
-    return runtime_session(load_runtime(model_dir), model_dir, cfg, "torch-int8")
+    return runtime_session(load_model(model_dir), model_dir, cfg, "torch-int8")
 
 
 @BACKENDS.register("torch-bf16")
 def torch_bf16(model_dir: Path, cfg: LatencyConfig) -> Session:
     """PyTorch eager after ``model.to(torch.bfloat16)`` of an fp32 directory."""
-    import torch
-
-    from compress.core.hardware import cpu_info
-    from compress.core.runtime import load_runtime
 
     require_format(model_dir, "torch", "torch-bf16")
-    model = load_runtime(model_dir).to(torch.bfloat16)
+    model = load_model(model_dir).to(torch.bfloat16)
     note = None
     if not {"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]):
         note = "torch-bf16: this CPU has no avx512_bf16/amx_bf16, so bf16 matmuls are emulated (usually slower than fp32)"
@@ -217,17 +218,13 @@ def torch_bf16(model_dir: Path, cfg: LatencyConfig) -> Session:
 @BACKENDS.register("onnxruntime")
 def onnxruntime_session(model_dir: Path, cfg: LatencyConfig) -> Session:
     """An ONNX Runtime session (ORT_ENABLE_ALL); an fp32 PyTorch directory is exported first, in this worker."""
-    from compress.core.runtime import artifact_format, is_quantized, load_runtime
-
     fmt = artifact_format(model_dir)
     if fmt == "onnx":
-        model = load_runtime(model_dir, threads=cfg.threads)
+        model = load_model(model_dir, threads=cfg.threads)
     elif fmt == "torch":
-        from compress.export import export_onnx
-
         with tempfile.TemporaryDirectory(prefix="compress-onnx-") as tmp:
             # The session reads the whole graph at load, so the export can go right after.
-            model = load_runtime(export_onnx(model_dir, Path(tmp) / "onnx"), threads=cfg.threads)
+            model = load_model(export_onnx(model_dir, Path(tmp) / "onnx"), threads=cfg.threads)
     else:
         raise CompressError(f"the onnxruntime latency backend runs ONNX or fp32 PyTorch directories; {model_dir} is {fmt} (use --backend auto)")
     return runtime_session(model, model_dir, cfg, "onnxruntime-int8" if is_quantized(model_dir) else "onnxruntime")
@@ -236,16 +233,12 @@ def onnxruntime_session(model_dir: Path, cfg: LatencyConfig) -> Session:
 @BACKENDS.register("inc")
 def inc_session(model_dir: Path, cfg: LatencyConfig) -> Session:
     """A Neural Compressor PT2E int8 program, compiled by inductor with freezing (first call per shape)."""
-    from compress.core.runtime import load_runtime
-
     require_format(model_dir, "inc-pt2e", "inc")
-    return runtime_session(load_runtime(model_dir), model_dir, cfg, "inc-int8")
+    return runtime_session(load_model(model_dir), model_dir, cfg, "inc-int8")
 
 
 def random_input_ids(vocab_size: int, batch: int, seq: int):
     """Token ids in [1, vocab) of shape (batch, seq), int64; 0 is [PAD] in BERT vocabularies."""
-    import numpy as np
-
     rng = np.random.default_rng(INPUT_SEED)
     return rng.integers(1, max(vocab_size, 2), size=(batch, seq), dtype=np.int64)
 
@@ -277,8 +270,6 @@ def size_on_disk(model_dir: Path | str) -> int:
 
 def default_threads() -> int:
     """Usable physical cores: hyper-threads only slow dense matmuls down."""
-    from compress.core.hardware import cpu_info
-
     info = cpu_info()
     return max(1, min(info["physical_cores"], info["usable_cores"]))
 
@@ -295,8 +286,6 @@ def check_seq(seqs: tuple[int, ...], max_positions: int, model_dir: Path | str) 
 
 def percentile_stats(seconds: list[float]) -> dict[str, float]:
     """p50 / p90 / p99 / mean of the timed passes, in milliseconds."""
-    import numpy as np
-
     ms = np.asarray(seconds, dtype=np.float64) * 1e3
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
     return {"p50_ms": float(p50), "p90_ms": float(p90), "p99_ms": float(p99), "mean_ms": float(ms.mean())}
@@ -320,9 +309,6 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
     Also appends each model's rows to its ``metrics.json`` (``cfg.record``) and writes
     ``latency.json`` + ``latency.md`` to ``cfg.out`` when set.
     """
-    from compress.core.artifacts import utc_now
-    from compress.core.hardware import hardware, package_versions
-
     cfg.validate()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if not model_dirs:
@@ -363,7 +349,6 @@ def run_all(
     paths: list[Path], names: list[str], cfg: LatencyConfig, threads: int
 ) -> tuple[float | None, list[dict[str, Any]]]:
     """The GEMM peak (or None) and each model's worker result, one process after another."""
-    from tqdm import tqdm
 
     total = len(paths) * len(cfg.grid()) + (1 if cfg.peak else 0)
     peak, results = None, []
@@ -383,8 +368,6 @@ def run_all(
 
 def precheck(path: Path, cfg: LatencyConfig) -> None:
     """Fail before spawning anything on a missing directory or a too-long sequence."""
-    from compress.core.artifacts import load_config, require_model_dir
-
     require_model_dir(path)
     config = load_config(path)  # config.json only: no torch, no weights
     check_seq(cfg.seq, config.max_position_embeddings, path)
@@ -431,8 +414,6 @@ def build_rows(
 
 def record_metrics(report: dict[str, Any], paths: list[Path]) -> None:
     """Append each model's own rows (a compact record) to its ``metrics.json``."""
-    from compress.core.artifacts import append_metrics
-
     cpu = report["hardware"]
     for path in dict.fromkeys(paths):  # a model listed twice is recorded once
         rows = [
@@ -466,7 +447,7 @@ def worker_env(threads: int) -> dict[str, str]:
 def run_worker(job: dict[str, Any], threads: int, label: str, bar=None) -> dict[str, Any]:
     """Run one worker process on ``job``; its ``done`` payload, or a CompressError with its message."""
     job = {**job, "threads": threads}
-    cmd = [sys.executable, "-m", "eval.latency", "--worker"]
+    cmd = [sys.executable, "-m", "compress.eval.latency", "--worker"]
     # stderr goes to a file, not a pipe: a chatty worker must not block on a full pipe.
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
         proc = subprocess.Popen(
@@ -577,22 +558,19 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:
     """Write ``latency.json`` and ``latency.md`` into ``out_dir`` (each atomically); the directory."""
-    from compress.core.artifacts import write_json_atomic
-
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CompressError(f"--out {out} exists and is not a directory; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / REPORT_JSON, report)
-    fd, tmp = tempfile.mkstemp(prefix=f".{REPORT_MD}.", suffix=".tmp", dir=out)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(format_markdown(report))
-        os.replace(tmp, out / REPORT_MD)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(out / REPORT_MD, format_markdown(report))
     return out
+
+
+def summarize(report: dict[str, Any], cfg: LatencyConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress latency`` prints: the Markdown table, and where the files went with ``--out``."""
+    notes = [f"wrote {cfg.out}/{REPORT_JSON} and {cfg.out}/{REPORT_MD}"] if cfg.out else []
+    return format_markdown(report), notes
 
 
 # ---------------------------------------------------------------------------- the worker side
@@ -621,7 +599,6 @@ def set_threads(threads: int) -> None:
     """Fix the thread counts: env vars first (read when torch loads), then torch's own setters."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
-    import torch
 
     torch.set_num_threads(threads)
     try:
@@ -632,9 +609,6 @@ def set_threads(threads: int) -> None:
 
 def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
     """Load one model with the configured backend and time it at every grid point."""
-    from compress.core.config import from_dict
-    from compress.core.structure import flops_per_sequence
-
     cfg = from_dict(LatencyConfig, config, "latency job")
     session = BACKENDS.get(cfg.backend)(model_dir, cfg)
     check_seq(cfg.seq, session.max_positions, model_dir)
@@ -655,8 +629,6 @@ def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], N
 
 def gemm_peak(sizes: tuple[int, ...]) -> float:
     """Best fp32 ``torch.mm`` GFLOP/s over square sizes ``sizes`` (2*n^3 FLOPs per product)."""
-    import torch
-
     best = 0.0
     gen = torch.Generator().manual_seed(0)
     for n in sizes:
@@ -683,5 +655,5 @@ def _worker_entry() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--worker"]:
-        sys.exit("eval.latency is internal (python -m eval.latency --worker reads a job on stdin); use `compress latency`")
+        sys.exit("compress.eval.latency is internal (python -m compress.eval.latency --worker reads a job on stdin); use `compress latency`")
     sys.exit(_worker_entry())

@@ -2,7 +2,7 @@
 
 ``leaderboard(run_dirs, out, cfg) -> out`` reads the ``metrics.json`` and
 ``compression.json`` of each model directory (nothing is re-run), builds the table and
-writes ``report.md``, ``report.html`` and ``leaderboard.json`` (see ``eval.report``).
+writes ``report.md``, ``report.html`` and ``leaderboard.json`` (see ``compress.eval.report``).
 The steps are importable on their own::
 
     rows = collect(["runs/sst2-study"], batch=1, seq=128)   # list[ModelRow]
@@ -26,7 +26,7 @@ How the numbers are put together:
   only comparable within one ``compress latency`` run (one machine state, one set-up), so
   the latest run that measured both is used; a ratio across runs is marked ``*``.
 
-Published rows (``eval.references``) are carried separately, flagged ``published``, and
+Published rows (``compress.eval.references``) are carried separately, flagged ``published``, and
 never enter a measured column, an average of measured rows, or a ratio.
 """
 
@@ -38,8 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from compress.core.artifacts import is_model_dir, read_compression, read_json, read_metrics, utc_now
 from compress.core.config import option
 from compress.core.errors import CompressError
+from compress.core.tasks import GLUE_TASKS, TASKS, get_task
+from compress.eval.latency import display_names, size_on_disk
+from compress.eval.plots import _pyplot, save_figure
+from compress.eval.references import GLUE_DEV, SQUAD_DEV
 
 CROSS_RUN = "*"  # marks a speed-up whose two p50s come from different latency runs
 DEV_SPLITS = ("dev", "dev_matched")  # MNLI reports matched as its primary dev split
@@ -62,8 +67,6 @@ class LeaderboardConfig:
 
     def validate(self) -> None:
         """Refuse a latency point below 1 and unknown task names."""
-        from compress.core.tasks import get_task
-
         if self.batch < 1:
             raise CompressError(f"--batch must be at least 1, got {self.batch}")
         if self.seq < 1:
@@ -112,8 +115,6 @@ class ModelRow:
 
 def expand_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
     """Model directories named by ``run_dirs``: each is a model dir or a folder of them (two levels deep)."""
-    from compress.core.artifacts import is_model_dir
-
     found: list[Path] = []
     for arg in run_dirs:
         path = Path(arg)
@@ -135,8 +136,6 @@ def expand_runs(run_dirs: Sequence[str | Path]) -> list[Path]:
 
 def _model_dirs_below(folder: Path) -> list[Path]:
     """Model directories among ``folder``'s subfolders and their subfolders, sorted."""
-    from compress.core.artifacts import is_model_dir
-
     models = []
     for child in sorted(p for p in folder.iterdir() if p.is_dir()):
         if is_model_dir(child):
@@ -151,8 +150,6 @@ def collect(model_dirs: Sequence[str | Path], *, batch: int = 1, seq: int = 128)
 
     Raises a CompressError when no model has a dev evaluation or a latency result.
     """
-    from eval.latency import display_names
-
     paths = expand_runs(model_dirs)
     rows = [read_row(path, name, batch, seq) for path, name in zip(paths, display_names(paths))]
     if not any(row.has_metrics for row in rows):
@@ -166,8 +163,6 @@ def collect(model_dirs: Sequence[str | Path], *, batch: int = 1, seq: int = 128)
 
 def read_row(path: Path, name: str, batch: int, seq: int) -> ModelRow:
     """The leaderboard's view of one model directory."""
-    from compress.core.artifacts import read_compression, read_metrics
-
     records = read_metrics(path)
     comp = read_compression(path)
     runs, points = latency_runs(records, batch, seq)
@@ -192,8 +187,6 @@ def _order(indexed: tuple[int, dict[str, Any]]) -> tuple[str, int]:
 
 def dev_scores(records: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Per task, the primary metric of the latest dev (MNLI: dev_matched) evaluation, and its details."""
-    from compress.core.tasks import get_task
-
     scores: dict[str, float] = {}
     details: dict[str, dict[str, Any]] = {}
     for _, record in sorted(enumerate(records), key=_order):  # oldest first: later ones overwrite
@@ -225,7 +218,7 @@ def latency_runs(records: list[dict[str, Any]], batch: int, seq: int) -> tuple[d
         run = f"{record.get('when')}|{record.get('speedup_vs')}|{record.get('backend')}"
         for row in record.get("rows") or []:
             if "batch" not in row or "seq" not in row:
-                continue  # not a row eval.latency wrote
+                continue  # not a row compress.eval.latency wrote
             points.add((int(row["batch"]), int(row["seq"])))
             if row["batch"] == batch and row["seq"] == seq and row.get("p50_ms"):
                 backend = str(row.get("backend") or record.get("backend") or "?")
@@ -254,8 +247,6 @@ def model_params(path: Path, records: list[dict[str, Any]], comp: dict[str, Any]
 
 def _read_config(path: Path) -> dict[str, Any]:
     """config.json as a dict ({} when unreadable: the estimate is then skipped)."""
-    from compress.core.artifacts import read_json
-
     try:
         config = read_json(path / "config.json")
     except CompressError:
@@ -279,8 +270,6 @@ def estimate_params(structure: dict[str, Any] | None, config: dict[str, Any]) ->
 
 def model_size_mb(path: Path, records: list[dict[str, Any]]) -> float | None:
     """Weight files' size in MB: from the latest latency row, else measured on disk now."""
-    from eval.latency import size_on_disk
-
     for row in _latency_rows_newest_first(records):
         if row.get("size_mb") is not None:
             return float(row["size_mb"])
@@ -290,8 +279,6 @@ def model_size_mb(path: Path, records: list[dict[str, Any]]) -> float | None:
 
 def ancestors(path: Path) -> tuple[Path, ...]:
     """Parent, grandparent, ... of a model directory through compression.json parent links (resolved paths)."""
-    from compress.core.artifacts import read_compression
-
     chain: list[Path] = []
     current = path
     while len(chain) < MAX_ANCESTORS:
@@ -327,16 +314,12 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 
 def shown_tasks(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> list[str]:
     """Tasks in the table, in registry order: cfg.tasks, else every task some model was evaluated on."""
-    from compress.core.tasks import TASKS, get_task
-
     wanted = {get_task(t).name for t in cfg.tasks} if cfg.tasks else {t for r in rows for t in r.scores}
     return [name for name in TASKS if name in wanted]
 
 
 def average_tasks(rows: Sequence[ModelRow], tasks: Sequence[str]) -> list[str]:
     """The GLUE tasks shown that every model with GLUE results was evaluated on."""
-    from compress.core.tasks import GLUE_TASKS
-
     glue = [t for t in tasks if t in GLUE_TASKS]
     with_glue = [r for r in rows if any(t in r.scores for t in glue)]
     return [t for t in glue if with_glue and all(t in r.scores for r in with_glue)]
@@ -403,9 +386,6 @@ def _find(by_path: dict[Path, ModelRow], path: str, flag: str) -> ModelRow:
 
 def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> dict[str, Any]:
     """The leaderboard as a JSON-able dict: measured models, published rows, and the notes that explain them."""
-    from compress.core.artifacts import utc_now
-    from compress.core.tasks import get_task
-
     cfg.validate()
     kept = lineage_order([r for r in rows if r.has_metrics])
     if not kept:
@@ -471,8 +451,6 @@ def model_entry(row: ModelRow, teacher: ModelRow, reference: ModelRow | None,
 
 def published_entries(tasks: Sequence[str], averaged: Sequence[str]) -> list[dict[str, Any]]:
     """Published dev rows with a score on a shown task: their params, those scores and the same average."""
-    from eval.references import GLUE_DEV, SQUAD_DEV
-
     entries = []
     for ref in GLUE_DEV + SQUAD_DEV:
         scores = {t: ref.scores[t] for t in tasks if t in ref.scores}
@@ -672,12 +650,11 @@ def plot_pareto(table: dict[str, Any], task: str, path: Path) -> Path | None:
     Published results have no latency measured here, so they are dashed horizontal lines.
     Returns None (and writes nothing) when no model has both the metric and a latency.
     """
-    from eval.plots import _pyplot, save_figure
-
     models = [m for m in table["models"] if task in m["scores"] and m["p50_ms"]]
     if not models:
         return None
     plt = _pyplot()
+    # deferred: a heavy import, paid only where it is used
     from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -728,27 +705,3 @@ def plot_all(table: dict[str, Any], directory: Path) -> dict[str, str]:
         if path is not None:
             written[task] = path.name
     return written
-
-
-# ---------------------------------------------------------------------------- entry point
-
-
-def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: LeaderboardConfig, overwrite: bool = False) -> Path:
-    """Collect the models of ``run_dirs``, build the table and write the report to ``out``; the directory."""
-    from compress.core.artifacts import check_output, is_model_dir
-
-    # eval.report renders this module's tables, so it sits above it: imported here, not at the top.
-    from eval.report import write_report
-
-    cfg.validate()
-    check_output(out, overwrite)  # before reading anything
-    paths = expand_runs(run_dirs)
-    for flag, extra in (("--teacher", cfg.teacher), ("--reference-model", cfg.speed_reference)):
-        if extra and not is_model_dir(extra):
-            raise CompressError(f"{flag} {extra} is not a model directory (a folder with config.json)")
-    teacher = [Path(cfg.teacher).resolve()] if cfg.teacher else []
-    reference = [Path(cfg.speed_reference).resolve()] if cfg.speed_reference else []
-    # The teacher leads the table; a speed reference not among the runs closes it.
-    ordered = list(dict.fromkeys([*(p for p in teacher if p not in paths), *paths, *reference]))
-    table = build_table(collect(ordered, batch=cfg.batch, seq=cfg.seq), cfg)
-    return write_report(table, out, title="Leaderboard", overwrite=overwrite)

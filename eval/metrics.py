@@ -3,9 +3,6 @@
 Every number is in percent (x100), as papers print GLUE tables. The metric names are
 the ones in ``Task.metrics``: accuracy, f1 (binary, positive class 1, as MRPC/QQP),
 matthews_correlation (CoLA, AX), pearson and spearmanr (STS-B).
-
-scikit-learn and scipy are imported inside the functions: the CLI imports modules
-lazily and ``compress --help`` should not pay for them.
 """
 
 from __future__ import annotations
@@ -16,13 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Union
 
 import numpy as np
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import f1_score, matthews_corrcoef
 
 from compress.core.errors import CompressError
-from compress.core.tasks import REGRESSION, SPAN, Task, get_task
+from compress.core.tasks import UNLABELLED, Task, get_task
 
 ArrayLike = Union[Sequence[float], np.ndarray]
-
-UNLABELLED = -1  # the hub's GLUE test splits carry label -1
 
 
 def accuracy(predictions: ArrayLike, references: ArrayLike) -> float:
@@ -33,8 +30,6 @@ def accuracy(predictions: ArrayLike, references: ArrayLike) -> float:
 
 def f1_binary(predictions: ArrayLike, references: ArrayLike) -> float:
     """F1 of the positive class (index 1), as GLUE reports for MRPC and QQP, in percent."""
-    from sklearn.metrics import f1_score
-
     # zero_division=0: no predicted and no gold positives is 0, not a warning.
     return float(
         f1_score(references, predictions, pos_label=1, average="binary", zero_division=0.0) * 100.0
@@ -46,8 +41,6 @@ def matthews(predictions: ArrayLike, references: ArrayLike) -> float:
 
     A constant predictor has an undefined coefficient; scikit-learn returns 0.
     """
-    from sklearn.metrics import matthews_corrcoef
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # 0/0 on degenerate input
         return _finite(matthews_corrcoef(references, predictions) * 100.0)
@@ -55,15 +48,11 @@ def matthews(predictions: ArrayLike, references: ArrayLike) -> float:
 
 def pearson(predictions: ArrayLike, references: ArrayLike) -> float:
     """Pearson correlation (STS-B), in percent; 0.0 when either side is constant."""
-    from scipy.stats import pearsonr
-
     return _correlation(pearsonr, predictions, references)
 
 
 def spearman(predictions: ArrayLike, references: ArrayLike) -> float:
     """Spearman rank correlation (STS-B), in percent; 0.0 when either side is constant."""
-    from scipy.stats import spearmanr
-
     return _correlation(spearmanr, predictions, references)
 
 
@@ -83,8 +72,8 @@ def glue_metrics(task: Task | str, predictions: ArrayLike, references: ArrayLike
     mean an unlabelled (test) split, which cannot be scored locally.
     """
     task = get_task(task) if isinstance(task, str) else task
-    if task.kind == SPAN:
-        raise CompressError(f"{task.display} is a span task: score it with eval.squad, not glue_metrics")
+    if task.behaviour.label_type is None:  # examples carry answers (text spans), not labels
+        raise CompressError(f"{task.display} is a {task.kind} task: score it with compress.eval.squad, not glue_metrics")
     preds, refs = _check_inputs(task, predictions, references)
     out: dict[str, float] = {name: METRICS[name](preds, refs) for name in task.metrics}
     out["n"] = int(len(refs))
@@ -93,7 +82,7 @@ def glue_metrics(task: Task | str, predictions: ArrayLike, references: ArrayLike
 
 def _check_inputs(task: Task, predictions: ArrayLike, references: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """1-D arrays of predictions and labelled references, or a one-line error."""
-    dtype = float if task.kind == REGRESSION else int
+    dtype = task.behaviour.label_type  # int class indices, float scores
     preds = _vector(predictions, dtype, task, "predictions")
     refs = _vector(references, dtype, task, "references")
     if len(preds) != len(refs):

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from compress.core.artifacts import atomic_path
+
 
 def _pyplot():
+    # deferred: a heavy import, paid only where it is used
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on servers
+    # deferred: a heavy import, paid only where it is used
     import matplotlib.pyplot as plt
 
     return plt
@@ -20,11 +22,8 @@ def _pyplot():
 def save_figure(fig, path: Path) -> Path:
     """Save a figure atomically as PNG (temporary file, then rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     return path
 
 

@@ -1,10 +1,13 @@
 """Reports: a leaderboard table written as Markdown, as one self-contained HTML file, and as JSON.
 
+``leaderboard(runs, out, cfg)`` is the stage: collect the models, build the table
+(``compress.eval.leaderboard``) and write the report.
+
 ``write_report(table, out_dir, title=...)`` writes into ``out_dir`` (atomically: a
 temporary sibling directory renamed into place; a non-empty ``out_dir`` is refused
 unless ``overwrite``):
 
-* ``pareto-<task>.png``: accuracy vs latency per task (``eval.leaderboard.plot_pareto``);
+* ``pareto-<task>.png``: accuracy vs latency per task (``compress.eval.leaderboard.plot_pareto``);
 * ``report.md``: the tables, their notes and the plots linked;
 * ``report.html``: the same document, tables as HTML tables and the plots embedded as
   base64 data URIs, with an inline style sheet: one file that opens anywhere, offline;
@@ -23,7 +26,9 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from eval.leaderboard import format_markdown, plot_all
+from compress.core.artifacts import check_output, is_model_dir, output_dir, write_json_atomic
+from compress.core.errors import CompressError
+from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, expand_runs, format_markdown, plot_all
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -50,8 +55,6 @@ def write_report(table: dict[str, Any], out_dir: str | Path, *, title: str,
 
     ``extra_sections`` are (heading, Markdown body) pairs appended after the tables.
     """
-    from compress.core.artifacts import output_dir, write_json_atomic
-
     with output_dir(out_dir, overwrite) as tmp:
         figures = plot_all(table, tmp)  # task -> PNG file name
         markdown = compose_markdown(table, title, figures, extra_sections)
@@ -162,3 +165,37 @@ def inline(text: str) -> str:
     text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
     return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', text)
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: LeaderboardConfig, overwrite: bool = False) -> Path:
+    """Collect the models of ``run_dirs``, build the table and write the report to ``out``; the directory."""
+    cfg.validate()
+    check_output(out, overwrite)  # before reading anything
+    paths = expand_runs(run_dirs)
+    for flag, extra in (("--teacher", cfg.teacher), ("--reference-model", cfg.speed_reference)):
+        if extra and not is_model_dir(extra):
+            raise CompressError(f"{flag} {extra} is not a model directory (a folder with config.json)")
+    teacher = [Path(cfg.teacher).resolve()] if cfg.teacher else []
+    reference = [Path(cfg.speed_reference).resolve()] if cfg.speed_reference else []
+    # The teacher leads the table; a speed reference not among the runs closes it.
+    ordered = list(dict.fromkeys([*(p for p in teacher if p not in paths), *paths, *reference]))
+    table = build_table(collect(ordered, batch=cfg.batch, seq=cfg.seq), cfg)
+    return write_report(table, out, title="Leaderboard", overwrite=overwrite)
+
+
+def first_table(markdown: str) -> str:
+    """The first Markdown table of ``markdown`` (the report's headline), or ""."""
+    lines = markdown.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def summarize(out: Path, cfg: LeaderboardConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress leaderboard`` prints: the report's headline table."""
+    return first_table((out / "report.md").read_text(encoding="utf-8")), []

@@ -22,13 +22,13 @@ import math
 import os
 import re
 import string
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from compress.core.artifacts import write_text_atomic
 from compress.core.errors import CompressError
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -341,15 +341,6 @@ def _finite(value: float) -> float:
 
 
 def _write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    # A temporary file in the target directory, then os.replace: readers never see half a file.
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, ensure_ascii=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    # The official scripts' compact, non-ASCII-preserving JSON, written atomically.
+    write_text_atomic(Path(path), json.dumps(obj, ensure_ascii=False))
+    return Path(path)

@@ -16,10 +16,12 @@ import torch
 from torch import nn
 
 from compress.core import structure as st
+from compress.core.artifacts import HEADS
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
+from compress.core.runtime import load_model
 from compress.core.structure import Shape
-from students.layer_map import every_kth
+from compress.students.layer_map import every_kth
 
 InitMethod = Callable[..., tuple[nn.Module, dict[str, Any]]]
 INIT_METHODS: Registry[InitMethod] = Registry("student init method")
@@ -148,8 +150,6 @@ def init_random(teacher: nn.Module, shape: Shape, seed: int = 0) -> nn.Module:
 
 def load_pretrained_student(teacher: nn.Module, path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """A pretrained student directory loaded with the teacher's head and labels; its own shape wins."""
-    from compress.core.artifacts import HEADS, load_model
-
     arch = type(teacher).__name__
     if arch not in HEADS:
         raise CompressError(f"cannot match a {arch} teacher's head; valid teacher classes: {', '.join(HEADS)}")
@@ -157,7 +157,7 @@ def load_pretrained_student(teacher: nn.Module, path: str | Path) -> tuple[nn.Mo
     labels = {}
     if head == "sequence-classification":
         labels = {"num_labels": teacher.config.num_labels, "id2label": dict(teacher.config.id2label)}
-    model, info = load_model(path, head, with_info=True, **labels)
+    model, info = load_model(path, head=head, with_info=True, **labels)
     if model.config.vocab_size != teacher.config.vocab_size:
         raise CompressError(
             f"the student in {path} has a vocabulary of {model.config.vocab_size} but the teacher has "

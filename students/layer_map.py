@@ -149,7 +149,7 @@ def parse_layers(text: str) -> list[int]:
     """0-based teacher layer indices from text such as DistilBERT's ``"0,2,4,7,9,11"``.
 
     Only the syntax is checked here; ranges and order are checked against the teacher by
-    ``students.init``.
+    ``compress.students.init``.
     """
     layers = _ints(text, "layer list")
     if not layers:

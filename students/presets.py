@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.structure import Shape
+from compress.core.structure import Shape, parse_shape
+from compress.teacher.presets import TEACHER_SHAPES
 
 STUDENT_SHAPES: Registry[Shape] = Registry("student shape")
 for _name, _shape in {
@@ -35,9 +37,6 @@ def resolve_shape(name: str, *, layers: int | None = None, hidden: int | None = 
 
 
 def _named_shape(name: str) -> Shape:
-    from compress.core.structure import parse_shape
-    from teacher.presets import TEACHER_SHAPES
-
     if name in STUDENT_SHAPES:
         return STUDENT_SHAPES.get(name)
     if name in TEACHER_SHAPES:
@@ -46,7 +45,6 @@ def _named_shape(name: str) -> Shape:
         return parse_shape(name)
     except Exception:
         names = sorted(set(STUDENT_SHAPES.names()) | set(TEACHER_SHAPES.names()))
-        from compress.core.errors import CompressError
 
         raise CompressError(
             f"unknown shape {name!r}; use one of {', '.join(names)} or LAYERSL-HIDDEN[-FFN] (e.g. 4L-312-1200)"

@@ -29,9 +29,10 @@ from typing import Iterable, Sequence
 
 import torch
 
-from compress.core.errors import CompressError
 from compress.core.data import read_text_file
-from teacher.tokenizer import CONTINUATION
+from compress.core.errors import CompressError
+from compress.core.hub import hub_offline_mode, hub_reachable
+from compress.teacher.tokenizer import CONTINUATION
 
 IGNORE_INDEX = -100  # label of positions without an MLM prediction (torch cross-entropy's default)
 IS_NEXT, NOT_NEXT = 0, 1
@@ -81,12 +82,11 @@ def is_dataset_source(path: str | Path) -> bool:
 
 def load_dataset_text(source: str | Path) -> str:
     """The text column of a ``datasets`` corpus, rows separated by blank lines (each row a document)."""
+    # deferred: a heavy import, paid only where it is used
     import datasets
 
     text = str(source)
     if text.startswith(HUB_PREFIX):
-        from compress.core.hub import hub_offline_mode, hub_reachable
-
         name, _, config = text[len(HUB_PREFIX):].partition(":")
         hint = "save it with datasets' save_to_disk on a connected machine and pass that folder, or pass text files"
         if not hub_offline_mode() and not hub_reachable():

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+import transformers
+from transformers import BertTokenizerFast
+
+from compress.core.artifacts import HEAD_CLASSES, check_output, compression_record, load_tokenizer, save_model_dir
 from compress.core.errors import CompressError
 from compress.core.structure import Shape, make_config
+from compress.core.tasks import get_task
 
 
 def load_any_tokenizer(source: str | Path):
     """A fast tokenizer from a model directory, a tokenizer folder, or a ``vocab.txt`` file."""
-    from transformers import BertTokenizerFast
-
-    from compress.core.artifacts import load_tokenizer
 
     source = Path(source)
     if source.is_file():
@@ -42,25 +45,17 @@ def create_model(
     overwrite: bool = False,
 ) -> Path:
     """Write a random-weight model of ``shape`` (with ``task``'s head and labels) to ``out``."""
-    import torch
-    import transformers
-
-    from compress.core.artifacts import HEAD_CLASSES, check_output, compression_record, save_model_dir
-    from compress.core.tasks import REGRESSION, SPAN, get_task
 
     check_output(out, overwrite)
     tok = load_any_tokenizer(tokenizer)
     extra = {}
     if task:
         t = get_task(task)
-        head = head or ("question-answering" if t.kind == SPAN else "sequence-classification")
-        if t.kind != SPAN:
-            extra["num_labels"] = t.num_labels
-            if t.kind != REGRESSION:
-                extra["id2label"] = dict(enumerate(t.label_names))
-                extra["label2id"] = {n: i for i, n in enumerate(t.label_names)}
-            else:
-                extra["problem_type"] = "regression"
+        head = head or t.behaviour.head
+        if t.behaviour.problem_type is not None:  # a classifier head, sized and named after the task
+            extra = {"num_labels": t.num_labels, "problem_type": t.behaviour.problem_type}
+            if t.id2label:
+                extra.update(id2label=t.id2label, label2id={name: i for i, name in t.id2label.items()})
     head = head or "base"
     if head not in HEAD_CLASSES:
         raise CompressError(f"unknown head {head!r}; valid: {', '.join(HEAD_CLASSES)}")

@@ -17,11 +17,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compress.core.artifacts import (
+    append_metrics,
+    check_output,
+    compression_record,
+    load_tokenizer,
+    publish,
+    read_compression,
+    read_metrics,
+    require_torch_weights,
+    save_model_dir,
+    utc_now,
+    write_json_atomic,
+)
 from compress.core.config import option
+from compress.core.data import TaskData, collate, load_task_data
 from compress.core.errors import CompressError
-from compress.core.data import TaskData
-from compress.core.tasks import REGRESSION, SPAN, Task, get_task
-from compress.core.train import TrainConfig
+from compress.core.runtime import load_model_for_task
+from compress.core.structure import count_parameters
+from compress.core.tasks import get_task
+from compress.core.train import TrainConfig, is_main_process, load_weights, prepare_work_dir, train, work_dir_for
+from compress.eval.evaluate import dev_evaluator, format_table, split_records
+from compress.teacher.presets import resolve_model
 
 # The BERT paper's fine-tuning grid (appendix A.3).
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
@@ -40,35 +57,8 @@ class FinetuneConfig:
         get_task(self.task)
 
 
-def work_dir_for(out: Path) -> Path:
-    """Checkpoints of a run live next to its output, so --resume finds them."""
-    out = Path(out).absolute()
-    return out.parent / f".{out.name}.work"
-
-
-def load_model_for_task(model_dir: Path, task: Task):
-    """Model with the task's head; labels named after the task (ids never trusted across sources)."""
-    from compress.core.artifacts import load_model
-
-    if task.kind == SPAN:
-        return load_model(model_dir, head="question-answering")
-    id2label = None if task.kind == REGRESSION else dict(enumerate(task.label_names))
-    model = load_model(model_dir, head="sequence-classification", num_labels=task.num_labels, id2label=id2label)
-    model.config.problem_type = "regression" if task.kind == REGRESSION else "single_label_classification"
-    return model
-
-
 def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwrite: bool = False) -> Path:
     """Fine-tune ``model`` on ``cfg.task`` and write the best dev checkpoint to ``out``."""
-    from compress.core.artifacts import (
-        check_output, compression_record, load_tokenizer, require_torch_weights, save_model_dir, utc_now,
-    )
-    from compress.core.data import collate, load_task_data
-    from compress.core.structure import count_parameters
-    from compress.core.train import is_main_process, load_weights, prepare_work_dir, train
-    from eval.evaluate import dev_evaluator, split_records
-    from teacher.presets import resolve_model
-
     task = get_task(cfg.task)
     out = Path(out)
     if not cfg.resume:
@@ -135,8 +125,6 @@ def finetune_grid(
     ``out`` receives the best model directory with ``grid.md`` / ``grid.json`` (every run's
     dev metrics) beside its weights.
     """
-    from compress.core.artifacts import append_metrics, check_output, write_json_atomic
-
     task = get_task(cfg.task)
     out = Path(out)
     check_output(out, overwrite)
@@ -149,7 +137,6 @@ def finetune_grid(
         run_out = scratch / name
         if not (cfg.resume and (run_out / "config.json").is_file()):
             finetune(model, run_out, run_cfg, overwrite=True)
-        from compress.core.artifacts import read_compression
 
         best = read_compression(run_out).get("best") or {}
         value = best.get(task.primary_metric)
@@ -166,7 +153,6 @@ def finetune_grid(
     (best_dir / "grid.md").write_text(table, encoding="utf-8")
     write_json_atomic(best_dir / "grid.json", {"task": task.name, "select": task.primary_metric, "best": best_dir.name, "runs": rows})
     append_metrics(best_dir, {"kind": "grid", "task": task.name, "select": task.primary_metric, "best": best_dir.name, "runs": rows})
-    from compress.core.artifacts import publish
 
     publish(best_dir, out.absolute(), overwrite)
     shutil.rmtree(scratch, ignore_errors=True)
@@ -183,3 +169,12 @@ def format_grid(rows: list[dict[str, Any]], metric: str, best: str) -> str:
             cells[0] = f"**{cells[0]}** (selected)"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def summarize(out: Path, cfg: FinetuneConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress teacher finetune`` prints: the dev results, then the grid's table after a sweep."""
+    records = [r for r in read_metrics(out) if r.get("kind") == "eval"]
+    parts = [format_table(records)] if records else []
+    if (out / "grid.md").is_file():
+        parts.append((out / "grid.md").read_text())
+    return "\n".join(parts), []

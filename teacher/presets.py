@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compress.core.artifacts import require_model_dir
+from compress.core.errors import CompressError
+from compress.core.hub import download_model
 from compress.core.registry import Registry
 from compress.core.structure import Shape
 
@@ -36,10 +39,6 @@ def resolve_model(name: str | Path) -> Path:
     Hub models are downloaded into the Hugging Face cache (safetensors only); offline,
     this fails at once with a one-line message.
     """
-    from compress.core.artifacts import require_model_dir
-    from compress.core.errors import CompressError
-    from compress.core.hub import download_model
-
     text = str(name)
     path = Path(text).expanduser()
     if path.exists():

@@ -18,9 +18,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from transformers import BertForPreTraining, BertTokenizerFast
+
+from compress.core.artifacts import check_output, compression_record, read_metrics, save_model_dir, utc_now
 from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.train import TrainConfig
+from compress.core.structure import PretrainingForward, count_parameters, make_config
+from compress.core.train import (
+    Phase,
+    TrainConfig,
+    is_main_process,
+    main_process_first,
+    prepare_work_dir,
+    train_phases,
+    work_dir_for,
+)
+from compress.eval.plots import plot_curves
+from compress.students.presets import resolve_shape
+from compress.teacher.corpus import (
+    PretrainCollator,
+    _text_files,
+    build_instances,
+    is_dataset_source,
+    masking_stats,
+    read_documents,
+    tokenize_documents,
+)
+from compress.teacher.create import load_any_tokenizer
+from compress.teacher.tokenizer import train_wordpiece
 
 CURVES_PNG = "pretraining_curves.png"
 
@@ -84,9 +111,6 @@ def phase_steps(total: int, phase1_fraction: float) -> tuple[int, int]:
 
 def _tokenizer(cfg: PretrainConfig, work: Path, documents: list[list[str]]):
     """Reuse the given tokenizer, the one a previous (interrupted) run trained, or train one."""
-    from teacher.create import load_any_tokenizer
-    from teacher.tokenizer import train_wordpiece
-    from transformers import BertTokenizerFast
 
     saved = work / "tokenizer"
     if cfg.tokenizer:
@@ -94,7 +118,6 @@ def _tokenizer(cfg: PretrainConfig, work: Path, documents: list[list[str]]):
     if (saved / "tokenizer.json").is_file():
         # WordPiece training breaks frequency ties in hash order: reuse, never retrain, on resume.
         return BertTokenizerFast.from_pretrained(saved, local_files_only=True)
-    from teacher.corpus import _text_files, is_dataset_source
 
     if any(is_dataset_source(c) for c in cfg.corpus):  # WordPiece trains on files: write the documents out once
         files = [work / "corpus.txt"]
@@ -107,12 +130,6 @@ def _tokenizer(cfg: PretrainConfig, work: Path, documents: list[list[str]]):
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int, seed: int):
-    import torch
-    from transformers import BertForPreTraining
-
-    from compress.core.structure import make_config
-    from students.presets import resolve_shape
-
     shape = resolve_shape(cfg.shape, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
     torch.manual_seed(seed)
     config = make_config(shape, vocab_size=vocab_size, max_positions=cfg.max_positions)
@@ -126,10 +143,6 @@ def pretraining_loss(model, batch) -> tuple[Any, dict[str, Any]]:
     The MLM head runs on the selected positions only: (n_selected, vocab) logits instead of
     (batch, seq, vocab), which would not fit in memory for a 30k vocabulary.
     """
-    import torch
-    import torch.nn.functional as F
-
-    from compress.core.structure import PretrainingForward
 
     # ``model``: the training wrapper (maybe inside DistributedDataParallel), or a bare BertForPreTraining
     forward = model if isinstance(getattr(model, "module", model), PretrainingForward) else PretrainingForward(model)
@@ -150,8 +163,6 @@ def pretraining_loss(model, batch) -> tuple[Any, dict[str, Any]]:
 
 def heldout_evaluator(instances, collator, batch_size: int = 64):
     """``evaluate(model) -> {mlm_accuracy, nsp_accuracy, mlm_loss}`` on held-out pairs with fixed masks."""
-    import torch
-
     batches = [collator(instances[i : i + batch_size], step=10**9 + i) for i in range(0, len(instances), batch_size)]
 
     def evaluate(model) -> dict[str, float]:
@@ -179,13 +190,6 @@ def heldout_evaluator(instances, collator, batch_size: int = 64):
 
 def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -> Path:
     """Pretrain a BERT on ``cfg.corpus`` and write it (with its tokenizer) to ``out``."""
-    from compress.core.artifacts import check_output, compression_record, save_model_dir, utc_now
-    from compress.core.structure import PretrainingForward, count_parameters
-    from compress.core.train import Phase, is_main_process, main_process_first, prepare_work_dir, train_phases
-    from eval.plots import plot_curves
-    from teacher.corpus import PretrainCollator, build_instances, masking_stats, read_documents, tokenize_documents
-    from teacher.finetune import work_dir_for
-
     out = Path(out)
     if not cfg.resume:
         check_output(out, overwrite)
@@ -255,3 +259,12 @@ def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -
                    metrics=metrics, files={CURVES_PNG: curves})
     shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def summarize(out: Path, cfg: PretrainConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress teacher pretrain`` prints: the held-out MLM and NSP accuracy."""
+    heldout = [r for r in read_metrics(out) if r.get("task") == "pretraining"]
+    if not heldout:
+        return "", []
+    m = heldout[-1]["metrics"]
+    return f"held-out MLM accuracy {m['mlm_accuracy']:.2f}%, NSP accuracy {m['nsp_accuracy']:.2f}%", []

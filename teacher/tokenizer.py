@@ -11,6 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertTokenizerFast
+
 from compress.core.data import read_text_file
 from compress.core.errors import CompressError
 
@@ -42,8 +45,6 @@ def train_wordpiece(
     of rare tokens (10 of 8000 on WikiText-2 valid + Tiny Shakespeare). Train once and
     ``save_pretrained`` the result; every later stage reads the saved vocabulary.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
     paths = _check_files(files)
     if vocab_size <= len(SPECIAL_TOKENS):
         raise CompressError(
@@ -101,8 +102,6 @@ def _check_trained(backend, vocab_size: int, limit_alphabet: int) -> None:
 
 def _bert_template():
     """Single = ``[CLS] A [SEP]``; pair = ``[CLS] A [SEP] B [SEP]`` with type ids 0 then 1."""
-    from tokenizers import processors
-
     return processors.TemplateProcessing(
         single=f"{CLS} $A {SEP}",
         pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
@@ -111,8 +110,6 @@ def _bert_template():
 
 
 def _wrap(backend, lowercase: bool):
-    from transformers import BertTokenizerFast
-
     return BertTokenizerFast(
         tokenizer_object=backend,
         do_lower_case=lowercase,

@@ -10,12 +10,11 @@ import string
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import compress  # noqa: E402,F401  (quiets torchao/pytree logging before transformers loads)
-import torch  # noqa: E402
 
 # Tiny models gain nothing from a second thread, and two test processes (or a benchmark
 # running beside the suite) oversubscribing 2 cores slow OpenMP down many times over.

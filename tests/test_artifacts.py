@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,17 +15,20 @@ from compress.core.artifacts import (
     COMPRESSION_FILE,
     METRICS_FILE,
     append_metrics,
+    atomic_path,
     check_output,
     compression_record,
     dir_hash,
-    load_model,
     load_tokenizer,
     output_dir,
     read_compression,
     read_metrics,
     save_model_dir,
+    write_json_atomic,
+    write_text_atomic,
 )
 from compress.core.errors import CompressError
+from compress.core.runtime import load_model
 from tests.conftest import VOCAB, make_tiny_model, save_tiny
 
 
@@ -252,3 +258,52 @@ def test_metrics_are_appended(tiny_model_dir):
     results = read_metrics(tiny_model_dir)
     assert [r["task"] for r in results] == ["sst2", "mrpc"]
     assert all("when" in r for r in results)
+
+
+@pytest.fixture
+def umask_027():
+    old = os.umask(0o027)
+    yield 0o027
+    os.umask(old)
+
+
+def test_outputs_follow_the_users_umask(tmp_path, tokenizer, umask_027):
+    # safetensors writes 0600 and mkdtemp makes 0700: the published directory must not keep them.
+    out = save_tiny(make_tiny_model(), tokenizer, tmp_path / "m")
+    append_metrics(out, {"kind": "eval", "task": "sst2", "metrics": {"accuracy": 1.0}})
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+    for name in ("model.safetensors", "config.json", METRICS_FILE, COMPRESSION_FILE, "vocab.txt"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name
+
+
+def test_atomic_writes_keep_the_old_file_on_failure_and_leave_no_temporary(tmp_path):
+    target = tmp_path / "sub" / "result.json"
+    write_json_atomic(target, {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1}
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half a fi")
+        raise RuntimeError("crash while writing")
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["result.json"]
+    write_text_atomic(target, "line\n")
+    assert target.read_bytes() == b"line\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_current_umask()
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_no_module_writes_files_with_a_private_writer():
+    # One atomic writer (compress.core.artifacts.atomic_path): no module makes its own temporary files.
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for folder in ("compress", "teacher", "students", "eval"):
+        for path in (root / folder).rglob("*.py"):
+            if path.name == "artifacts.py":
+                continue
+            text = path.read_text(encoding="utf-8")
+            offenders += [f"{path.relative_to(root)}: {word}" for word in ("mkstemp", "NamedTemporaryFile") if word in text]
+    assert offenders == []

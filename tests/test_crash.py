@@ -92,8 +92,9 @@ def test_pretrain_killed_three_times_resumes_to_identical_weights(workspace):
 
 
 def test_distill_killed_and_resumed_matches(workspace):
-    from tests.conftest import make_tiny_model, save_tiny
     from transformers import BertTokenizerFast
+
+    from tests.conftest import make_tiny_model, save_tiny
 
     tok = BertTokenizerFast(vocab_file=str(workspace / "vocab.txt"))
     save_tiny(make_tiny_model(vocab_size=len(tok), hidden_dropout_prob=0.1, seed=2), tok, workspace / "teacher")

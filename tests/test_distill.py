@@ -7,13 +7,14 @@ import json
 import pytest
 
 from compress.core import synthetic
-from compress.core.artifacts import load_model, read_compression, read_metrics
+from compress.core.artifacts import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
+from compress.core.runtime import load_model
 from compress.distill import DistillConfig, distill
-from students.presets import resolve_shape
-from teacher.create import create_model
-from teacher.finetune import FinetuneConfig, finetune
+from compress.students.presets import resolve_shape
+from compress.teacher.create import create_model
+from compress.teacher.finetune import FinetuneConfig, finetune
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from compress.core import synthetic
-from compress.core.artifacts import load_model, read_metrics
+from compress.core.artifacts import read_metrics
+from compress.core.runtime import load_model
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]

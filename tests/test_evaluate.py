@@ -12,7 +12,7 @@ from compress.core.artifacts import read_metrics
 from compress.core.data import DataSource, load_split, squad_eval_features, squad_train_features, tokenize_classification
 from compress.core.errors import CompressError
 from compress.core.tasks import get_task
-from eval.evaluate import EvalConfig, evaluate, output_to_task_labels
+from compress.eval.evaluate import EvalConfig, evaluate, output_to_task_labels
 from tests.conftest import make_tiny_model, save_tiny
 
 
@@ -174,7 +174,7 @@ def test_submission_needs_test_split(tiny_model_dir, tmp_path):
 
 
 def test_squad_eval_writes_official_predictions(tmp_path, tokenizer):
-    from eval.squad import squad_v1_scores
+    from compress.eval.squad import squad_v1_scores
 
     model_dir = save_tiny(make_tiny_model(head="question-answering"), tokenizer, tmp_path / "qa")
     doc = {

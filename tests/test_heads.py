@@ -10,9 +10,17 @@ import torch
 
 from compress.core.data import TaskData
 from compress.core.errors import CompressError
-from eval.heads import (
-    HeadsConfig, analyze_heads, attention_to, entropy, head_js_matrix, is_punctuation, js_distance,
-    js_distance_matrix, mean_distance, offset_attention,
+from compress.eval.heads import (
+    HeadsConfig,
+    analyze_heads,
+    attention_to,
+    entropy,
+    head_js_matrix,
+    is_punctuation,
+    js_distance,
+    js_distance_matrix,
+    mean_distance,
+    offset_attention,
 )
 from tests.conftest import make_tiny_model, save_tiny
 
@@ -123,7 +131,7 @@ def sst2(tmp_path_factory):
     """A tiny SST-2 layout and a 2-layer, 4-head classifier with its vocabulary."""
     from compress.core import synthetic
     from compress.core.structure import Shape
-    from teacher.create import create_model
+    from compress.teacher.create import create_model
 
     root = tmp_path_factory.mktemp("heads")
     data = synthetic.write_sst2_layout(root / "glue", n_train=48, n_dev=24, n_test=4)

@@ -14,14 +14,7 @@ from compress.core.artifacts import read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.structure import flops_per_sequence
-from eval.latency import (
-    LatencyConfig,
-    format_markdown,
-    measure_latency,
-    size_on_disk,
-    write_report,
-)
-
+from compress.eval.latency import LatencyConfig, format_markdown, measure_latency, size_on_disk, write_report
 from tests.conftest import make_tiny_model, save_tiny
 
 ROW_KEYS = {
@@ -55,7 +48,7 @@ def grid_report(tmp_path_factory):
         save_tiny(make_tiny_model(), tok, root / "teacher"),
         save_tiny(make_tiny_model(num_hidden_layers=1), tok, root / "student"),
     ]
-    import eval.latency as latency
+    import compress.eval.latency as latency
 
     mp = pytest.MonkeyPatch()
     mp.setattr(latency, "PEAK_SIZES", (128, 256))  # the peak's mechanics, not its value
@@ -102,7 +95,7 @@ def test_flops_params_and_size_match_hand_counts(grid_report):
     student = [r for r in report["rows"] if r["name"] == "student"][0]
     assert student["gflops_per_seq"] == pytest.approx(479232 / 2 / 1e9, rel=1e-12)
 
-    from compress.core.artifacts import load_model
+    from compress.core.runtime import load_model
 
     params = sum(p.numel() for p in load_model(dirs[0]).parameters())  # no tied weights here
     assert teacher["params"] == params
@@ -150,7 +143,7 @@ def fake_worker(seconds_by_model: dict[str, list[float]], calls: list[dict]):
 
 
 def test_parent_arithmetic_without_peak_or_recording(monkeypatch, two_models):
-    import eval.latency as latency
+    import compress.eval.latency as latency
 
     calls: list[dict] = []
     # teacher p50 = 20 ms, student p50 = 5 ms: the student is 4x faster.
@@ -173,7 +166,7 @@ def test_parent_arithmetic_without_peak_or_recording(monkeypatch, two_models):
 
 
 def test_same_directory_names_are_told_apart(monkeypatch, tmp_path, tokenizer):
-    import eval.latency as latency
+    import compress.eval.latency as latency
 
     dirs = [save_tiny(make_tiny_model(), tokenizer, tmp_path / run / "model") for run in ("a", "b")]
     monkeypatch.setattr(latency, "run_worker", fake_worker({"model": [0.001]}, []))
@@ -196,7 +189,7 @@ def test_missing_model_dir_is_refused(tmp_path, tiny_model_dir):
 def test_worker_reports_a_compress_error_as_json(tmp_path, tiny_model_dir):
     import io
 
-    from eval.latency import worker_config, worker_main
+    from compress.eval.latency import worker_config, worker_main
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -218,7 +211,7 @@ def test_worker_reports_a_compress_error_as_json(tmp_path, tiny_model_dir):
     ],
 )
 def test_worker_failures_become_one_line_errors(job, match):
-    from eval.latency import run_worker
+    from compress.eval.latency import run_worker
 
     with pytest.raises(CompressError, match=match) as err:
         run_worker(job, threads=1, label="tiny")

@@ -12,16 +12,16 @@ import pytest
 
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from eval.leaderboard import (
+from compress.eval.leaderboard import (
     CROSS_RUN,
     LeaderboardConfig,
     build_table,
     collect,
     expand_runs,
     format_markdown,
-    leaderboard,
     pareto_front,
 )
+from compress.eval.report import leaderboard
 
 RUN_A = "2024-03-01T10:00:00+00:00"  # one `compress latency` run timing several models
 RUN_B = "2024-03-02T10:00:00+00:00"
@@ -39,7 +39,7 @@ def eval_record(task: str, value: float, when: str, split: str = "dev", metric: 
 
 def latency_record(p50: float, when: str = RUN_A, first: str = "teacher", batch: int = 1, seq: int = 128,
                    params: int = 4_000_000, backend: str = "torch") -> dict:
-    """A metrics.json latency record as eval.latency.record_metrics writes it (one row)."""
+    """A metrics.json latency record as compress.eval.latency.record_metrics writes it (one row)."""
     row = {"backend": backend, "batch": batch, "seq": seq, "p50_ms": p50, "p90_ms": p50 * 1.1, "p99_ms": p50 * 1.2,
            "params": params, "size_mb": params * 4 / 1e6, "speedup": 1.0}
     return {"kind": "latency", "backend": backend, "threads": 2, "rows": [row], "speedup_vs": first, "when": when}
@@ -310,7 +310,7 @@ def test_report_refuses_a_non_empty_out(runs, tmp_path):
 
 
 def test_extra_sections_reach_both_files(runs, tmp_path):
-    from eval.report import write_report
+    from compress.eval.report import write_report
 
     table = table_for([runs])
     out = write_report(table, tmp_path / "r", title="Study", extra_sections={"Recipe": "Ran `demo.yaml` **twice**."})

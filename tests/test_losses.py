@@ -61,22 +61,11 @@ def test_hard_label_ce_ignores_minus_100():
     assert L.hard_label_ce(t(logits), torch.tensor(labels)).item() == pytest.approx(expected, rel=1e-6)
 
 
-def test_kd_classification_mixes_with_alpha():
-    s, te, labels, temp, alpha = [[1.0, 0.0]], [[0.0, 1.0]], [1], 2.0, 0.25
-    soft = temp**2 * kl_by_hand(softmax([0.0, 0.5]), softmax([0.5, 0.0]))
-    hard = -math.log(softmax(s[0])[1])
-    got = L.kd_classification(t(s), t(te), torch.tensor(labels), temperature=temp, alpha=alpha)
-    assert got.item() == pytest.approx(alpha * soft + (1 - alpha) * hard, rel=1e-6)
-    only_soft = L.kd_classification(t(s), t(te), None, temperature=temp, alpha=alpha)
-    assert only_soft.item() == pytest.approx(soft, rel=1e-6)
-
-
-def test_kd_regression_by_hand():
+def test_regression_mse_terms_by_hand():
     student, teacher, labels = t([[1.0], [2.0]]), t([[0.0], [2.0]]), t([3.0, 2.0])
     # mse(s, t) = (1 + 0) / 2, mse(s, y) = (4 + 0) / 2
     assert L.logits_mse(student, teacher).item() == pytest.approx(0.5)
-    assert L.kd_regression(student, teacher, labels, alpha=0.5).item() == pytest.approx(0.5 * 0.5 + 0.5 * 2.0)
-    assert L.kd_regression(student, teacher, alpha=0.5).item() == pytest.approx(0.5)
+    assert L.hard_label_mse(student, labels).item() == pytest.approx(2.0)
 
 
 def test_mlm_ce_only_scores_labelled_positions():
@@ -86,6 +75,8 @@ def test_mlm_ce_only_scores_labelled_positions():
     assert L.mlm_ce(logits, labels).item() == pytest.approx(expected, rel=1e-6)
     nothing = L.mlm_ce(logits, torch.full((1, 2), -100))
     assert nothing.item() == 0.0
+    # only the selected positions, as distillation computes them: the same loss
+    assert L.mlm_ce(logits[labels != -100], labels[labels != -100]).item() == pytest.approx(expected, rel=1e-6)
 
 
 # ---------------------------------------------------------------------------- spans
@@ -231,8 +222,6 @@ def _probs(shape):
 
 GRADIENT_CASES = {
     "soft_target_kl": lambda: (_pair((3, 4)), lambda s, te: L.soft_target_kl(s, te, 2.0)),
-    "kd_classification": lambda: (_pair((3, 4)), lambda s, te: L.kd_classification(s, te, torch.tensor([0, 1, 3]))),
-    "kd_regression": lambda: (_pair((3, 1)), lambda s, te: L.kd_regression(s, te, torch.randn(3))),
     "hidden_mse": lambda: (_pair((2, 3, 4)), lambda s, te: L.hidden_mse(s, te, torch.tensor([[1, 1, 0], [1, 0, 0]]))),
     "cosine_hidden": lambda: (_pair((2, 3, 4)), lambda s, te: L.cosine_hidden(s, te)),
     "attention_mse": lambda: ((_probs((2, 2, 3, 3)), _probs((2, 2, 3, 3))), lambda s, te: L.attention_mse(s, te)),

@@ -10,7 +10,7 @@ import pytest
 
 from compress.core.errors import CompressError
 from compress.core.tasks import get_task
-from eval.metrics import accuracy, f1_binary, glue_metrics, matthews, pearson, spearman
+from compress.eval.metrics import accuracy, f1_binary, glue_metrics, matthews, pearson, spearman
 
 # Binary example A:   pred 1 1 0 1 0 0
 #                     gold 1 0 1 1 0 1
@@ -158,7 +158,7 @@ def test_length_mismatch_is_refused():
 def test_logits_and_span_tasks_are_refused():
     with pytest.raises(CompressError, match="argmax"):
         glue_metrics("sst2", np.zeros((3, 2)), [0, 1, 1])
-    with pytest.raises(CompressError, match="eval.squad"):
+    with pytest.raises(CompressError, match="compress.eval.squad"):
         glue_metrics("squad", [0], [0])
     with pytest.raises(CompressError, match="0 examples"):
         glue_metrics("sst2", [], [])

@@ -8,15 +8,15 @@ import re
 import pytest
 
 from compress.core import synthetic
-from compress.core.artifacts import load_model
 from compress.core.errors import CompressError
+from compress.core.runtime import load_model
 from compress.pipeline import load_recipe, run_recipe
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from students.presets import resolve_shape
-    from teacher.create import create_model
+    from compress.students.presets import resolve_shape
+    from compress.teacher.create import create_model
 
     root = tmp_path_factory.mktemp("pipe")
     data = synthetic.write_sst2_layout(root / "data", n_train=256, n_dev=64, n_test=8)

@@ -13,18 +13,18 @@ import pytest
 import torch
 
 from compress.core.errors import CompressError
-from teacher.corpus import (
+from compress.teacher.corpus import (
     IGNORE_INDEX,
     Instance,
     PretrainCollator,
     build_instances,
+    is_dataset_source,
     mask_tokens,
     masking_stats,
-    is_dataset_source,
     read_documents,
     tokenize_documents,
 )
-from teacher.tokenizer import SPECIAL_TOKENS, train_wordpiece
+from compress.teacher.tokenizer import SPECIAL_TOKENS, train_wordpiece
 
 from .conftest import tiny_config
 

@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from compress.core import structure as st
 from compress.core import synthetic
-from compress.core.artifacts import load_model, read_compression, read_metrics
+from compress.core.artifacts import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from compress.importance import (
+from compress.core.importance import (
     ffn_gates,
     ffn_importance_magnitude,
     head_gates,
     head_importance_gradient,
     head_importance_magnitude,
+    heads_to_remove,
     layer_importance_gradient,
     masked_heads,
 )
-from compress.prune import PruneConfig, ffn_to_keep, head_count, heads_to_remove, layers_to_keep, prune
+from compress.core.runtime import load_model
+from compress.prune import PruneConfig, ffn_to_keep, head_count, layers_to_keep, prune
 from tests.conftest import VOCAB, make_tiny_model, save_tiny
 
 
@@ -99,7 +99,7 @@ def test_magnitude_scores_by_hand():
 def test_layer_gate_zero_skips_the_layer():
     model = make_tiny_model(num_hidden_layers=3)
     batch = _batch(2)
-    from compress.importance import layer_gates
+    from compress.core.importance import layer_gates
 
     with layer_gates(model, torch.tensor([1.0, 0.0, 1.0])):
         skipped = _logits(model, batch)
@@ -109,7 +109,7 @@ def test_layer_gate_zero_skips_the_layer():
 
 
 def test_entropy_scores_by_hand():
-    from compress.importance import head_importance_entropy
+    from compress.core.importance import head_importance_entropy
 
     model = make_tiny_model(num_hidden_layers=2)
     model.config._attn_implementation = "eager"  # attentions are returned
@@ -126,7 +126,7 @@ def test_entropy_scores_by_hand():
 
 
 def test_ffn_taylor_scores_by_hand():
-    from compress.importance import ffn_importance_taylor
+    from compress.core.importance import ffn_importance_taylor
 
     model = make_tiny_model(num_hidden_layers=2).double()
     model.eval()
@@ -145,7 +145,7 @@ def test_ffn_taylor_scores_by_hand():
 
 
 def test_layer_gradients_equal_finite_differences():
-    from compress.importance import layer_gates
+    from compress.core.importance import layer_gates
 
     model = make_tiny_model(num_hidden_layers=3).double()
     model.eval()
@@ -203,7 +203,7 @@ def test_non_uniform_pruned_model_saves_loads_and_exports(tmp_path, tokenizer):
     import numpy as np
     import onnxruntime as ort
 
-    from compress.export import export_onnx
+    from compress.core.export import export_onnx
 
     model = make_tiny_model(num_hidden_layers=3)
     st.prune_heads(model, {0: [0, 1], 2: [3]})
@@ -232,9 +232,9 @@ def test_non_uniform_pruned_model_saves_loads_and_exports(tmp_path, tokenizer):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from students.presets import resolve_shape
-    from teacher.create import create_model
-    from teacher.finetune import FinetuneConfig, finetune
+    from compress.students.presets import resolve_shape
+    from compress.teacher.create import create_model
+    from compress.teacher.finetune import FinetuneConfig, finetune
 
     root = tmp_path_factory.mktemp("prune")
     data = synthetic.write_sst2_layout(root / "data", n_train=800, n_dev=200, n_test=10)
@@ -258,9 +258,9 @@ def test_prune_half_the_heads(trained, tmp_path):
 
 
 def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
-    from students.presets import resolve_shape
-    from teacher.create import create_model
-    from teacher.finetune import FinetuneConfig, finetune
+    from compress.students.presets import resolve_shape
+    from compress.teacher.create import create_model
+    from compress.teacher.finetune import FinetuneConfig, finetune
 
     data, _ = trained
     vocab = synthetic.write_vocab(tmp_path / "vocab.txt")
@@ -303,8 +303,8 @@ def test_iterative_heads_with_distillation_recovery_and_layer_importance(trained
 
 
 def test_until_threshold(trained, tmp_path):
-    from students.presets import resolve_shape
-    from teacher.create import create_model
+    from compress.students.presets import resolve_shape
+    from compress.teacher.create import create_model
 
     data, model_dir = trained
     vocab = synthetic.write_vocab(tmp_path / "vocab.txt")

@@ -21,16 +21,24 @@ import pytest
 import torch
 
 from compress.core import runtime, synthetic
-from compress.core.artifacts import load_model, load_tokenizer, read_compression, read_metrics
+from compress.core.artifacts import load_tokenizer, read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
+from compress.core.runtime import load_model
 from compress.core.structure import Shape, count_parameters, describe, prune_heads, resize_ffn
 from compress.core.tasks import get_task
+from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk
 from compress.quantize import (
-    BACKENDS, CHECK_EXAMPLES, OUTPUT_NAMES, QuantizeConfig, check_outputs, quantize, rejected_path, resolve_preset,
+    BACKENDS,
+    CHECK_EXAMPLES,
+    OUTPUT_NAMES,
+    QuantizeConfig,
+    check_outputs,
+    quantize,
+    rejected_path,
+    resolve_preset,
     task_calibration,
 )
-from eval.latency import LatencyConfig, measure_latency, size_on_disk
 from tests.conftest import make_tiny_model, save_tiny
 
 CASES = [("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static"), ("inc", "qat")]
@@ -48,7 +56,7 @@ def eager_inc():
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> SimpleNamespace:
     """Generated SST-2 data and a random-weight sst2 classifier; a cache of quantized outputs."""
-    from teacher.create import create_model
+    from compress.teacher.create import create_model
 
     root = tmp_path_factory.mktemp("quantize")
     synthetic.write_sst2_layout(root / "glue", n_train=64, n_dev=32, n_test=8)
@@ -162,7 +170,7 @@ def sst2_task():
 
 
 def test_compress_eval_runs_and_matches_the_guard(case, env):
-    from eval.evaluate import EvalConfig, evaluate
+    from compress.eval.evaluate import EvalConfig, evaluate
 
     records = evaluate(case.out, EvalConfig(task="sst2", data_dir=str(env.data), batch_size=64, record=False))
     accuracy = records[0]["metrics"]["accuracy"]
@@ -226,8 +234,8 @@ class Broken(torch.nn.Module):
 
 
 def break_runtime(monkeypatch, how: str) -> None:
-    real = runtime.load_runtime
-    monkeypatch.setattr(runtime, "load_runtime", lambda path, **kw: Broken(real(path, **kw), how))
+    real = runtime.load_model
+    monkeypatch.setattr(runtime, "load_model", lambda path, **kw: Broken(real(path, **kw), how))
 
 
 def test_degenerate_outputs_abort_and_leave_nothing(case, env, monkeypatch, tmp_path):
@@ -287,7 +295,7 @@ def test_per_tensor_weights_round_trip(tmp_path, tiny_model_dir):
 
 
 def test_an_fp32_onnx_directory_quantizes_with_onnxruntime_only(tmp_path, tiny_model_dir):
-    from compress.export import export_onnx
+    from compress.core.export import export_onnx
 
     pytest.importorskip(NEEDS["onnxruntime"])
     onnx_dir = export_onnx(tiny_model_dir, tmp_path / "onnx")
@@ -367,8 +375,8 @@ def _named(calibration):
 def test_inc_compiled_matches_eager(env):
     out = quantized_dir(env, "inc", "static")
     inputs = sample_inputs(env.parent, 4)
-    eager = logits(runtime.load_runtime(out, compile=False), inputs)
-    compiled = logits(runtime.load_runtime(out, compile=True), inputs)  # inductor, freezing on
+    eager = logits(runtime.load_model(out, compile=False), inputs)
+    compiled = logits(runtime.load_model(out, compile=True), inputs)  # inductor, freezing on
     assert torch.allclose(compiled, eager, atol=0.02 * eager.abs().max().item())
 
 

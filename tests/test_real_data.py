@@ -84,7 +84,7 @@ def test_squad_dev_v11(data_root):
 def test_demo_data_dir_prepares_real_sst2(data_root, tmp_path):
     """`compress demo --data-dir`: the recipe points at the real task and pretrains on its training sentences."""
     from compress.demo import prepare_data
-    from teacher.corpus import read_documents
+    from compress.teacher.corpus import read_documents
 
     _, variables = prepare_data(tmp_path, data_root / "glue", seed=0)
     assert variables["data_dir"] == str((data_root / "glue").absolute())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from compress.core.errors import CompressError
-from eval.squad import (
+from compress.eval.squad import (
     compute_exact,
     compute_f1,
     exact_match_score,

@@ -11,15 +11,8 @@ import torch
 from compress.core import structure as st
 from compress.core.errors import CompressError
 from compress.core.structure import Shape
-from students.init import init_from_teacher, init_random, init_student
-from students.layer_map import (
-    every_kth,
-    explicit_map,
-    last_map,
-    parse_layer_map,
-    parse_layers,
-    uniform_map,
-)
+from compress.students.init import init_from_teacher, init_random, init_student
+from compress.students.layer_map import every_kth, explicit_map, last_map, parse_layer_map, parse_layers, uniform_map
 from tests.conftest import VOCAB, make_tiny_model
 
 LABELS = {0: "neg", 1: "neu", 2: "pos"}
@@ -246,7 +239,7 @@ def test_init_student_errors(teacher):
 
 
 def test_explicit_shape_flags_override_the_preset():
-    from students.presets import resolve_shape
+    from compress.students.presets import resolve_shape
 
     def dims(s):
         return (s.layers, s.hidden, s.heads, s.ffn)
@@ -267,8 +260,8 @@ def test_explicit_shape_flags_override_the_preset():
 def test_pretrain_and_distill_configs_build_the_explicit_shape():
     from compress.core.config import from_dict
     from compress.distill import DistillConfig
-    from students.presets import resolve_shape
-    from teacher.pretrain import PretrainConfig, build_model
+    from compress.students.presets import resolve_shape
+    from compress.teacher.pretrain import PretrainConfig, build_model
 
     cfg = from_dict(PretrainConfig, {"corpus": ["x.txt"], "shape": "base", "layers": 2, "hidden": 64, "heads": 2})
     model, shape = build_model(cfg, vocab_size=50, seed=0)

@@ -11,7 +11,6 @@ from compress.core.data import DataSource, load_split, parse_label, read_squad_j
 from compress.core.errors import CompressError
 from compress.core.tasks import GLUE_TASKS, TASKS, get_task
 
-
 # ---------------------------------------------------------------------------- registry
 
 
@@ -54,6 +53,78 @@ def test_mnli_dev_resolves_to_matched_and_mismatched():
     assert [s.name for s in get_task("mnli").resolve_splits("dev_mismatched")] == ["dev_mismatched"]
     with pytest.raises(CompressError, match="valid: train, dev_matched"):
         get_task("mnli").resolve_splits("validation")
+
+
+# ---------------------------------------------------------------------------- kinds of task
+
+# (task, kind, head, outputs, problem_type, label_dtype, label_type, unlabelled, max_length, soft, hard,
+#  prediction, num_labels, id2label), written out by hand rather than read back from the registry.
+KIND_FACTS = [
+    ("sst2", "classification", "sequence-classification", ("logits",), "single_label_classification", "int64", int,
+     -1, 128, "kl", "cross_entropy", "label", 2, {0: "negative", 1: "positive"}),
+    ("mnli", "classification", "sequence-classification", ("logits",), "single_label_classification", "int64", int,
+     -1, 128, "kl", "cross_entropy", "label", 3, {0: "entailment", 1: "neutral", 2: "contradiction"}),
+    ("stsb", "regression", "sequence-classification", ("logits",), "regression", "float32", float,
+     -1.0, 128, "mse", "mse", "score", 1, None),
+    ("squad", "span", "question-answering", ("start_logits", "end_logits"), None, None, None,
+     None, 384, "span_kl", "span_cross_entropy", "answer", 0, None),
+    ("squad_v2", "span", "question-answering", ("start_logits", "end_logits"), None, None, None,
+     None, 384, "span_kl", "span_cross_entropy", "answer", 0, None),
+]
+
+
+@pytest.mark.parametrize("name, kind, head, outputs, problem_type, label_dtype, label_type, unlabelled, max_length, "
+                         "soft, hard, prediction, num_labels, id2label", KIND_FACTS)
+def test_task_kind_facts(name, kind, head, outputs, problem_type, label_dtype, label_type, unlabelled, max_length,
+                         soft, hard, prediction, num_labels, id2label):
+    task = get_task(name)
+    b = task.behaviour
+    assert task.kind == b.name == kind
+    assert (b.head, b.outputs, b.problem_type, b.label_dtype) == (head, outputs, problem_type, label_dtype)
+    assert b.label_type is label_type and b.unlabelled == unlabelled and type(b.unlabelled) is type(unlabelled)
+    assert (b.max_length, b.soft_loss, b.hard_loss, b.prediction) == (max_length, soft, hard, prediction)
+    assert task.num_labels == num_labels and task.id2label == id2label
+    assert b.per_token is (kind == "span")  # start/end logits score positions: padding must leave them
+
+
+def test_labels_description_and_unanswerable():
+    assert get_task("mrpc").labels_description == "not_equivalent, equivalent"
+    assert get_task("stsb").labels_description == "score 0-5"
+    assert get_task("squad").labels_description == "answer span" and not get_task("squad").unanswerable
+    assert get_task("squad_v2").labels_description == "answer span or no answer" and get_task("squad_v2").unanswerable
+
+
+def test_unlabelled_rows_carry_the_kinds_placeholder(tmp_path):
+    _write(tmp_path / "SST-2" / "test.tsv", "index\tsentence\n0\tgood film .\n")
+    _write(tmp_path / "STS-B" / "test.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\n"
+           "0\tg\tf\ty\t0\tn\tn\tA.\tB.\n")
+    src = DataSource(data_dir=str(tmp_path))
+    sst2, stsb = load_split(get_task("sst2"), "test", src), load_split(get_task("stsb"), "test", src)
+    assert sst2.features["label"].dtype == "int64" and sst2["label"] == [-1]
+    assert stsb.features["label"].dtype == "float32" and stsb["label"] == [-1.0]
+
+
+@pytest.mark.parametrize("name, model_class, problem_type, id2label", [
+    ("sst2", "BertForSequenceClassification", "single_label_classification", {0: "negative", 1: "positive"}),
+    ("mnli", "BertForSequenceClassification", "single_label_classification",
+     {0: "entailment", 1: "neutral", 2: "contradiction"}),
+    ("stsb", "BertForSequenceClassification", "regression", {0: "LABEL_0"}),
+    ("squad", "BertForQuestionAnswering", None, {0: "LABEL_0", 1: "LABEL_1"}),
+])
+def test_load_model_for_task_gives_the_kinds_head(tmp_path, tokenizer, name, model_class, problem_type, id2label):
+    from compress.core.runtime import load_model_for_task
+    from tests.conftest import make_tiny_model, save_tiny
+
+    encoder = save_tiny(make_tiny_model("base"), tokenizer, tmp_path / "encoder")
+    model = load_model_for_task(encoder, get_task(name))
+    assert type(model).__name__ == model_class
+    assert model.config.problem_type == problem_type
+    assert model.config.id2label == id2label and model.config.num_labels == len(id2label)
+    # With options (heads analysis): eager attention and the load info, the head still the task's.
+    model, info = load_model_for_task(encoder, get_task(name), attn_implementation="eager", with_info=True)
+    assert type(model).__name__ == model_class and model.config.problem_type == problem_type
+    assert model.config._attn_implementation == "eager"
+    assert any(k.startswith(("classifier.", "qa_outputs.")) for k in info["new_weights"])
 
 
 # ---------------------------------------------------------------------------- GLUE TSV layouts

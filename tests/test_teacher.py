@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from compress.core import synthetic
-from compress.core.artifacts import load_model, load_tokenizer, read_compression, read_metrics
+from compress.core.artifacts import load_tokenizer, read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from students.presets import resolve_shape
-from teacher.create import create_model
-from teacher.finetune import FinetuneConfig, finetune, finetune_grid
-from teacher.pretrain import PretrainConfig, phase_steps, pretrain
+from compress.core.runtime import load_model
+from compress.students.presets import resolve_shape
+from compress.teacher.create import create_model
+from compress.teacher.finetune import FinetuneConfig, finetune, finetune_grid
+from compress.teacher.pretrain import PretrainConfig, phase_steps, pretrain
 
 
 def _corpus(path, n_docs=60, sentences=6, seed=0):
@@ -92,7 +93,7 @@ def test_pretrain_on_a_datasets_corpus_with_explicit_shape(tmp_path):
 
 
 def test_pretrain_resume_after_crash_matches_uninterrupted(tmp_path, monkeypatch):
-    import teacher.pretrain as pt
+    import compress.teacher.pretrain as pt
 
     corpus = _corpus(tmp_path / "corpus.txt")
     reference = pretrain(tmp_path / "ref", _pretrain_cfg(corpus, tokenizer=None))
@@ -156,7 +157,7 @@ def test_finetune_learns_a_separable_task(tmp_path, generated):
     (record,) = [r for r in read_metrics(out) if r["kind"] == "eval"]
     assert record["metrics"]["accuracy"] >= 90.0
     # the saved model is the best epoch, and evaluating it again gives the recorded number
-    from eval.evaluate import EvalConfig, evaluate
+    from compress.eval.evaluate import EvalConfig, evaluate
 
     (again,) = evaluate(out, EvalConfig(task="sst2", data_dir=str(data), record=False))
     assert again["metrics"]["accuracy"] == pytest.approx(record["metrics"]["accuracy"])
@@ -178,7 +179,7 @@ def test_finetune_from_a_pretraining_output(tmp_path):
 
 
 def test_regression_and_qa_heads(tmp_path, generated):
-    from teacher.finetune import load_model_for_task
+    from compress.core.runtime import load_model_for_task
     from compress.core.tasks import get_task
 
     _, init = generated
@@ -210,7 +211,7 @@ def test_finetune_refuses_existing_output(tmp_path, generated):
 
 
 def test_hub_names_fail_fast_offline(monkeypatch):
-    from teacher.presets import resolve_model
+    from compress.teacher.presets import resolve_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.monotonic()

@@ -8,15 +8,7 @@ import pytest
 import torch
 
 from compress.core.errors import CompressError
-from compress.core.train import (
-    TrainConfig,
-    epoch_order,
-    global_batches,
-    linear_schedule,
-    list_checkpoints,
-    param_groups,
-    train,
-)
+from compress.core.train import TrainConfig, epoch_order, global_batches, linear_schedule, list_checkpoints, param_groups, train
 from tests.conftest import make_tiny_model
 
 

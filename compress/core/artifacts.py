@@ -25,10 +25,20 @@ import shutil
 import sys
 import tempfile
 import uuid
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+import transformers
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, BertConfig, BertTokenizerFast
+
+from compress.core import structure as st
 from compress.core.errors import CompressError
+from compress.core.hardware import git_revision, hardware, package_versions
+from compress.core.structure import apply_structure
 
 COMPRESSION_FILE = "compression.json"
 METRICS_FILE = "metrics.json"
@@ -36,6 +46,13 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 LEGACY_WEIGHTS = "pytorch_model.bin"
 ONNX_FILE = "model.onnx"
+
+# Artifact formats (compression.json's "format"); each has a loader in compress.core.runtime.
+TORCH = "torch"
+TORCH_INT8 = "torch-int8-dynamic"
+ONNX = "onnx"
+INC_PT2E = "inc-pt2e"
+INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its precision says so
 
 # Architectures the loader builds, by the name in config.json's "architectures".
 HEADS = {
@@ -56,24 +73,66 @@ def utc_now() -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file in the same directory and ``os.replace``."""
+    """Write JSON (indented) atomically: see :func:`atomic_path`."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write text via a temporary file in the same directory, flushed to disk, then ``os.replace``."""
+    """Write UTF-8 text with ``\\n`` line ends atomically: see :func:`atomic_path`."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write; on success it replaces ``path`` in one rename.
+
+    Every file the toolkit writes goes through here: readers never see half a file, a
+    crash leaves the old file (and no temporary one), and the file gets the mode the
+    user's umask gives a new file (``mkstemp`` alone would leave it 0600).
+    """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
+        yield Path(tmp)
+        os.chmod(tmp, new_file_mode())
+        with open(tmp, "rb") as fh:  # on disk before the rename makes it visible
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under the user's umask (0o644 under umask 022)."""
+    return 0o666 & ~_umask()
+
+
+def apply_umask(directory: Path) -> None:
+    """Give a finished output tree the modes the user's umask asks for.
+
+    ``mkdtemp`` makes its directory 0700 and some writers (safetensors among them) make
+    their files 0600; a published output must not be private by accident.
+    """
+    directory.chmod(new_dir_mode())
+    for path in directory.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(new_dir_mode() if path.is_dir() else new_file_mode())
+
+
+def new_dir_mode() -> int:
+    """The mode ``mkdir`` gives a new directory under the user's umask (0o755 under umask 022)."""
+    return 0o777 & ~_umask()
 
 
 def _json_default(obj: Any) -> Any:
@@ -129,7 +188,7 @@ def output_dir(out: Path | str, overwrite: bool = False) -> Iterator[Path]:
 
 def publish(tmp: Path, out: Path, overwrite: bool) -> None:
     """Atomically replace ``out`` by ``tmp`` (the old output is removed only afterwards)."""
-    tmp.chmod(0o755)  # mkdtemp creates 0700 directories
+    apply_umask(tmp)
     if out.exists():
         check_output(out, overwrite)
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
@@ -144,8 +203,6 @@ def publish(tmp: Path, out: Path, overwrite: bool) -> None:
 
 
 def provenance(seed: int | None = None) -> dict[str, Any]:
-    from compress.core.hardware import git_revision, hardware, package_versions
-
     return {
         "argv": list(sys.argv),
         "git": git_revision(),
@@ -190,8 +247,6 @@ def compression_record(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The content of ``compression.json`` for one stage's output."""
-    from dataclasses import asdict, is_dataclass
-
     cfg = asdict(config) if is_dataclass(config) else (config or {})
     record: dict[str, Any] = {
         "stage": stage,
@@ -253,8 +308,6 @@ def save_model_dir(
     ``record`` comes from :func:`compression_record`; its ``structure`` is filled in from
     the model when missing. ``files`` are extra files copied in (name -> source path).
     """
-    from compress.core import structure as st
-
     out = Path(out)
     with output_dir(out, overwrite) as tmp:
         write_model_files(model, tmp, tokenizer=tokenizer)
@@ -270,8 +323,6 @@ def save_model_dir(
 
 def write_model_files(model, directory: Path, *, tokenizer=None) -> None:
     """config.json + model.safetensors (+ tokenizer files) in ``directory``."""
-    from compress.core import structure as st
-
     widths = st.ffn_widths(model)
     if len(set(widths)) == 1:
         # Uniform width (e.g. after uniform FFN pruning): stock from_pretrained can load it.
@@ -311,13 +362,22 @@ def model_format(path: Path | str) -> str:
     return "torch"
 
 
+def artifact_format(path: Path | str) -> str:
+    """The directory's format: compression.json's ``format``, else ``onnx``/``torch`` from its files."""
+    return read_compression(path).get("format") or model_format(path)
+
+
+def is_quantized(path: Path | str) -> bool:
+    """True for an int8 directory (any backend)."""
+    record = read_compression(path)
+    return record.get("precision") == "int8" or record.get("format") in INT8_FORMATS
+
+
 def require_torch_weights(path: Path | str, stage: str) -> Path:
     """Refuse int8 / ONNX directories for stages that train or edit weights, naming the fp32 parent."""
-    from compress.core import runtime
-
     path = require_model_dir(path)
-    fmt = runtime.artifact_format(path)
-    if fmt != runtime.TORCH:
+    fmt = artifact_format(path)
+    if fmt != TORCH:
         parent = (read_compression(path).get("parent") or {}).get("path")
         hint = f" (it was made from {parent})" if parent else ""
         raise CompressError(
@@ -327,8 +387,6 @@ def require_torch_weights(path: Path | str, stage: str) -> Path:
 
 
 def load_config(path: Path | str):
-    from transformers import BertConfig
-
     path = require_model_dir(path)
     raw = read_json(path / "config.json")
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
@@ -352,8 +410,6 @@ def saved_head(path: Path | str) -> str:
 
 def load_tokenizer(path: Path | str):
     """The directory's fast tokenizer (vocab.txt or tokenizer.json)."""
-    from transformers import AutoTokenizer, BertTokenizerFast
-
     path = require_model_dir(path)
     if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
         raise CompressError(f"{path} has no tokenizer (tokenizer.json or vocab.txt); copy the parent model's tokenizer files into it")
@@ -370,10 +426,6 @@ def load_tokenizer(path: Path | str):
 
 
 def _read_weights(path: Path) -> dict:
-    import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     index = path / WEIGHTS_INDEX
     try:
         if (path / WEIGHTS_FILE).is_file():
@@ -408,7 +460,7 @@ def _rename_legacy(key: str) -> str:
     return key
 
 
-def load_model(
+def load_torch_model(
     path: Path | str,
     head: str | None = None,
     *,
@@ -417,28 +469,15 @@ def load_model(
     attn_implementation: str | None = None,
     with_info: bool = False,
 ):
-    """Rebuild any model directory, pruned shapes included; the only loader the stages use.
+    """Rebuild a PyTorch model directory, pruned shapes included (other formats: ``runtime.load_model``).
 
     ``head`` is one of ``base``, ``sequence-classification``, ``question-answering``,
     ``masked-lm``, ``pretraining``; by default the head the weights were saved with. A
     different head (e.g. a classifier on a bare encoder) starts with fresh head weights;
     so does a classifier whose ``num_labels`` changes. With ``with_info`` the function
     returns ``(model, info)`` where ``info["new_weights"]`` lists the freshly initialised names.
-    Directories of another format (``compression.json``'s ``format``: ONNX, int8) come back
-    from ``compress.core.runtime.load_runtime``, callable the same way.
     """
-    import torch
-    import transformers
-
     path = require_model_dir(path)
-    from compress.core import runtime
-
-    if runtime.artifact_format(path) != runtime.TORCH:
-        # int8 / ONNX / exported directories load through their runtime (same call convention).
-        return runtime.load_runtime(
-            path, head=head, num_labels=num_labels, id2label=id2label,
-            attn_implementation=attn_implementation, with_info=with_info,
-        )
     config = load_config(path)
     saved = saved_head(path)
     head = head or saved
@@ -459,8 +498,6 @@ def load_model(
     structure = (read_compression(path) or {}).get("structure")
     model = cls(config)  # builds pruned heads from config.pruned_heads
     if structure:
-        from compress.core.structure import apply_structure
-
         apply_structure(model, structure)
 
     state = {_rename_legacy(k): v for k, v in _read_weights(path).items()}

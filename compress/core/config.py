@@ -24,6 +24,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+import yaml
+
 from compress.core.errors import CompressError
 
 C = TypeVar("C")
@@ -39,8 +41,6 @@ def option(default: Any, help: str, *, flag: str | None = None, metavar: str | N
 
 def load_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (``yaml.safe_load``: no arbitrary objects) or JSON mapping."""
-    import yaml
-
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

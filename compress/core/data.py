@@ -21,16 +21,18 @@ import csv
 import io
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from transformers import DataCollatorWithPadding
 
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.hub import hub_offline_mode, hub_reachable
-from compress.core.tasks import REGRESSION, SPAN, Split, Task, TsvSpec
-
-UNLABELLED = -1
+from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, UNLABELLED, Split, Task, TsvSpec
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class TaskData:
         return self.data_dir or self.train_file or "the Hugging Face hub"
 
     def resolved_max_length(self, task: Task, model_max: int) -> int:
-        length = self.max_length or min(384 if task.kind == SPAN else 128, model_max)
+        length = self.max_length or min(task.behaviour.max_length, model_max)
         check_max_length(length, model_max)
         return length
 
@@ -109,10 +111,7 @@ def load_task_data(task: Task, tokenizer, data: TaskData, max_length: int, seed:
     train_ds = load_split(task, "train", train_src)
     if data.max_train_examples and data.max_train_examples < len(train_ds):
         train_ds = train_ds.shuffle(seed=seed).select(range(data.max_train_examples))
-    if task.kind == SPAN:
-        features = squad_train_features(train_ds, tokenizer, max_length, data.doc_stride)
-    else:
-        features = tokenize_classification(train_ds, task, tokenizer, max_length).remove_columns(["idx"])
+    features = _BY_KIND[task.kind].train_features(train_ds, task, tokenizer, data, max_length)
     dev_splits = [s.name for s in task.resolve_splits("dev")]
     if data.dev_file:
         dev_splits = dev_splits[:1]
@@ -154,17 +153,11 @@ def load_split(
 
 
 def _from_hub(task: Task, split: Split):
+    # deferred: a heavy import, paid only where it is used
     import datasets
 
     what = f"{task.display} ({task.hub_path}" + (f", {task.hub_config})" if task.hub_config else ")")
-    local_hint = (
-        "pass --data-dir DIR pointing at local files "
-        + (
-            f"(e.g. DIR/{task.folders[0]}/dev.tsv from the GLUE download script, or the hub's parquet files)"
-            if task.kind != SPAN
-            else f"(a folder with {', '.join(s for sp in task.splits for s in sp.squad_files)})"
-        )
-    )
+    local_hint = "pass --data-dir DIR pointing at local files " + _BY_KIND[task.kind].local_files(task)
     if not hub_offline_mode() and not hub_reachable():
         raise CompressError(
             f"cannot download task {what}: the Hugging Face hub is unreachable; {local_hint}"
@@ -214,12 +207,12 @@ def _find_parquet(folder: Path, hub_split: str) -> list[Path]:
 
 def _from_dir(task: Task, split: Split, root: Path):
     folder = _task_folder(task, root)
-    if task.kind == SPAN:
-        for name in split.squad_files:
-            for where in (folder, root):
-                if (where / name).is_file():
-                    return read_squad_json(where / name)
-    elif split.tsv is not None:
+    # The split names its own files: official SQuAD JSON (none for GLUE), GLUE TSVs (none for SQuAD).
+    for name in split.squad_files:
+        for where in (folder, root):
+            if (where / name).is_file():
+                return read_squad_json(where / name)
+    if split.tsv is not None:
         for name in split.tsv.files:
             if (folder / name).is_file():
                 return read_glue_tsv(folder / name, task, split)
@@ -310,7 +303,7 @@ def read_glue_tsv(path: Path, task: Task, split: Split):
         for name, col in zip(task.text_fields, text_cols):
             columns[name].append(row[col])
         if label_col is None:
-            labels.append(UNLABELLED if task.kind != REGRESSION else float(UNLABELLED))
+            labels.append(task.behaviour.unlabelled)
         else:
             labels.append(parse_label(task, row[label_col], f"{path}:{line_no}", spec.label_encoding))
     return _make_dataset(task, columns, labels)
@@ -318,15 +311,23 @@ def read_glue_tsv(path: Path, task: Task, split: Split):
 
 def parse_label(task: Task, raw: Any, where: str, encoding: str = "auto") -> int | float:
     """Turn a raw label (index, name or number) into the task's label; errors name the valid ones."""
-    if task.kind == REGRESSION:
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            raise CompressError(f"{where}: label {raw!r} is not a number; {task.display} needs a score") from None
-        lo, hi = task.label_range or (-math.inf, math.inf)
-        if not (lo <= value <= hi) or math.isnan(value):
-            raise CompressError(f"{where}: score {value} is outside {task.display}'s range [{lo}, {hi}]")
-        return value
+    return _BY_KIND[task.kind].parse_label(task, raw, where, encoding)
+
+
+def _parse_score(task: Task, raw: Any, where: str, encoding: str) -> float:
+    """A regression target: any number inside the task's ``label_range`` (``encoding`` is moot)."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise CompressError(f"{where}: label {raw!r} is not a number; {task.display} needs a score") from None
+    lo, hi = task.label_range or (-math.inf, math.inf)
+    if not (lo <= value <= hi) or math.isnan(value):
+        raise CompressError(f"{where}: score {value} is outside {task.display}'s range [{lo}, {hi}]")
+    return value
+
+
+def _parse_class(task: Task, raw: Any, where: str, encoding: str) -> int:
+    """A class index from a label name or a 0-based index, as ``encoding`` allows."""
     names = task.label_names
     text = str(raw).strip()
     valid = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
@@ -343,6 +344,7 @@ def parse_label(task: Task, raw: Any, where: str, encoding: str = "auto") -> int
 
 
 def _make_dataset(task: Task, columns: dict[str, list[Any]], labels: list[Any]):
+    # deferred: a heavy import, paid only where it is used
     import datasets
 
     data = dict(columns)
@@ -351,7 +353,7 @@ def _make_dataset(task: Task, columns: dict[str, list[Any]], labels: list[Any]):
     features = datasets.Features(
         {
             **{f: datasets.Value("string") for f in task.text_fields},
-            "label": datasets.Value("float32" if task.kind == REGRESSION else "int64"),
+            "label": datasets.Value(task.behaviour.label_dtype),
             "idx": datasets.Value("int64"),
         }
     )
@@ -359,27 +361,28 @@ def _make_dataset(task: Task, columns: dict[str, list[Any]], labels: list[Any]):
 
 
 def _read_parquet(paths: list[Path], task: Task, split: Split):
+    # deferred: a heavy import, paid only where it is used
     import datasets
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         # Straight through pyarrow: no cache files, no "generating split" noise.
         table = pa.concat_tables([pq.read_table(p) for p in paths], promote_options="default")
     except Exception as err:
         raise CompressError(f"cannot read parquet file(s) {', '.join(map(str, paths))}: {err}") from None
-    ds = datasets.Dataset(table)
-    if task.kind == SPAN:
-        return _check_squad_columns(ds, str(paths[0]))
+    return _BY_KIND[task.kind].from_table(datasets.Dataset(table), task, str(paths[0]))
+
+
+def _sentence_table(ds, task: Task, where: str):
+    """A parquet table of a sentence task: its text fields and checked labels, renumbered."""
     missing = [c for c in (*task.text_fields, "label") if c not in ds.column_names]
     if missing:
         raise CompressError(
-            f"{paths[0]}: missing column(s) {', '.join(missing)} for {task.display} "
+            f"{where}: missing column(s) {', '.join(missing)} for {task.display} "
             f"(found {', '.join(ds.column_names)})"
         )
     labels = ds["label"]
     checked = [
-        lab if lab == UNLABELLED else parse_label(task, lab, f"{paths[0]} row {i}", "index")
+        lab if lab == UNLABELLED else parse_label(task, lab, f"{where} row {i}", "index")
         for i, lab in enumerate(labels)
     ]
     columns = {f: ds[f] for f in task.text_fields}
@@ -391,6 +394,7 @@ def _read_parquet(paths: list[Path], task: Task, split: Split):
 
 def read_squad_json(path: Path):
     """Flatten an official SQuAD v1.1/v2.0 JSON file into one row per question."""
+    # deferred: a heavy import, paid only where it is used
     import datasets
 
     try:
@@ -425,6 +429,7 @@ def read_squad_json(path: Path):
 
 
 def squad_features():
+    # deferred: a heavy import, paid only where it is used
     import datasets
 
     return datasets.Features(
@@ -463,10 +468,18 @@ def _from_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
         raise CompressError(
             f"data file {path}: unsupported extension {path.suffix!r}; use one of {', '.join(_FILE_FORMATS)}"
         )
-    if task.kind == SPAN:
-        if fmt == "parquet":
-            return _read_parquet([path], task, split)
-        return read_squad_json(path)
+    return _BY_KIND[task.kind].from_file(task, split, path, fmt, columns)
+
+
+def _squad_file(task: Task, split: Split, path: Path, fmt: str, columns: dict[str, str]):
+    """SQuAD from one file: the hub's parquet rows or official JSON (``columns`` is not used)."""
+    if fmt == "parquet":
+        return _read_parquet([path], task, split)
+    return read_squad_json(path)
+
+
+def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict[str, str]):
+    """A sentence task from one csv/tsv/json/jsonl/parquet file, its columns mapped by ``columns``."""
     records = _read_records(path, fmt)
     fields = [*task.text_fields, "label"]
     mapping = {f: columns.get(f, f) for f in fields}
@@ -496,7 +509,7 @@ def _from_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
                 raise CompressError(
                     f"{where}: no label (column {mapping['label']!r}); map it with --columns label=COLUMN"
                 )
-            labels.append(UNLABELLED if task.kind != REGRESSION else float(UNLABELLED))
+            labels.append(task.behaviour.unlabelled)
         else:
             labels.append(parse_label(task, raw, where))
     return _make_dataset(task, out, labels)
@@ -504,8 +517,6 @@ def _from_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
 
 def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
         try:
             return pq.read_table(path).to_pylist()
         except Exception as err:
@@ -581,8 +592,6 @@ def tokenize_classification(ds, task: Task, tokenizer, max_length: int = 128):
 
 def collate(tokenizer, pad_to_multiple_of: int | None = None):
     """A collator that pads each batch to its longest sequence (dynamic padding)."""
-    from transformers import DataCollatorWithPadding
-
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
@@ -650,10 +659,10 @@ def squad_eval_features(ds, tokenizer, max_length: int = 384, doc_stride: int = 
 
 def _squad_windows(batch, tokenizer, max_length: int, doc_stride: int):
     """Question + context windows of at most ``max_length`` tokens overlapping by ``doc_stride``."""
-    questions = [q.lstrip() for q in batch["question"]]  # leading spaces waste tokens in some vocabularies
+    questions, contexts = _question_context(batch)
     return tokenizer(
         questions,
-        batch["context"],
+        contexts,
         truncation="only_second",
         max_length=max_length,
         stride=doc_stride,
@@ -669,12 +678,76 @@ def _check_stride(max_length: int, doc_stride: int) -> None:
         )
 
 
-def iter_batches(items: Iterable[Any], size: int):
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+def _question_context(rows) -> tuple[list[str], list[str]]:
+    """SQuAD model inputs: (questions, contexts) of a dataset or a batch."""
+    questions = [q.lstrip() for q in rows["question"]]  # leading spaces waste tokens in some vocabularies
+    return questions, list(rows["context"])
+
+
+def encode_examples(task: Task, tokenizer, rows, max_length: int, **kwargs):
+    """Tokenise ``rows`` (a dataset or a batch) as one sequence per example, as the task's model reads them.
+
+    Sentence tasks cut the longest text; SQuAD keeps the question and cuts the context
+    (its first window only: :func:`squad_train_features` / :func:`squad_eval_features` make every window).
+    ``kwargs`` go to the tokenizer (``padding``, ``return_tensors``).
+    """
+    texts, truncation = _BY_KIND[task.kind].texts(task, rows)
+    return tokenizer(*texts, truncation=truncation, max_length=max_length, **kwargs)
+
+
+# ---------------------------------------------------------------------------- per kind of task
+
+
+@dataclass(frozen=True)
+class _KindData:
+    """How the examples of one kind of task are found, read, checked and tokenised."""
+
+    local_files: Callable[[Task], str]  # what --data-dir should hold, for error messages
+    from_table: Callable  # (dataset, task, where) -> the dataset of a parquet table, columns and labels checked
+    from_file: Callable  # (task, split, path, fmt, columns) -> the dataset of one user file
+    parse_label: Callable  # (task, raw, where, encoding) -> one gold label
+    texts: Callable  # (task, rows) -> (model input texts, tokenizer truncation): one sequence per example
+    train_features: Callable  # (dataset, task, tokenizer, TaskData, max_length) -> tokenised training features
+
+
+def _glue_hint(task: Task) -> str:
+    return f"(e.g. DIR/{task.folders[0]}/dev.tsv from the GLUE download script, or the hub's parquet files)"
+
+
+def _squad_hint(task: Task) -> str:
+    return f"(a folder with {', '.join(s for sp in task.splits for s in sp.squad_files)})"
+
+
+def _no_labels(task: Task, raw: Any, where: str, encoding: str):
+    raise CompressError(f"{where}: {task.display} examples carry answers, not labels")
+
+
+def _squad_table(ds, task: Task, where: str):
+    return _check_squad_columns(ds, where)
+
+
+def _sentence_texts(task: Task, rows):
+    return tuple(list(rows[f]) for f in task.text_fields), True  # datasets 5 columns are not lists
+
+
+def _squad_texts(task: Task, rows):
+    return _question_context(rows), "only_second"  # keep the question, cut the context
+
+
+def _sentence_features(ds, task: Task, tokenizer, data: TaskData, max_length: int):
+    return tokenize_classification(ds, task, tokenizer, max_length).remove_columns(["idx"])
+
+
+def _squad_features(ds, task: Task, tokenizer, data: TaskData, max_length: int):
+    return squad_train_features(ds, tokenizer, max_length, data.doc_stride)
+
+
+# Sentence tasks and SQuAD are two different algorithms (text fields + a label, one encoding
+# per example; question/context/answers, windows over long contexts), and a score parses
+# differently from a class label. This table is the module's one dispatch on the kind of task.
+_SENTENCES = _KindData(_glue_hint, _sentence_table, _sentence_file, _parse_class, _sentence_texts, _sentence_features)
+_BY_KIND: dict[str, _KindData] = {
+    CLASSIFICATION: _SENTENCES,
+    REGRESSION: replace(_SENTENCES, parse_label=_parse_score),
+    SPAN: _KindData(_squad_hint, _squad_table, _squad_file, _no_labels, _squad_texts, _squad_features),
+}

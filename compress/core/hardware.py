@@ -9,6 +9,9 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+import psutil
+import torch
+
 # Instruction-set flags that decide which int8/bf16 kernels a CPU can use.
 INTERESTING_FLAGS = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -17,7 +20,7 @@ INTERESTING_FLAGS = (
 
 PACKAGES = (
     "torch", "transformers", "tokenizers", "datasets", "accelerate", "optimum", "optimum-onnx",
-    "onnxruntime", "onnx", "neural-compressor-pt", "torch-pruning", "safetensors", "numpy",
+    "onnxruntime", "onnx", "neural-compressor-pt", "safetensors", "numpy",
 )
 
 
@@ -39,13 +42,8 @@ def cpu_info() -> dict:
             elif key == "core id":
                 physical.add((core_key, value))
     logical = os.cpu_count() or 1
-    try:
-        import psutil
-
-        memory_gib = round(psutil.virtual_memory().total / 2**30, 1)
-        physical_count = psutil.cpu_count(logical=False) or len(physical) or logical
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        memory_gib, physical_count = None, len(physical) or logical
+    memory_gib = round(psutil.virtual_memory().total / 2**30, 1)
+    physical_count = psutil.cpu_count(logical=False) or len(physical) or logical
     try:
         available = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
@@ -63,8 +61,6 @@ def cpu_info() -> dict:
 
 def gpu_info() -> list[str]:
     try:
-        import torch
-
         if torch.cuda.is_available():
             return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except Exception:  # pragma: no cover - a broken CUDA install must not stop provenance

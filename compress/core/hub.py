@@ -12,6 +12,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from huggingface_hub import snapshot_download
+
+from compress.core.errors import CompressError
+
 PROBE_TIMEOUT_S = 4.0
 
 
@@ -54,12 +58,6 @@ def download_model(repo_id: str, revision: str | None = None) -> Path:
     not cached. Only safetensors weights are downloaded: a repository that has only
     pickled ``pytorch_model.bin`` weights is refused rather than unpickled.
     """
-    from compress.core.errors import CompressError
-
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:  # pragma: no cover - a dependency
-        raise CompressError("huggingface_hub is not installed; pass a local model directory") from None
     offline = hub_offline_mode() or not hub_reachable()
     try:
         path = Path(

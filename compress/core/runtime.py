@@ -14,7 +14,7 @@ format                 weights file        runs as
                                            Compressor (PT2E), compiled by inductor
 =====================  ==================  ============================================
 
-:func:`load_runtime` returns, for every format, an object the evaluation code uses
+:func:`load_model` returns, for every format, an object the evaluation code uses
 exactly like a Hugging Face model: called with ``input_ids`` / ``attention_mask`` /
 ``token_type_ids`` tensors it returns an output with ``.logits`` (or
 ``.start_logits`` / ``.end_logits``, ``.last_hidden_state``) as torch tensors; it has
@@ -31,6 +31,7 @@ The int8 PyTorch layout (read by :func:`load_torch_int8`, written by
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -40,16 +41,38 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
+import transformers
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
+from torch.export.pt2_archive import constants as c
+from transformers import modeling_outputs as mo
+from transformers.modeling_utils import no_init_weights
 
+from compress.core.artifacts import (  # noqa: F401  (re-exported)
+    HEAD_CLASSES,
+    INC_PT2E,
+    INT8_FORMATS,
+    ONNX,
+    ONNX_FILE,
+    TORCH,
+    TORCH_INT8,
+    WEIGHTS_FILE,
+    artifact_format,
+    is_quantized,
+    load_config,
+    load_torch_model,
+    read_compression,
+    require_model_dir,
+    saved_head,
+)
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-
-TORCH = "torch"
-TORCH_INT8 = "torch-int8-dynamic"
-ONNX = "onnx"
-INC_PT2E = "inc-pt2e"
-INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its precision says so
+from compress.core.structure import apply_structure, count_parameters, describe
+from compress.core.tasks import Task
 
 PT2_FILE = "model.pt2"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order every exported graph takes
@@ -60,21 +83,6 @@ INT8_WEIGHT, INT8_SCALE, INT8_ZERO = ".weight_int8", ".weight_scale", ".weight_z
 
 
 # ---------------------------------------------------------------------------- formats
-
-
-def artifact_format(path: Path | str) -> str:
-    """The directory's format: compression.json's ``format``, else ``onnx``/``torch`` from its files."""
-    from compress.core.artifacts import model_format, read_compression
-
-    return read_compression(path).get("format") or model_format(path)
-
-
-def is_quantized(path: Path | str) -> bool:
-    """True for an int8 directory (any backend)."""
-    from compress.core.artifacts import read_compression
-
-    record = read_compression(path)
-    return record.get("precision") == "int8" or record.get("format") in INT8_FORMATS
 
 
 def model_device(model) -> torch.device:
@@ -89,7 +97,7 @@ def model_device(model) -> torch.device:
 FORMATS: Registry[Callable[[Path, dict[str, Any]], Any]] = Registry("model format")
 
 
-def load_runtime(
+def load_model(
     path: Path | str,
     *,
     head: str | None = None,
@@ -102,17 +110,17 @@ def load_runtime(
     compile: bool | None = None,
     fmt: str | None = None,
 ):
-    """Load any model directory for inference with the loader of its format.
+    """Load any model directory with the loader of its format; the only loader the stages use.
 
-    The options of ``artifacts.load_model`` are accepted; a non-torch format refuses
+    ``head`` is one of ``base``, ``sequence-classification``, ``question-answering``,
+    ``masked-lm``, ``pretraining`` (default: the saved one; see
+    ``artifacts.load_torch_model`` for new heads and ``with_info``); a non-torch format refuses
     those that would need new weights (another head, another ``num_labels``).
     ``threads`` sets ONNX Runtime's intra-op pool (default: torch's thread count);
     ``device`` places a runner (PyTorch models move with ``.to()`` as usual);
     ``compile`` (default: on unless ``COMPRESS_NO_COMPILE=1``) compiles INC programs;
     ``fmt`` overrides the format compression.json states.
     """
-    from compress.core.artifacts import require_model_dir
-
     path = require_model_dir(path)
     fmt = fmt or artifact_format(path)
     options = {
@@ -122,12 +130,24 @@ def load_runtime(
     return FORMATS.get(fmt)(path, options)
 
 
+def load_model_for_task(model_dir: Path | str, task: Task, **options):
+    """Model with the task's head; labels named after the task (ids never trusted across sources).
+
+    ``options`` go to :func:`load_model`; with ``with_info=True`` the result is ``(model, info)``.
+    """
+    kind = task.behaviour
+    if kind.problem_type is None:  # not a classifier head: nothing to size or name
+        return load_model(model_dir, head=kind.head, **options)
+    loaded = load_model(model_dir, head=kind.head, num_labels=task.num_labels, id2label=task.id2label, **options)
+    model = loaded[0] if options.get("with_info") else loaded
+    model.config.problem_type = kind.problem_type
+    return loaded
+
+
 @FORMATS.register(TORCH)
 def _load_torch(path: Path, options: dict[str, Any]):
-    from compress.core.artifacts import load_model
-
     keys = ("head", "num_labels", "id2label", "attn_implementation", "with_info")
-    return load_model(path, **{k: options[k] for k in keys})
+    return load_torch_model(path, **{k: options[k] for k in keys})
 
 
 def _check_options(path: Path, fmt: str, config, saved: str, options: dict[str, Any], *, eager_ok: bool = False) -> None:
@@ -169,19 +189,11 @@ def build_architecture(path: Path, config=None, head: str | None = None, *, empt
 
     ``empty`` skips the random initialisation (the caller overwrites every weight).
     """
-    import contextlib
-
-    import transformers
-
-    from compress.core.artifacts import HEAD_CLASSES, load_config, read_compression, saved_head
-    from compress.core.structure import apply_structure
 
     config = config or load_config(path)
     head = head or saved_head(path)
     cls = getattr(transformers, HEAD_CLASSES[head])
     if empty:
-        from transformers.modeling_utils import no_init_weights
-
         context = no_init_weights()
     else:
         context = contextlib.nullcontext()
@@ -199,8 +211,6 @@ def parameter_count(path: Path | str) -> int:
     Built uninitialised on the CPU (``torch.empty`` pages are never touched), not on the
     meta device: transformers' head pruning indexes with a boolean mask, which meta tensors refuse.
     """
-    from compress.core.structure import count_parameters
-
     model = build_architecture(Path(path), empty=True)
     model.tie_weights()
     return count_parameters(model)
@@ -208,9 +218,6 @@ def parameter_count(path: Path | str) -> int:
 
 def structure_of(path: Path | str) -> dict[str, Any]:
     """The structure dict (heads, FFN widths, layers) from compression.json, else from the config."""
-    from compress.core.artifacts import read_compression
-    from compress.core.structure import describe
-
     stored = read_compression(path).get("structure")
     if stored:
         return stored
@@ -222,8 +229,6 @@ def structure_of(path: Path | str) -> dict[str, Any]:
 
 def output_class(head: str):
     """The transformers output dataclass a head's forward returns (``.logits``, ``.start_logits``, ...)."""
-    from transformers import modeling_outputs as mo
-
     return {
         "sequence-classification": mo.SequenceClassifierOutput,
         "question-answering": mo.QuestionAnsweringModelOutput,
@@ -292,9 +297,8 @@ class OnnxRunner(Runner):
         self._make_session(["CPUExecutionProvider"])
 
     def _make_session(self, providers: list[str]) -> None:
+        # deferred: a heavy import, paid only where it is used
         import onnxruntime as ort
-
-        from compress.core.artifacts import ONNX_FILE
 
         opts = ort.SessionOptions()
         # Fusions (attention, GELU, LayerNorm) happen here, at load: the file stays a plain graph.
@@ -312,6 +316,7 @@ class OnnxRunner(Runner):
         self.output_names = tuple(o.name for o in session.get_outputs())
 
     def set_device(self, device: torch.device) -> None:
+        # deferred: a heavy import, paid only where it is used
         import onnxruntime as ort
 
         if device.type == "cuda":
@@ -326,8 +331,6 @@ class OnnxRunner(Runner):
         self.device = device
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        import numpy as np
-
         # Only the inputs the graph declares (an export may drop an unused token_type_ids).
         feeds = {name: inputs[name].detach().cpu().numpy().astype(np.int64, copy=False) for name in self.input_names}
         return [torch.from_numpy(out) for out in self.session.run(list(self.output_names), feeds)]
@@ -355,6 +358,7 @@ class ExportedRunner(Runner):
         return self.compiled
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        # deferred: a heavy import, paid only where it is used
         import torch._inductor.config as inductor_config
 
         args = tuple(inputs[name].to(torch.long) for name in INPUTS)  # positional, as exported
@@ -368,8 +372,6 @@ class ExportedRunner(Runner):
 
 @FORMATS.register(ONNX)
 def _load_onnx(path: Path, options: dict[str, Any]):
-    from compress.core.artifacts import ONNX_FILE, load_config, saved_head
-
     if not (path / ONNX_FILE).is_file():
         raise CompressError(f"{path} has no {ONNX_FILE}; is the directory complete?")
     config, saved = load_config(path), saved_head(path)
@@ -382,8 +384,6 @@ def _load_onnx(path: Path, options: dict[str, Any]):
 
 @FORMATS.register(INC_PT2E)
 def _load_inc(path: Path, options: dict[str, Any]):
-    from compress.core.artifacts import load_config, read_compression, saved_head
-
     if not (path / PT2_FILE).is_file():
         raise CompressError(f"{path} has no {PT2_FILE}; is the directory complete?")
     config, saved = load_config(path), saved_head(path)
@@ -412,8 +412,6 @@ def check_pt2_archive(file: Path) -> None:
     no native code, every payload a plain tensor, sample inputs loadable with
     ``weights_only=True``.
     """
-    from torch.export.pt2_archive import constants as c
-
     bad = f"{file} is not a plain torch.export archive of tensors"
     try:
         archive = zipfile.ZipFile(file)
@@ -474,15 +472,11 @@ def quiet_torch_ao() -> Iterator[None]:
 
 def dynamic_qconfig(per_channel: bool):
     """qint8 weights, per output channel (symmetric) or per tensor; activations quantized per batch."""
-    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
-
     return per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
 
 
 def quantize_linears(model, names: list[str] | None = None, *, per_channel: bool = True):
     """Replace ``nn.Linear`` layers (all, or the ``names`` given) by torch.ao dynamic int8 Linears, in place."""
-    from torch.ao.quantization import quantize_dynamic
-
     qconfig = dynamic_qconfig(per_channel)
     spec = {torch.nn.Linear: qconfig} if names is None else {name: qconfig for name in names}
     with quiet_torch_ao():
@@ -490,8 +484,6 @@ def quantize_linears(model, names: list[str] | None = None, *, per_channel: bool
 
 
 def _quantized_linears(model) -> Iterator[tuple[str, Any]]:
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
     for name, module in model.named_modules():
         if isinstance(module, DynamicLinear):
             yield name, module
@@ -529,9 +521,6 @@ def int8_state_dict(model) -> dict[str, torch.Tensor]:
 
 def write_torch_int8(model, directory: Path) -> Path:
     """Write ``model.safetensors`` in the torch-int8 layout; the file."""
-    from safetensors.torch import save_file
-
-    from compress.core.artifacts import WEIGHTS_FILE
 
     file = Path(directory) / WEIGHTS_FILE
     save_file(int8_state_dict(model), str(file), metadata={"format": "pt", "compress_format": TORCH_INT8})
@@ -541,11 +530,6 @@ def write_torch_int8(model, directory: Path) -> Path:
 @FORMATS.register(TORCH_INT8)
 def load_torch_int8(path: Path, options: dict[str, Any]):
     """Rebuild a torch-int8 directory: the fp32 architecture, dynamic int8 Linears, the stored int8 weights."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from compress.core.artifacts import WEIGHTS_FILE, load_config, saved_head
-    from compress.core.structure import describe
 
     config, saved = load_config(path), saved_head(path)
     _check_options(path, TORCH_INT8, config, saved, options, eager_ok=True)

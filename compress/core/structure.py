@@ -16,14 +16,15 @@ A *structure* is a plain dict (it is stored in ``compression.json``)::
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
+from transformers import BertConfig
 
 from compress.core.errors import CompressError
-
 
 # ---------------------------------------------------------------------------- finding modules
 
@@ -331,11 +332,6 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> None:
         )
 
 
-def is_uniform(structure: dict[str, Any]) -> bool:
-    """True when stock ``BertConfig`` can express the shapes (one FFN width for all layers)."""
-    return len(set(structure.get("ffn", []))) <= 1
-
-
 # ---------------------------------------------------------------------------- shapes
 
 
@@ -363,8 +359,6 @@ class Shape:
 
 def make_config(shape: Shape, vocab_size: int, max_positions: int = 512, **extra):
     """A ``BertConfig`` for ``shape`` with BERT's defaults (GELU, dropout 0.1, 2 segments)."""
-    from transformers import BertConfig
-
     return BertConfig(
         vocab_size=vocab_size,
         hidden_size=shape.hidden,
@@ -382,8 +376,6 @@ def make_config(shape: Shape, vocab_size: int, max_positions: int = 512, **extra
 
 def parse_shape(text: str) -> Shape:
     """``"4L-312-1200"`` or ``"6L-384"`` (FFN 4x hidden, heads = hidden/64 or 12 if it divides)."""
-    import re
-
     m = re.fullmatch(r"(\d+)L-(\d+)(?:-(\d+))?(?:-(\d+)H)?", text.strip(), flags=re.IGNORECASE)
     if not m:
         raise CompressError(f"cannot read shape {text!r}; write LAYERSL-HIDDEN[-FFN], e.g. 4L-312-1200")

@@ -1,8 +1,11 @@
 """The task registry: every GLUE task, the AX diagnostic set and SQuAD v1.1 / v2.0.
 
-A :class:`Task` holds facts only (text fields, label names in the official order,
-metrics, splits and where each split lives in every supported layout); reading files
-is ``compress.core.data``'s job.
+A :class:`Task` holds facts (text fields, label names in the official order, metrics,
+splits and where each split lives in every supported layout); reading files is
+``compress.core.data``'s job. Everything that depends on the *kind* of task (which
+model head and outputs, which label type, which losses, how long a default input is,
+how a prediction is written) lives on its :class:`TaskKind`, ``task.behaviour``, so
+no other module branches on the kind.
 
 Label names follow the order of the Hugging Face ``nyu-mll/glue`` dataset, which is
 the order of the label ids every fine-tuned hub checkpoint uses. Legacy GLUE
@@ -20,6 +23,43 @@ from compress.core.errors import CompressError
 CLASSIFICATION = "classification"
 REGRESSION = "regression"
 SPAN = "span"  # extractive question answering (SQuAD)
+UNLABELLED = -1  # the label of an unlabelled row (the hub's GLUE test splits)
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """What depends on the kind of task; one record per kind (``KINDS``)."""
+
+    name: str  # CLASSIFICATION, REGRESSION or SPAN
+    head: str  # the model head: "sequence-classification" or "question-answering"
+    outputs: tuple[str, ...]  # the head's output names, in order: ("logits",) or ("start_logits", "end_logits")
+    problem_type: str | None  # transformers' config.problem_type for the head (None: not a classifier head)
+    label_dtype: str | None  # the label column's dtype ("int64", "float32"); None: answers, not labels
+    max_length: int  # default input length in tokens (SQuAD windows are longer)
+    per_token: bool  # the outputs score token positions (batch, seq), so padding must leave them
+    soft_loss: str  # loss on the teacher's outputs: "kl" (T²-scaled), "span_kl" (over unpadded positions) or "mse"
+    hard_loss: str  # loss on gold labels: "cross_entropy", "mse" or "span_cross_entropy"
+    prediction: str  # what one prediction is: "label" (a name), "score" (a float) or "answer" (a text span)
+
+    @property
+    def label_type(self) -> type | None:
+        """The Python type of one gold label (int, float); None when examples carry answers, not labels."""
+        return {"int64": int, "float32": float}.get(self.label_dtype)
+
+    @property
+    def unlabelled(self) -> int | float | None:
+        """The label of a row that has none (test splits), as the hub writes it: -1 or -1.0."""
+        return None if self.label_type is None else self.label_type(UNLABELLED)
+
+
+KINDS: dict[str, TaskKind] = {
+    CLASSIFICATION: TaskKind(CLASSIFICATION, "sequence-classification", ("logits",), "single_label_classification",
+                             "int64", 128, False, "kl", "cross_entropy", "label"),
+    REGRESSION: TaskKind(REGRESSION, "sequence-classification", ("logits",), "regression",
+                         "float32", 128, False, "mse", "mse", "score"),
+    SPAN: TaskKind(SPAN, "question-answering", ("start_logits", "end_logits"), None,
+                   None, 384, True, "span_kl", "span_cross_entropy", "answer"),
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +99,7 @@ class Task:
     kind: str  # CLASSIFICATION, REGRESSION or SPAN
     text_fields: tuple[str, ...]  # dataset columns, in model-input order
     label_names: tuple[str, ...]  # official order; empty for regression and span tasks
-    metrics: tuple[str, ...]  # metric names reported by eval.metrics / eval.squad
+    metrics: tuple[str, ...]  # metric names reported by compress.eval.metrics / compress.eval.squad
     primary_metric: str  # the one number a leaderboard shows
     splits: tuple[Split, ...]
     hub_path: str  # Hugging Face dataset repository
@@ -68,12 +108,32 @@ class Task:
     label_range: tuple[float, float] | None = None  # valid targets of a regression task
     submission_labels: str = "index"  # GLUE server labels: "index" (0/1), "names", "float"
     prediction_source: str | None = None  # task whose model predicts this one (AX <- MNLI)
+    unanswerable: bool = False  # some questions have no answer (SQuAD v2.0): null odds, HasAns/NoAns metrics
     aliases: tuple[str, ...] = field(default=())
+
+    @property
+    def behaviour(self) -> TaskKind:
+        """Head, outputs, label type, losses and prediction format of this task's kind."""
+        return KINDS[self.kind]
 
     @property
     def num_labels(self) -> int:
         """Output width of a classification head (1 for regression)."""
-        return 1 if self.kind == REGRESSION else len(self.label_names)
+        return 1 if self.behaviour.problem_type == "regression" else len(self.label_names)
+
+    @property
+    def labels_description(self) -> str:
+        """The labels as a listing shows them: names, a score range, or an answer span."""
+        if self.label_names:
+            return ", ".join(self.label_names)
+        if self.label_range:
+            return f"score {self.label_range[0]:g}-{self.label_range[1]:g}"
+        return "answer span" + (" or no answer" if self.unanswerable else "")
+
+    @property
+    def id2label(self) -> dict[int, str] | None:
+        """Label names by output index, for a classifier's config; None when outputs are not labels."""
+        return dict(enumerate(self.label_names)) if self.label_names else None
 
     @property
     def is_pair(self) -> bool:
@@ -237,7 +297,7 @@ _TASKS: tuple[Task, ...] = (
     ),
     Task(
         name="squad_v2", display="SQuAD v2.0", kind=SPAN,
-        text_fields=("question", "context"), label_names=(),
+        text_fields=("question", "context"), label_names=(), unanswerable=True,
         metrics=("exact_match", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1",
                  "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"),
         primary_metric="f1",

@@ -35,6 +35,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
+import torch
+from safetensors.torch import load_model, save_model
+from tqdm.auto import tqdm
+
+from compress.core.artifacts import atomic_path
 from compress.core.config import option
 from compress.core.errors import CompressError
 
@@ -120,8 +125,6 @@ def epoch_order(
     order stays random. The batches are then shuffled too, keeping the longest first
     (an out-of-memory error shows up at step one, not hours later).
     """
-    import torch
-
     if not shuffle:
         return list(range(n))
     g = torch.Generator().manual_seed(seed * 1009 + epoch)
@@ -165,8 +168,6 @@ def param_groups(model, weight_decay: float) -> list[dict[str, Any]]:
 
 def linear_schedule(optimizer, warmup: int, total: int):
     """Linear warm-up from 0 to the peak over ``warmup`` steps, then linear decay to 0 at ``total``."""
-    import torch
-
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / max(1, warmup)
@@ -176,16 +177,18 @@ def linear_schedule(optimizer, warmup: int, total: int):
 
 
 def make_accelerator(precision: str, device: str):
+    # deferred: a heavy import, paid only where it is used
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
 
-    import torch
+    # deferred: a heavy import, paid only where it is used
+    from accelerate.state import AcceleratorState
 
     if precision == "fp16" and (device == "cpu" or not torch.cuda.is_available()):
         raise CompressError("--precision fp16 needs a CUDA GPU; on a CPU use bf16 or fp32")
     # One Accelerator per run: reset the mixed-precision state a previous run in this
     # process left behind (the process group, if any, is kept).
     AcceleratorState._reset_state(reset_partial_state=False)
+    # deferred: a heavy import, paid only where it is used
     from accelerate.utils import DistributedDataParallelKwargs
 
     mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
@@ -219,17 +222,12 @@ def _atomic_dir(final: Path) -> contextlib.AbstractContextManager[Path]:
 
 
 def _save_weights(model, path: Path) -> None:
-    from safetensors.torch import save_model
-
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_model(model, str(tmp))  # handles tied weights (MLM decoder = word embeddings)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_model(model, str(tmp))  # handles tied weights (MLM decoder = word embeddings)
 
 
 def load_weights(model, path: Path) -> None:
     """Load a safetensors state (written by this loop) into ``model`` in place."""
-    from safetensors.torch import load_model
-
     missing, unexpected = load_model(model, str(path), strict=False)
     if unexpected or [k for k in missing if "position_ids" not in k]:
         raise CompressError(f"{path} does not match the model being trained; remove it or start without --resume")
@@ -248,8 +246,6 @@ def list_checkpoints(work_dir: Path) -> list[Path]:
 
 
 def save_checkpoint(work_dir: Path, model, optimizer, scheduler, state: dict[str, Any], keep: int) -> Path:
-    import torch
-
     final = Path(work_dir) / CHECKPOINTS / f"step-{state['step']:08d}"
     with _atomic_dir(final) as tmp:
         _save_weights(model, tmp / "model.safetensors")
@@ -267,8 +263,6 @@ def save_checkpoint(work_dir: Path, model, optimizer, scheduler, state: dict[str
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
-    import torch
-
     load_weights(model, path / "model.safetensors")
     # weights_only: a checkpoint must never be able to run code when it is read.
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
@@ -314,6 +308,40 @@ def train(
     return train_phases(model, [Phase(dataset, collate, lengths=lengths)], cfg, **kwargs)
 
 
+@dataclass
+class _Run:
+    """A run in progress: what the steps of :func:`train_phases` share, and what a checkpoint keeps."""
+
+    cfg: TrainConfig
+    plan: list[dict[str, Any]]  # per phase: its batches and step counts (see _plan)
+    accelerator: Any
+    optimizer: Any
+    scheduler: Any
+    work_dir: Path
+    key: str  # fingerprint of the settings and data sizes: a checkpoint resumes only the same run
+    total: int  # optimizer steps over all phases
+    eval_every: int
+    save_every: int
+    result: TrainResult
+    step: int = 0  # optimizer steps done
+    best_value: float | None = None  # the selected metric's best value so far
+    running: dict[str, float] = field(default_factory=dict)  # logs summed since the last history entry
+    running_n: int = 0
+    order_of: tuple[int, int] | None = None  # (phase, epoch) whose example order `order` holds
+    order: list[int] = field(default_factory=list)
+
+    @property
+    def best_file(self) -> Path:
+        return self.work_dir / BEST / "model.safetensors"
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint stores besides weights, optimizer, scheduler and RNG."""
+        return {
+            "step": self.step, "key": self.key, "history": self.result.history, "best": self.result.best,
+            "best_step": self.result.best_step, "best_value": self.best_value, "total": self.total,
+        }
+
+
 def train_phases(
     model,
     phases: Sequence[Phase],
@@ -337,132 +365,166 @@ def train_phases(
     (anything JSON-able: config, data sizes) must match for ``resume`` to accept a
     checkpoint.
     """
-    import torch
-    from tqdm.auto import tqdm
-
     started = time.monotonic()
-    work_dir = Path(work_dir)
+    run = _start(model, phases, cfg, Path(work_dir), run_key)
+    if resume:
+        _resume(run, model)
+    if run.result.best_step is not None and run.best_file.is_file():
+        run.result.best_weights = run.best_file
+    model, run.optimizer = run.accelerator.prepare(model, run.optimizer)
+    model.train()
+    bar = tqdm(total=run.total, initial=run.step, desc=desc, unit="step", disable=not run.accelerator.is_main_process,
+               dynamic_ncols=True)
+    while run.step < run.total:
+        p, local = _locate(run.plan, run.step)
+        phase = run.plan[p]["phase"]
+        logs = _accumulate(run, model, phase, _my_share(run, p, local, shuffle), loss_fn)
+        _optimizer_step(run, model)
+        bar.update(1)
+        epoch = round((local + 1) / run.plan[p]["steps_per_epoch"], 3)  # epochs of this phase done, as logged
+        _log(run, logs, epoch, phase.name, bar)
+        if evaluate is not None and (run.step % run.eval_every == 0 or run.step == run.total):
+            _evaluate_and_keep_best(run, model, evaluate, select, epoch)
+        if run.step % run.save_every == 0 and run.step < run.total:
+            _checkpoint(run, model)
+    bar.close()
+    model = run.accelerator.unwrap_model(model)
+    model.eval()
+    run.result.steps = run.step
+    run.result.seconds = time.monotonic() - started
+    return run.result
+
+
+def _start(model, phases: Sequence[Phase], cfg: TrainConfig, work_dir: Path, run_key: Any) -> _Run:
+    """A new run: accelerator, plan, seeded RNG, optimizer and schedule (the model is not wrapped yet)."""
     accelerator = make_accelerator(cfg.precision, cfg.device)
-    world, rank = accelerator.num_processes, accelerator.process_index
+    world = accelerator.num_processes
     plan = _plan(phases, cfg, world)
     total = sum(p["steps"] for p in plan)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total)
-    eval_every = cfg.eval_every or plan[0]["steps_per_epoch"]
-    save_every = cfg.save_every or plan[0]["steps_per_epoch"]
     sizes = [(len(p["phase"].dataset), p["batch_size"], p["steps"]) for p in plan]
     key = fingerprint(asdict(cfg) | {"device": None, "keep_checkpoints": None}, sizes, world, run_key)
     torch.manual_seed(cfg.seed)
-
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
     )
-    scheduler = linear_schedule(optimizer, warmup, total)
-    result = TrainResult(processes=world)
-    best_value: float | None = None
-    step = 0
-    if resume:
-        checkpoints = list_checkpoints(work_dir)
-        if checkpoints:
-            state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
-            if state.get("key") != key:
-                raise CompressError(
-                    f"the checkpoint in {checkpoints[-1]} was made with other settings or data; "
-                    f"run with the same options, or remove {work_dir} to start over"
-                )
-            step = state["step"]
-            result.history = state["history"]
-            result.best, result.best_step, best_value = state["best"], state["best_step"], state["best_value"]
-            if accelerator.is_main_process:
-                tqdm.write(f"resuming from {checkpoints[-1]} (step {step}/{total})")
-    best_file = work_dir / BEST / "model.safetensors"
-    if result.best_step is not None and best_file.is_file():
-        result.best_weights = best_file
+    return _Run(
+        cfg, plan, accelerator, optimizer, linear_schedule(optimizer, warmup, total), work_dir, key, total,
+        eval_every=cfg.eval_every or plan[0]["steps_per_epoch"], save_every=cfg.save_every or plan[0]["steps_per_epoch"],
+        result=TrainResult(processes=world),
+    )
 
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model.train()
-    running: dict[str, float] = {}
-    running_n = 0
-    bar = tqdm(total=total, initial=step, desc=desc, unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True)
 
-    def state_dict() -> dict[str, Any]:
-        return {
-            "step": step, "key": key, "history": result.history, "best": result.best,
-            "best_step": result.best_step, "best_value": best_value, "total": total,
-        }
+def _resume(run: _Run, model) -> None:
+    """Continue from the newest complete checkpoint, if there is one; refuse one made with other settings or data."""
+    checkpoints = list_checkpoints(run.work_dir)
+    if not checkpoints:
+        return
+    state = load_checkpoint(checkpoints[-1], model, run.optimizer, run.scheduler)  # also restores the RNG
+    if state.get("key") != run.key:
+        raise CompressError(
+            f"the checkpoint in {checkpoints[-1]} was made with other settings or data; "
+            f"run with the same options, or remove {run.work_dir} to start over"
+        )
+    run.step = state["step"]
+    run.result.history = state["history"]
+    run.result.best, run.result.best_step, run.best_value = state["best"], state["best_step"], state["best_value"]
+    if run.accelerator.is_main_process:
+        tqdm.write(f"resuming from {checkpoints[-1]} (step {run.step}/{run.total})")
 
-    cached: tuple[int, int] | None = None  # (phase, epoch) whose order is in `order`
-    order: list[int] = []
-    while step < total:
-        p, local = _locate(plan, step)
-        phase, spe = plan[p]["phase"], plan[p]["steps_per_epoch"]
-        epoch, index_in_epoch = divmod(local, spe)
-        if cached != (p, epoch):  # one permutation per (phase, epoch): a pure function of the seed
-            cached = (p, epoch)
-            grouped = phase.lengths if cfg.group_by_length else None
-            order = epoch_order(len(phase.dataset), cfg.seed + 7 * p, epoch, shuffle, grouped, plan[p]["batch_size"])
-        start, end = plan[p]["batches"][index_in_epoch]
-        mine = order[start:end][rank::world]  # this process's interleaved share of the global batch
-        micro = max(1, len(mine) // cfg.grad_accum)
-        chunks = [mine[i : i + micro] for i in range(0, len(mine), micro)]
-        logs_sum: dict[str, float] = {}
-        for c, chunk in enumerate(chunks):
-            batch = phase.collate([phase.dataset[i] for i in chunk], step)
-            batch = {k: v.to(accelerator.device) if hasattr(v, "to") else v for k, v in batch.items()}
-            sync = c == len(chunks) - 1
-            with contextlib.nullcontext() if sync or world == 1 else accelerator.no_sync(model):
-                with accelerator.autocast():
-                    loss, logs = loss_fn(model, batch)
-                _check_finite(loss, step, work_dir, accelerator)
-                accelerator.backward(loss / len(chunks))
-            for k, v in {"loss": loss, **logs}.items():
-                value = v.detach() if hasattr(v, "detach") else v
-                logs_sum[k] = logs_sum.get(k, 0.0) + float(value) / len(chunks)
-        if cfg.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        bar.update(1)
-        for k, v in logs_sum.items():
-            running[k] = running.get(k, 0.0) + v
-        running_n += 1
-        if step % cfg.log_every == 0 or step == total:
-            entry = {"step": step, "epoch": round((local + 1) / spe, 3), "lr": scheduler.get_last_lr()[0]}
-            if len(plan) > 1:
-                entry["phase"] = phase.name
-            entry.update({k: v / running_n for k, v in running.items()})
-            result.history.append(entry)
-            bar.set_postfix(loss=f"{entry['loss']:.4f}", lr=f"{entry['lr']:.2e}")
-            running, running_n = {}, 0
-        if evaluate is not None and (step % eval_every == 0 or step == total):
-            accelerator.wait_for_everyone()
-            if accelerator.is_main_process:
-                inner = accelerator.unwrap_model(model)
-                inner.eval()
-                metrics = evaluate(inner)
-                inner.train()
-                result.history.append({"step": step, "epoch": round((local + 1) / spe, 3), "eval": metrics})
-                value = metrics.get(select) if select else None
-                if value is not None and (best_value is None or value > best_value):
-                    best_value, result.best, result.best_step = float(value), metrics, step
-                    best_file.parent.mkdir(parents=True, exist_ok=True)
-                    _save_weights(inner, best_file)
-                    result.best_weights = best_file
-                shown = ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
-                tqdm.write(f"step {step}: {shown}" + (" (best)" if result.best_step == step else ""))
-            accelerator.wait_for_everyone()
-        if step % save_every == 0 and step < total:
-            accelerator.wait_for_everyone()
-            if accelerator.is_main_process:
-                save_checkpoint(work_dir, accelerator.unwrap_model(model), optimizer, scheduler, state_dict(), cfg.keep_checkpoints)
-            accelerator.wait_for_everyone()
-    bar.close()
-    model = accelerator.unwrap_model(model)
-    model.eval()
-    result.steps = step
-    result.seconds = time.monotonic() - started
-    return result
+
+def _my_share(run: _Run, p: int, local: int, shuffle: bool) -> list[int]:
+    """Example indices of this process's interleaved share of the global batch at step ``local`` of phase ``p``."""
+    entry = run.plan[p]
+    epoch, index_in_epoch = divmod(local, entry["steps_per_epoch"])
+    if run.order_of != (p, epoch):  # one permutation per (phase, epoch): a pure function of the seed
+        run.order_of = (p, epoch)
+        grouped = entry["phase"].lengths if run.cfg.group_by_length else None
+        run.order = epoch_order(len(entry["phase"].dataset), run.cfg.seed + 7 * p, epoch, shuffle, grouped, entry["batch_size"])
+    start, end = entry["batches"][index_in_epoch]
+    return run.order[start:end][run.accelerator.process_index :: run.accelerator.num_processes]
+
+
+def _accumulate(run: _Run, model, phase: Phase, mine: list[int], loss_fn: LossFn) -> dict[str, float]:
+    """Forward and backward over ``mine`` in ``grad_accum`` micro-batches; gradients sync across processes once.
+
+    Returns the loss and ``loss_fn``'s logs, averaged over the micro-batches.
+    """
+    accelerator, world = run.accelerator, run.accelerator.num_processes
+    micro = max(1, len(mine) // run.cfg.grad_accum)
+    chunks = [mine[i : i + micro] for i in range(0, len(mine), micro)]
+    logs_sum: dict[str, float] = {}
+    for c, chunk in enumerate(chunks):
+        batch = phase.collate([phase.dataset[i] for i in chunk], run.step)
+        batch = {k: v.to(accelerator.device) if hasattr(v, "to") else v for k, v in batch.items()}
+        sync = c == len(chunks) - 1  # only the last micro-batch all-reduces the gradients
+        with contextlib.nullcontext() if sync or world == 1 else accelerator.no_sync(model):
+            with accelerator.autocast():
+                loss, logs = loss_fn(model, batch)
+            _check_finite(loss, run.step, run.work_dir, accelerator)
+            accelerator.backward(loss / len(chunks))
+        for k, v in {"loss": loss, **logs}.items():
+            value = v.detach() if hasattr(v, "detach") else v
+            logs_sum[k] = logs_sum.get(k, 0.0) + float(value) / len(chunks)
+    return logs_sum
+
+
+def _optimizer_step(run: _Run, model) -> None:
+    """Clip the gradients, step the optimizer and the schedule, clear the gradients: one step done."""
+    if run.cfg.max_grad_norm > 0:
+        run.accelerator.clip_grad_norm_(model.parameters(), run.cfg.max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.step += 1
+
+
+def _log(run: _Run, logs: dict[str, float], epoch: float, phase_name: str, bar) -> None:
+    """Add a step's logs to the running sums; every ``log_every`` steps (and at the end) record their mean."""
+    for k, v in logs.items():
+        run.running[k] = run.running.get(k, 0.0) + v
+    run.running_n += 1
+    if run.step % run.cfg.log_every != 0 and run.step != run.total:
+        return
+    entry = {"step": run.step, "epoch": epoch, "lr": run.scheduler.get_last_lr()[0]}
+    if len(run.plan) > 1:
+        entry["phase"] = phase_name
+    entry.update({k: v / run.running_n for k, v in run.running.items()})
+    run.result.history.append(entry)
+    bar.set_postfix(loss=f"{entry['loss']:.4f}", lr=f"{entry['lr']:.2e}")
+    run.running, run.running_n = {}, 0
+
+
+def _evaluate_and_keep_best(run: _Run, model, evaluate: Callable[[Any], dict[str, float]], select: str | None,
+                            epoch: float) -> None:
+    """Evaluate on rank 0 (the others wait); a new best by ``select`` (higher is better) has its weights saved."""
+    accelerator = run.accelerator
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        inner = accelerator.unwrap_model(model)
+        inner.eval()
+        metrics = evaluate(inner)
+        inner.train()
+        run.result.history.append({"step": run.step, "epoch": epoch, "eval": metrics})
+        value = metrics.get(select) if select else None
+        if value is not None and (run.best_value is None or value > run.best_value):
+            run.best_value, run.result.best, run.result.best_step = float(value), metrics, run.step
+            run.best_file.parent.mkdir(parents=True, exist_ok=True)
+            _save_weights(inner, run.best_file)
+            run.result.best_weights = run.best_file
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
+        tqdm.write(f"step {run.step}: {shown}" + (" (best)" if run.result.best_step == run.step else ""))
+    accelerator.wait_for_everyone()
+
+
+def _checkpoint(run: _Run, model) -> None:
+    """Save a checkpoint to resume from: rank 0 writes it, every process waits until it is complete."""
+    accelerator = run.accelerator
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        save_checkpoint(run.work_dir, accelerator.unwrap_model(model), run.optimizer, run.scheduler, run.state(),
+                        run.cfg.keep_checkpoints)
+    accelerator.wait_for_everyone()
 
 
 def _plan(phases: Sequence[Phase], cfg: TrainConfig, world: int) -> list[dict[str, Any]]:
@@ -498,8 +560,6 @@ def _locate(plan: list[dict[str, Any]], step: int) -> tuple[int, int]:
 
 
 def _check_finite(loss, step: int, work_dir: Path, accelerator) -> None:
-    import torch
-
     finite = torch.isfinite(loss.detach()).to(torch.float32)
     if accelerator.num_processes > 1:
         finite = accelerator.reduce(finite, reduction="sum") / accelerator.num_processes
@@ -518,7 +578,7 @@ def distributed_state(device: str = "auto"):
     Accelerate sets up multi-process CPU training (gloo) only when told the run is on a
     CPU, so the flag is decided here once, for every caller.
     """
-    import torch
+    # deferred: a heavy import, paid only where it is used
     from accelerate import PartialState
 
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
@@ -528,6 +588,12 @@ def distributed_state(device: str = "auto"):
 def main_process_first():
     """A context in which rank 0 runs first and the others wait (e.g. to build a shared cache)."""
     return distributed_state().main_process_first()
+
+
+def work_dir_for(out: Path) -> Path:
+    """Checkpoints of a run live next to its output, so --resume finds them."""
+    out = Path(out).absolute()
+    return out.parent / f".{out.name}.work"
 
 
 def prepare_work_dir(work: Path, resume: bool) -> Path:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from compress.core import structure as st
+from compress.core.errors import CompressError
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
 
@@ -215,3 +216,38 @@ def layer_importance_gradient(model: nn.Module, batches: Iterable[dict], *, loss
             scores += grad.detach().abs().cpu()
     model.train(was_training)
     return scores
+
+
+def heads_to_remove(scores: Sequence[Sequence[float]], count: int, scope: str = "global") -> dict[int, list[int]]:
+    """The ``count`` lowest-scoring heads, never the last head of a layer.
+
+    ``global`` ranks all heads together; ``layer`` takes an equal share from each layer
+    (the remainder from the layers whose next candidate scores lowest).
+    """
+    sizes = [len(s) for s in scores]
+    removable = sum(n - 1 for n in sizes)
+    if count > removable:
+        raise CompressError(
+            f"cannot remove {count} heads: only {removable} can go while keeping one per layer "
+            f"(heads per layer {sizes}); drop whole layers with --layers instead"
+        )
+    chosen: dict[int, list[int]] = {}
+    if scope == "layer":
+        per_layer = [sorted(range(n), key=lambda h, l=l: scores[l][h]) for l, n in enumerate(sizes)]
+        taken = [0] * len(sizes)
+        for _ in range(count):
+            # the layer whose next head (in its own order) scores lowest, relative to its share
+            candidates = [l for l in range(len(sizes)) if taken[l] < sizes[l] - 1]
+            l = min(candidates, key=lambda l: (taken[l] / sizes[l], scores[l][per_layer[l][taken[l]]]))
+            chosen.setdefault(l, []).append(per_layer[l][taken[l]])
+            taken[l] += 1
+        return {l: sorted(h) for l, h in chosen.items()}
+    order = sorted(((float(scores[l][h]), l, h) for l, n in enumerate(sizes) for h in range(n)))
+    left = list(sizes)
+    for _, l, h in order:
+        if len([x for v in chosen.values() for x in v]) == count:
+            break
+        if left[l] > 1:
+            chosen.setdefault(l, []).append(h)
+            left[l] -= 1
+    return {l: sorted(h) for l, h in chosen.items()}

@@ -12,7 +12,19 @@ import shutil
 import warnings
 from pathlib import Path
 
+import torch
+
+from compress.core.artifacts import (
+    compression_record,
+    load_tokenizer,
+    output_dir,
+    require_model_dir,
+    saved_head,
+    write_json_atomic,
+)
 from compress.core.errors import CompressError
+from compress.core.runtime import load_model
+from compress.core.structure import describe
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUTS = {
@@ -27,8 +39,6 @@ class _Positional:
     """Call a Hugging Face model with positional inputs and return a tuple of named outputs."""
 
     def __init__(self, model, outputs: tuple[str, ...]):
-        import torch
-
         class Wrapper(torch.nn.Module):
             def __init__(self, inner):
                 super().__init__()
@@ -43,12 +53,6 @@ class _Positional:
 
 def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = 17, overwrite: bool = False) -> Path:
     """Write ``out/model.onnx`` (dynamic batch and sequence axes) for the model in ``model_dir``."""
-    import torch
-
-    from compress.core.artifacts import (
-        compression_record, load_model, load_tokenizer, output_dir, require_model_dir, saved_head, write_json_atomic,
-    )
-    from compress.core.structure import describe
 
     model_dir = require_model_dir(model_dir)
     head = saved_head(model_dir)

@@ -1,0 +1,409 @@
+"""Every ``compress`` subcommand, each described once; the stages among them are also the recipe stages.
+
+A :class:`Stage` names its subcommand ("teacher finetune") and its recipe kind
+("finetune"), its config dataclass and entry function, the directories it reads, what the
+command prints afterwards, and the examples of its ``--help``. ``compress.cli`` builds one
+subcommand per stage (flags = inputs + ``--out``/``--overwrite`` + ``--config`` + one per
+config field) and ``compress.pipeline`` accepts every stage with a recipe kind. Adding a
+stage is one :func:`register` call. The few commands that are not stages (``tasks``,
+``init``, ``run``, ``demo``) are :class:`Command` entries of the same registry.
+
+Classes and functions are named as "module:attr" strings and imported on first use, so
+``import compress.stages`` (and ``compress --help``) imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from compress.core.errors import CompressError
+from compress.core.registry import Registry
+from compress.core.tasks import TASKS
+
+SEVERAL = ("models", "runs")  # input names that take several directories; "model", "teacher" take one
+
+
+def load(path: str) -> Any:
+    """The object a "module:attr" string names, imported on first use."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Input:
+    """A directory (or several) a stage reads, with its command-line flag."""
+
+    name: str  # the entry's argument and the command line's destination ("model", "teacher", "models", "runs")
+    flag: str  # e.g. "--model"
+    help: str
+    metavar: str = "DIR"
+    recipe_key: str = ""  # the recipe's key when it differs from ``name`` (eval: one --model, several models)
+
+    @property
+    def key(self) -> str:
+        return self.recipe_key or self.name
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A command-line switch that is not a config field; it may select another entry function."""
+
+    flag: str  # e.g. "--grid"
+    help: str
+    entry: str | None = None  # "module:function" called instead of the stage's entry when the switch is on
+
+    @property
+    def name(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its command, recipe kind, config, entry function, inputs and what the command prints."""
+
+    command: str  # the subcommand, e.g. "teacher finetune"
+    recipe: str | None  # the recipe kind, e.g. "finetune"; None: command line only
+    summary: str  # one line for --help
+    examples: str  # the lines under "examples:" in the command's --help
+    config: str  # "module:ConfigClass"
+    entry: str  # "module:function": f(*inputs, out, cfg, overwrite=) or, without ``out_help``, f(*inputs, cfg)
+    inputs: tuple[Input, ...] = ()
+    out_help: str | None = None  # help of the required --out; None: the command writes no directory of its own
+    produces_model: bool = True  # its output is a model directory that later stages may read
+    switches: tuple[Switch, ...] = ()
+    skip: tuple[str, ...] = ()  # config fields the command line does not offer
+    report: str | None = None  # "module:function"(result, cfg, inputs) -> (text for stdout, notes for stderr)
+    said: str | None = "wrote {out}"  # the last note on stderr, formatted with the output directory
+    recipe_entry: str | None = None  # f(*inputs, out, cfg, overwrite=) for recipes, when ``entry`` has no ``out``
+
+    def config_class(self) -> type:
+        return load(self.config)
+
+    def run(self, inputs: dict[str, Any], cfg: Any, out: str | Path | None = None, *, overwrite: bool = False,
+            switches: frozenset[str] = frozenset()) -> Any:
+        """Call the entry function (or the one a switch that is on selects) with the inputs in order."""
+        chosen = next((s.entry for s in self.switches if s.entry and s.name in switches), self.entry)
+        args = [inputs[i.name] for i in self.inputs]
+        if self.out_help is None:
+            return load(chosen)(*args, cfg)
+        return load(chosen)(*args, out, cfg, overwrite=overwrite)
+
+    def run_in_recipe(self, inputs: dict[str, Any], cfg: Any, out: Path) -> Path:
+        """Run as a recipe stage: ``inputs`` by recipe key, output into ``out`` (replaced)."""
+        entry = load(self.recipe_entry or self.entry)
+        return entry(*[inputs[i.key] for i in self.inputs], out, cfg, overwrite=True)
+
+    def outcome(self, result: Any, cfg: Any, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+        """What the command prints after the run: a summary for stdout and notes for stderr."""
+        text, notes = load(self.report)(result, cfg, inputs) if self.report else ("", [])
+        if self.said:
+            notes = [*notes, self.said.format(out=result)]
+        return text, notes
+
+
+Say = Callable[[str], None]  # where progress and notes go (stderr on the command line)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand that is not a stage: ``add`` adds its flags, ``run`` makes the call."""
+
+    command: str
+    summary: str  # one line for --help
+    examples: str  # the lines under "examples:" in the command's --help
+    add: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[dict[str, Any], Say], tuple[str, list[str]]]  # (flag values, say) -> (stdout text, stderr notes)
+
+
+# Subcommands by command name, in the order of ``compress --help``; recipe stages by recipe kind.
+COMMANDS: Registry[Stage | Command] = Registry("command")
+RECIPE_STAGES: Registry[Stage] = Registry("recipe stage")
+
+
+def register(entry: Stage | Command) -> Stage | Command:
+    """Add a command (and a stage's recipe kind); either name already taken is an error."""
+    recipe = entry.recipe if isinstance(entry, Stage) else None
+    if entry.command in COMMANDS:
+        raise ValueError(f"command {entry.command!r} is registered twice")
+    if recipe is not None and recipe in RECIPE_STAGES:
+        raise ValueError(f"recipe stage {recipe!r} is registered twice")
+    COMMANDS.register(entry.command, entry)
+    if recipe is not None:
+        RECIPE_STAGES.register(recipe, entry)
+    return entry
+
+
+# ---------------------------------------------------------------------------- tasks, init
+
+
+def _tasks(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
+    """``compress tasks``: the task registry as a table."""
+    rows = [("task", "kind", "labels (official order)", "metrics", "splits")]
+    for t in TASKS.values():
+        rows.append((t.name, t.kind, t.labels_description, ", ".join(t.metrics[:2]), ", ".join(s.name for s in t.splits)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows), []
+
+
+register(Command("tasks", "list the tasks, their splits, labels and metrics", "compress tasks", lambda p: None, _tasks))
+
+
+def _init_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", required=True, help="base, large, 2L-128, 4L-256, 4L-512, 8L-512, 6L-768, 4L-312, 6L-384, 3L-384, or LAYERSL-HIDDEN[-FFN]")
+    p.add_argument("--tokenizer", required=True, metavar="PATH", help="model directory, tokenizer folder or vocab.txt whose vocabulary sizes the embedding")
+    p.add_argument("--task", help="give the model this task's head and label names (e.g. sst2, stsb, squad)")
+    p.add_argument("--head", choices=["base", "sequence-classification", "question-answering", "masked-lm", "pretraining"], help="head without a task (default: base)")
+    p.add_argument("--max-positions", type=int, default=512, help="position embeddings (default: 512)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
+def _init(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
+    """``compress init``: a randomly initialised model directory of the given shape."""
+    shape = load("compress.students.presets:resolve_shape")(v["shape"])
+    out = load("compress.teacher.create:create_model")(
+        shape, v["out"], tokenizer=v["tokenizer"], task=v["task"], head=v["head"], seed=v["seed"],
+        max_positions=v["max_positions"], overwrite=v["overwrite"],
+    )
+    return f"wrote {shape.label} ({shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, FFN {shape.ffn}) to {out}", []
+
+
+register(Command(
+    "init", "create a randomly initialised BERT of a named or explicit shape",
+    """\
+  compress init --shape base --task sst2 --tokenizer path/to/vocab.txt --out models/bert-base-random
+  compress init --shape 4L-312 --tokenizer models/teacher --out models/tinybert-shape
+  compress init --shape 6L-384-1536 --head base --tokenizer models/teacher --out models/encoder""",
+    _init_flags, _init,
+))
+
+
+# ---------------------------------------------------------------------------- the stages
+
+
+register(Stage(
+    "eval", "eval",
+    "evaluate a model directory on a GLUE task or SQuAD with the official metrics",
+    """\
+  compress eval --model models/sst2 --task sst2                       # hub data
+  compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data --max-examples 500
+  compress eval --model models/mnli --task mnli --data-dir ~/glue_data  # matched + mismatched
+  compress eval --model models/qa --task squad --data-file dev-v1.1.json
+  compress eval --model models/sst2 --task sst2 --data-file reviews.csv --columns sentence=text,label=stars
+  compress eval --model models/mnli --task mnli --split test --data-dir ~/glue_data --submission submit/
+                                         # writes MNLI-m.tsv, MNLI-mm.tsv, AX.tsv and submission.zip""",
+    "compress.eval.evaluate:EvalConfig", "compress.eval.evaluate:evaluate",
+    (Input("model", "--model", "model directory (config.json + weights + tokenizer)", recipe_key="models"),),
+    produces_model=False, report="compress.eval.evaluate:summarize", said=None,
+    recipe_entry="compress.pipeline:run_eval",
+))
+
+register(Stage(
+    "latency", "latency",
+    "time models (each in its own process) against a GEMM peak measured in the same run",
+    """\
+  compress latency --model models/bert-base-random models/student --batch 1,32 --seq 128
+  compress latency --model models/teacher --batch 1,8 --seq 64,128,256 --threads 2 --out reports/latency""",
+    "compress.eval.latency:LatencyConfig", "compress.eval.latency:measure_latency",
+    (Input("models", "--model", "model directories; the first is the reference of the ratio column"),),
+    produces_model=False, report="compress.eval.latency:summarize", said=None,
+    recipe_entry="compress.pipeline:run_latency",
+))
+
+register(Stage(
+    "teacher pretrain", "pretrain",
+    "pretrain a BERT from scratch: WordPiece vocabulary, masked LM + next-sentence prediction, 128 -> 512 phases",
+    """\
+  compress teacher pretrain --corpus wiki/ --vocab-size 30522 --shape base --max-steps 1000000 --out models/bert
+  compress teacher pretrain --corpus books.txt,wiki.txt --shape 4L-256 --max-steps 2000 --batch-size 128 \\
+      --phase1-length 128 --phase2-length 512 --whole-word --out models/small-bert
+  compress teacher pretrain --corpus wiki/ --tokenizer models/bert-base --shape 8L-512 --out models/medium
+  compress teacher pretrain --corpus hf:wikitext:wikitext-103-raw-v1 --layers 6 --hidden 512 --heads 8 --out models/w6
+  compress teacher pretrain --corpus data/bookcorpus-saved/ ...   # a datasets save_to_disk folder: rows are documents
+  compress teacher pretrain ... --resume                  # after a crash: continue into the same --out
+  torchrun --nproc_per_node 8 -m compress.cli teacher pretrain ... --precision bf16   # same global batch""",
+    "compress.teacher.pretrain:PretrainConfig", "compress.teacher.pretrain:pretrain",
+    out_help="output model directory (BertForPreTraining + tokenizer)",
+    report="compress.teacher.pretrain:summarize", said="wrote {out} (curves: {out}/pretraining_curves.png)",
+))
+
+register(Stage(
+    "teacher finetune", "finetune",
+    "fine-tune a BERT (directory, bert-base/bert-large alias or hub id) on a GLUE task or SQuAD",
+    """\
+  compress teacher finetune --model bert-base --task sst2 --out models/sst2          # hub model and data
+  compress teacher finetune --model models/pretrained --task mrpc --data-dir ~/glue_data --out models/mrpc
+  compress teacher finetune --model bert-base --task rte --data-dir ~/glue_data --grid --out models/rte
+  compress teacher finetune --model models/minilm --task squad --train-file train.json --dev-file dev.json \\
+      --lr 5e-5 --epochs 2 --out models/squad
+  compress teacher finetune ... --resume        # continue an interrupted run into the same --out
+  torchrun --nproc_per_node 2 -m compress.cli teacher finetune ...   # same global --batch-size""",
+    "compress.teacher.finetune:FinetuneConfig", "compress.teacher.finetune:finetune",
+    (Input("model", "--model", "model directory, alias (bert-base, bert-large, ...-cased) or hub id", "MODEL"),),
+    out_help="output model directory (the best dev checkpoint)",
+    switches=(Switch("--grid", "sweep batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; keep the best on dev",
+                     "compress.teacher.finetune:finetune_grid"),),
+    report="compress.teacher.finetune:summarize",
+))
+
+register(Stage(
+    "distill", "distill",
+    "distil a fine-tuned teacher into a smaller student (logit KD, hidden/attention/embedding transfer)",
+    """\
+  compress distill --teacher models/sst2 --task sst2 --student 3L-384 --data-dir ~/glue_data --out models/sst2-3L
+  compress distill --teacher bert-base-sst2/ --task sst2 --student 6L-768 --init-layers 0,2,4,7,9,11 --out models/distil
+  compress distill --teacher models/mrpc --task mrpc --student 4L-312 --init random \\
+      --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT
+  compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/s
+  compress distill --teacher models/qa --task squad --student 6L-384 --train-file t.json --dev-file d.json --out models/qa6
+  compress distill-general --teacher models/encoder --corpus wiki/ --student 4L-312 --out models/general-4L""",
+    "compress.distill:DistillConfig", "compress.distill:distill",
+    (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL"),),
+    out_help="output model directory (the best dev student)",
+    report="compress.distill:summarize",
+))
+
+register(Stage(
+    "distill-general", "distill-general",
+    "task-agnostic distillation of an encoder on raw text (MiniLM relations, or DistilBERT MLM + KD + cosine)",
+    """\
+  compress distill-general --teacher models/minilm --corpus wiki/,books/ --student 4L-312 --max-steps 2000 \\
+      --out models/general-4L                                 # MiniLM: attention + value relations
+  compress distill-general --teacher models/pretrained-bert --corpus wiki/ --student 6L-768 \\
+      --init teacher-layers --losses kd,mlm,cosine --out models/distilbert   # DistilBERT (needs MLM heads)
+  compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/sst2-4L""",
+    "compress.distill:GeneralDistillConfig", "compress.distill:distill_general",
+    (Input("teacher", "--teacher", "teacher encoder: directory, alias or hub id", "MODEL"),),
+    out_help="output encoder directory",
+    said="wrote {out}; distil it on a task with: compress distill --init {out} ...",
+))
+
+register(Stage(
+    "prune", "prune",
+    "remove attention heads, whole layers and FFN neurons (physically: smaller and faster), then optionally recover",
+    """\
+  compress prune --model models/sst2 --task sst2 --data-dir ~/glue_data --heads 0.5 --out models/sst2-h50
+  compress prune --model models/sst2 --task sst2 --heads 0.5 --iterations 5 --recovery distill --out models/sst2-h50r
+  compress prune --model models/mnli --task mnli --until 0.99 --out models/mnli-michel      # Michel et al. threshold
+  compress prune --model models/sst2 --task sst2 --layers top:4 --out models/sst2-8L        # Poor Man's BERT
+  compress prune --model models/sst2 --task sst2 --ffn 0.3 --ffn-scope uniform --out models/sst2-ffn70
+  compress prune --model models/sst2 --task sst2 --heads 48 --head-criterion magnitude --layers alternate --out m/""",
+    "compress.prune:PruneConfig", "compress.prune:prune",
+    (Input("model", "--model", "fine-tuned model directory"),),
+    out_help="output model directory",
+    report="compress.prune:summarize",
+))
+
+register(Stage(
+    "heads", "heads",
+    "analyse attention heads: what they attend to (Clark et al.), importance and the pruning curve (Michel et al.)",
+    """\
+  compress heads --model models/sst2 --task sst2 --data-dir ~/glue_data --out reports/heads-sst2
+  compress heads --model models/mrpc --task mrpc --data-dir ~/glue_data --max-examples 128 --no-curve --out reports/h
+  compress heads --model models/encoder --text sentences.txt --max-length 256 --out reports/heads-encoder""",
+    "compress.eval.heads:HeadsConfig", "compress.eval.heads:analyze_heads",
+    (Input("model", "--model", "model directory (a fine-tuned one with --task)"),),
+    out_help="output directory: PNG plots, heads.json, summary.md", produces_model=False,
+    skip=("max_train_examples",),  # on the command line --importance-examples sizes the sample
+    report="compress.eval.heads:summarize", said="wrote {out} (summary.md, heads.json and the plots)",
+))
+
+register(Stage(
+    "quantize", "quantize",
+    "int8 quantization (PyTorch dynamic, ONNX Runtime via Optimum, Neural Compressor) with output checks and an accuracy guard",
+    """\
+  compress quantize --model models/sst2 --backend onnxruntime --out models/sst2-int8          # dynamic, preset from CPU flags
+  compress quantize --model models/sst2 --backend onnxruntime --scheme static --task sst2 --data-dir ~/glue_data \\
+      --calibration-examples 256 --max-drop 0.5 --out models/sst2-int8-static
+  compress quantize --model models/sst2 --backend torch --task sst2 --data-dir ~/glue_data --out models/sst2-torch-int8
+  compress quantize --model models/sst2 --backend inc --scheme static --task sst2 --data-dir ~/glue_data --out models/inc
+  compress quantize --model models/sst2 --backend inc --scheme qat --task sst2 --data-dir ~/glue_data --qat-steps 300 \\
+      --calibration-examples 512 --out models/inc-qat     # quantization-aware training, same int8 graph
+  compress eval --model models/sst2-int8 --task sst2 --data-dir ~/glue_data   # int8 directories evaluate like any other""",
+    "compress.quantize:QuantizeConfig", "compress.quantize:quantize",
+    (Input("model", "--model", "fp32 model directory"),),
+    out_help="int8 model directory",
+    report="compress.quantize:summarize",
+))
+
+register(Stage(
+    "leaderboard", "leaderboard",
+    "compare model directories with each other and with published results: tables, Pareto plots, report",
+    """\
+  compress leaderboard --runs runs/sst2 --out reports/sst2                    # every model dir under runs/sst2
+  compress leaderboard --runs models/teacher models/student models/int8 --teacher models/teacher --out report/
+  compress leaderboard --runs runs/ --reference-model models/bert-base-random --batch 1 --seq 128 --out report/""",
+    "compress.eval.leaderboard:LeaderboardConfig", "compress.eval.report:leaderboard",
+    (Input("runs", "--runs", "model directories, or folders holding them"),),
+    out_help="report directory (report.md, report.html, plots, JSON)", produces_model=False,
+    report="compress.eval.report:summarize", said="report: {out}/report.md and {out}/report.html",
+))
+
+
+# ---------------------------------------------------------------------------- recipes, demo
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", metavar="RECIPE", help="YAML or JSON recipe file")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory: one folder per stage + manifest.json + report")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="value for {{NAME}} in the recipe (repeatable)")
+    p.add_argument("--force", action="store_true", help="re-run every stage even when unchanged")
+
+
+def _run(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
+    """``compress run``: a recipe into its run directory, with ``--var NAME=VALUE`` for ``{{NAME}}``."""
+    variables = {}
+    for item in v["var"]:
+        if "=" not in item:
+            raise CompressError(f"--var expects NAME=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        variables[key.strip()] = value
+    out = load("compress.pipeline:run_recipe")(v["recipe"], v["out"], variables=variables, force=v["force"], say=say)
+    report = out / "report.md"
+    return "", [f"run directory: {out}" + (f"; report: {report}" if report.is_file() else "")]
+
+
+register(Command(
+    "run", "run a recipe: stages (pretrain, finetune, distill, prune, quantize, eval, latency, heads, leaderboard) chained",
+    """\
+  compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
+  compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped
+  compress run my.yaml --out runs/x --force                      # re-run every stage
+recipe format (YAML or JSON):
+  name: sst2-study
+  defaults: {task: sst2, data_dir: "{{glue}}"}        # {{var}} comes from --var; {{run_dir}} is the run directory
+  stages:
+    - {name: teacher, run: finetune, model: bert-base, config: {epochs: 3}}
+    - {name: student, run: distill, teacher: "${teacher}", config: {student: 6L-384}}
+    - {name: int8, run: quantize, model: "${student}", config: {backend: onnxruntime}}
+    - {name: latency, run: latency, models: ["${teacher}", "${student}", "${int8}"]}""",
+    _run_flags, _run,
+))
+
+
+def _demo_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo", metavar="DIR", help="run directory (default: runs/demo)")
+    p.add_argument("--data-dir", metavar="DIR", help="a real GLUE folder with SST-2/ (default: generate the data)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _demo(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
+    """``compress demo``: the demo recipe on generated (or real SST-2) data; its headline table."""
+    report = load("compress.demo:run_demo")(v["out"], overwrite=v["overwrite"], seed=v["seed"], data_dir=v["data_dir"], say=say)
+    return load("compress.demo:headline")(report), [f"demo report: {report} (and {report.with_suffix('.html')})"]
+
+
+register(Command(
+    "demo", "run the whole flow offline on a generated task: pretrain, fine-tune, distil, prune, quantize, measure, report",
+    """\
+  compress demo --out runs/demo                                  # generated data, a few minutes on 2 CPU cores
+  compress demo --out runs/demo-sst2 --data-dir ~/glue_data       # the same pipeline on real SST-2
+  compress demo --out runs/demo --overwrite""",
+    _demo_flags, _demo,
+))
