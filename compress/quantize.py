@@ -8,10 +8,11 @@
   output channel; activations quantized per batch at run time). Stored as int8 values +
   scales + zero points in ``model.safetensors`` (format ``torch-int8-dynamic``).
 * ``onnxruntime``: the plain fp32 ONNX export (``compress.core.export``) quantized by
-  Optimum's ``ORTQuantizer`` with the CPU's preset, dynamic or static (min-max
-  calibration on training examples). Stored as ``model.onnx`` (format ``onnx``). The
-  export is quantized *unfused*: optimum 2.1 / ONNX Runtime 1.31 fail on an
-  ORT-optimised graph, and the session applies the fusions at load anyway.
+  ``onnxruntime.quantization`` with the CPU's preset (the presets Optimum's
+  ``AutoQuantizationConfig`` names), dynamic or static (min-max calibration on training
+  examples). Stored as ``model.onnx`` (format ``onnx``). The export is quantized
+  *unfused*: ONNX Runtime's quantizer fails on an ORT-optimised graph, and the session
+  applies the fusions at load anyway.
 * ``inc``: Intel Neural Compressor 3.x static post-training quantization on a
   ``torch.export`` (PT2E) graph with dynamic batch and sequence dimensions, int8
   weights folded in, saved with ``torch.export.save`` as ``model.pt2`` (format
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 from torch.export import Dim
 
+from compress.core import hardware, runtime
 from compress.core.artifacts import (
     COMPRESSION_FILE,
     METRICS_FILE,
@@ -69,7 +71,6 @@ from compress.core.artifacts import (
     saved_head,
     write_json_atomic,
 )
-from compress.core import hardware, runtime
 from compress.core.config import option
 from compress.core.data import TaskData, encode_examples, load_split
 from compress.core.errors import CompressError
@@ -195,13 +196,49 @@ def resolve_preset(preset: str) -> str:
     return "avx512_vnni" if "avx512_vnni" in info["flags"] else "avx2"
 
 
+# ONNX Runtime's CPU presets: (weight type, reduce range); activations are always uint8,
+# weights symmetric, activations asymmetric (the presets Optimum's AutoQuantizationConfig names).
+ORT_PRESETS = {"avx512_vnni": ("QInt8", False), "avx2": ("QUInt8", False), "arm64": ("QInt8", False)}
+
+
+class _CalibrationReader:
+    """``onnxruntime.quantization.CalibrationDataReader`` over the calibration batches (int64 numpy)."""
+
+    def __init__(self, batches: list[dict[str, Any]]):
+        self._batches = iter(batches)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+
 def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
-    """Optimum ORTQuantizer on the plain fp32 export; the result is this directory's model.onnx."""
+    """onnxruntime.quantization on the plain fp32 export; the result is this directory's model.onnx.
+
+    Dynamic: integer ops (QOperator), weights per preset, activations quantized at run time.
+    Static: QDQ nodes with min/max ranges from the calibration batches. The quantizer
+    classes are driven exactly as Optimum's ``ORTQuantizer`` drives them (same options, the
+    graph as exported, no shape-inference pass), so the int8 graph is the same on every
+    transformers version, including 5.x where Optimum's ONNX Runtime integration is absent.
+    """
     # deferred: a heavy import, paid only where it is used
-    from optimum.onnxruntime import AutoCalibrationConfig, AutoQuantizationConfig, ORTQuantizer
+    import onnx
+    # deferred: a heavy import, paid only where it is used
+    from onnxruntime.quantization import CalibrationMethod, QuantizationMode, QuantType, create_calibrator
+    # deferred: a heavy import, paid only where it is used
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+    # deferred: a heavy import, paid only where it is used
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    # deferred: a heavy import, paid only where it is used
+    from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry
 
     preset = resolve_preset(job.cfg.preset)
     static = job.cfg.scheme == "static"
+    weight_type, reduce_range = ORT_PRESETS[preset]
+    operators = list(QDQRegistry if static else IntegerOpsRegistry)
+    options = {
+        "WeightSymmetric": True, "ActivationSymmetric": False, "EnableSubgraph": False, "ForceSymmetric": False,
+        "AddQDQPairToWeight": False, "DedicatedQDQPair": False, "QDQOpTypePerChannelSupportToAxis": {"MatMul": 1},
+    }
     with tempfile.TemporaryDirectory(prefix=".work-", dir=job.out) as work, quiet_root_logger():
         work = Path(work)
         fp32 = work / "fp32"
@@ -211,25 +248,28 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
             copy_sidecars(job.parent_dir, fp32)
         else:
             export_onnx(job.parent_dir, fp32)
-        quantizer = ORTQuantizer.from_pretrained(fp32, file_name=ONNX_FILE)
-        qconfig = getattr(AutoQuantizationConfig, preset)(is_static=static, per_channel=job.cfg.per_channel)
-        ranges = None
+        common = {
+            "model": onnx.load(fp32 / ONNX_FILE), "per_channel": job.cfg.per_channel, "reduce_range": reduce_range,
+            "weight_qType": getattr(QuantType, weight_type), "activation_qType": QuantType.QUInt8,
+            "nodes_to_quantize": [], "nodes_to_exclude": [], "op_types_to_quantize": operators, "extra_options": options,
+        }
         if static:
-            dataset = job.calibration.dataset()
-            ranges = quantizer.fit(
-                dataset=dataset, calibration_config=AutoCalibrationConfig.minmax(dataset),
-                operators_to_quantize=qconfig.operators_to_quantize, batch_size=CALIBRATION_BATCH,
-                onnx_augmented_model_name=work / "augmented.onnx",  # default: the current directory
+            calibrator = create_calibrator(
+                fp32 / ONNX_FILE, operators, augmented_model_path=str(work / "augmented.onnx"),
+                calibrate_method=CalibrationMethod.MinMax, extra_options={"symmetric": False, "moving_average": False},
             )
-        quantizer.quantize(quantization_config=qconfig, save_dir=work / "int8", calibration_tensors_range=ranges)
-        os.replace(work / "int8" / "model_quantized.onnx", job.out / ONNX_FILE)
+            calibrator.collect_data(_CalibrationReader(job.calibration.batches))
+            quantizer = QDQQuantizer(tensors_range=calibrator.compute_data(), **common)
+        else:
+            quantizer = ONNXQuantizer(mode=QuantizationMode.IntegerOps, static=False, tensors_range=None, **common)
+        quantizer.quantize_model()
+        quantizer.model.save_model_to_file(str(job.out / ONNX_FILE))
         copy_sidecars(fp32, job.out)
     return {
         "preset": preset,
         "onnx_quantization": {
-            "format": qconfig.format.name, "mode": qconfig.mode.name,
-            "weights": qconfig.weights_dtype.name, "activations": qconfig.activations_dtype.name,
-            "operators": list(qconfig.operators_to_quantize),
+            "format": "QDQ" if static else "QOperator", "mode": "QLinearOps" if static else "IntegerOps",
+            "weights": weight_type, "activations": "QUInt8", "operators": operators,
         },
     }
 
@@ -366,7 +406,7 @@ def quiet_inc() -> Iterator[None]:
 
 BACKENDS.register("torch", Backend(("dynamic",), "torch-int8-dynamic", ("torch",), _quantize_torch))
 BACKENDS.register("onnxruntime", Backend(
-    ("dynamic", "static"), "onnx", ("torch", "onnx", "onnxruntime", "optimum", "optimum-onnx"), _quantize_onnxruntime,
+    ("dynamic", "static"), "onnx", ("torch", "onnx", "onnxruntime"), _quantize_onnxruntime,
     needs_torch=False, heads=("sequence-classification", "question-answering", "base", "masked-lm"),
 ))
 BACKENDS.register("inc", Backend(
@@ -395,13 +435,6 @@ class Calibration:
         """The first batch as export's example inputs, at least 2 rows (a batch of 1 would be specialised)."""
         inputs = next(self.tensors())
         return tuple(torch.cat([t, t]) if t.shape[0] < 2 else t for t in inputs)
-
-    def dataset(self):
-        """All batches as a ``datasets.Dataset`` of padded rows, as ORTQuantizer.fit reads them."""
-        # deferred: a heavy import, paid only where it is used
-        import datasets
-
-        return datasets.Dataset.from_dict({name: np.concatenate([b[name] for b in self.batches]).tolist() for name in INPUTS})
 
     def check_batches(self) -> list[dict[str, Any]]:
         """The first CHECK_EXAMPLES rows, in calibration-sized batches."""

@@ -37,7 +37,7 @@ def _student_config(teacher: nn.Module, shape: Shape):
     config.hidden_size = shape.hidden
     config.num_attention_heads = shape.heads
     config.intermediate_size = shape.ffn
-    config.pruned_heads = {}
+    config.pruned_heads = {}  # a fresh student has every head (read by transformers 4.x)
     config.architectures = [type(teacher).__name__]
     if hasattr(config, "compress_kept_layers"):
         # Describes the teacher's own layer history, not the student's.
@@ -62,7 +62,7 @@ def _shape_mismatches(teacher: nn.Module, shape: Shape) -> list[str]:
     if shape.hidden != config.hidden_size:
         problems.append(f"hidden size {shape.hidden} vs teacher {config.hidden_size}")
     heads = st.heads_per_layer(teacher)
-    if any((config.pruned_heads or {}).values()) or set(heads) != {config.num_attention_heads}:
+    if st.removed_heads(teacher) or set(heads) != {config.num_attention_heads}:
         problems.append(f"the teacher has pruned heads (heads per layer {heads})")
     elif shape.heads != config.num_attention_heads:
         problems.append(f"heads {shape.heads} vs teacher {config.num_attention_heads}")

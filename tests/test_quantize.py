@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,7 +43,7 @@ from compress.quantize import (
 from tests.conftest import make_tiny_model, save_tiny
 
 CASES = [("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static"), ("inc", "qat")]
-NEEDS = {"onnxruntime": "optimum.onnxruntime", "inc": "neural_compressor.torch.quantization"}
+NEEDS = {"onnxruntime": "onnxruntime", "inc": "neural_compressor.torch.quantization"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -458,3 +459,38 @@ def test_latency_torch_bf16(env):
 def test_latency_backend_must_fit_the_format(env):
     with pytest.raises(CompressError, match="runs torch directories; .* is onnx .*--backend auto"):
         latency([quantized_dir(env, "onnxruntime", "dynamic")], backend="torch")
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "static"])
+def test_onnxruntime_backend_matches_optimums_quantizer(env, scheme, tmp_path):
+    # The backend calls onnxruntime.quantization itself (Optimum's ONNX Runtime integration
+    # exists for transformers 4.x only); where Optimum is installed, its ORTQuantizer with the
+    # same preset and calibration batches must give the same int8 graph's outputs.
+    ort_quantizer = pytest.importorskip("optimum.onnxruntime", reason="Optimum's ONNX Runtime integration is absent")
+    import datasets
+    import onnxruntime as ort
+
+    from compress.core.export import export_onnx
+    from compress.core.tasks import get_task
+    from compress.quantize import CALIBRATION_BATCH, task_calibration
+
+    ours = quantized_dir(env, "onnxruntime", scheme)
+    record = read_compression(ours)
+    fp32 = export_onnx(env.parent, tmp_path / "fp32")
+    quantizer = ort_quantizer.ORTQuantizer.from_pretrained(fp32, file_name="model.onnx")
+    qconfig = getattr(ort_quantizer.AutoQuantizationConfig, record["preset"])(is_static=scheme == "static", per_channel=True)
+    ranges = None
+    if scheme == "static":
+        cfg = config(env, "onnxruntime", scheme)
+        task = get_task("sst2")
+        max_length = cfg.data.resolved_max_length(task, 64)  # the parent has 64 positions
+        batches = task_calibration(task, load_tokenizer(env.parent), cfg, max_length, cfg.calibration_examples).batches
+        rows = {k: np.concatenate([b[k] for b in batches]).tolist() for k in batches[0]}
+        dataset = datasets.Dataset.from_dict(rows)
+        ranges = quantizer.fit(dataset=dataset, calibration_config=ort_quantizer.AutoCalibrationConfig.minmax(dataset),
+                               operators_to_quantize=qconfig.operators_to_quantize, batch_size=CALIBRATION_BATCH,
+                               onnx_augmented_model_name=tmp_path / "augmented.onnx")
+    quantizer.quantize(quantization_config=qconfig, save_dir=tmp_path / "optimum", calibration_tensors_range=ranges)
+    inputs = {k: v.numpy() for k, v in sample_inputs(env.parent).items()}
+    run = lambda path: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)[0]  # noqa: E731
+    np.testing.assert_array_equal(run(ours / "model.onnx"), run(tmp_path / "optimum" / "model_quantized.onnx"))

@@ -496,7 +496,7 @@ def load_torch_model(
     cls = getattr(transformers, HEAD_CLASSES[head])
 
     structure = (read_compression(path) or {}).get("structure")
-    model = cls(config)  # builds pruned heads from config.pruned_heads
+    model = cls(config)  # transformers 4.x builds pruned heads from config.pruned_heads
     if structure:
         apply_structure(model, structure)
 

@@ -50,7 +50,6 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 from torch.export.pt2_archive import constants as c
 from transformers import modeling_outputs as mo
-from transformers.modeling_utils import no_init_weights
 
 from compress.core.artifacts import (  # noqa: F401  (re-exported)
     HEAD_CLASSES,
@@ -69,6 +68,7 @@ from compress.core.artifacts import (  # noqa: F401  (re-exported)
     require_model_dir,
     saved_head,
 )
+from compress.core.compat import no_init_weights
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.structure import apply_structure, count_parameters, describe
@@ -198,10 +198,10 @@ def build_architecture(path: Path, config=None, head: str | None = None, *, empt
     else:
         context = contextlib.nullcontext()
     with context:
-        model = cls(config)  # pruned heads come from config.pruned_heads
+        model = cls(config)  # transformers 4.x builds pruned heads from config.pruned_heads
     structure = read_compression(path).get("structure")
     if structure:
-        apply_structure(model, structure)  # per-layer FFN widths
+        apply_structure(model, structure)  # per-layer FFN widths (and heads on 5.x)
     return model
 
 

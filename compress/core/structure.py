@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
+from compress.core.compat import STOCK_PRUNED_HEADS
 from compress.core.errors import CompressError
 
 # ---------------------------------------------------------------------------- finding modules
@@ -168,7 +169,7 @@ def ffn_widths(model: nn.Module) -> list[int]:
 def describe(model: nn.Module) -> dict[str, Any]:
     """The structure dict of a model (see the module docstring)."""
     config = model.config
-    pruned = {str(k): sorted(int(h) for h in v) for k, v in (config.pruned_heads or {}).items() if v}
+    pruned = {str(k): v for k, v in removed_heads(model).items()}
     kept = getattr(config, "compress_kept_layers", None)
     n = len(encoder_layers(model))
     return {
@@ -256,9 +257,10 @@ def set_ffn_widths(model: nn.Module, widths: list[int]) -> None:
 def prune_heads(model: nn.Module, heads: dict[int, Iterable[int]]) -> None:
     """Physically remove attention heads: Q/K/V output rows and output-projection columns.
 
-    ``heads`` maps layer index to *current* head ids. Goes through transformers'
-    ``prune_heads`` so ``config.pruned_heads`` records the original ids and the folder
-    reloads with stock ``from_pretrained`` (transformers 4.x).
+    ``heads`` maps layer index to *current* head ids. The toolkit's own surgery (no
+    ``prune_heads`` of transformers, which 5.x removed); ``config.pruned_heads`` records
+    the *original* ids removed per layer, which transformers 4.x reads to rebuild the
+    narrower heads, so the folder also reloads with stock ``from_pretrained`` there.
     """
     current = heads_per_layer(model)
     plan: dict[int, list[int]] = {}
@@ -276,18 +278,42 @@ def prune_heads(model: nn.Module, heads: dict[int, Iterable[int]]) -> None:
                 "or drop the whole layer"
             )
         plan[layer] = ids
-    if plan:
-        # transformers maps current ids to original ids itself (through pruned_heads).
-        base_model(model).prune_heads(plan)
-        _store_pruned_heads(model)
+    removed = removed_heads(model)
+    for layer, ids in plan.items():
+        # Current id c is the c-th original head still present in this layer.
+        present = [h for h in range(current[layer] + len(removed.get(layer, []))) if h not in removed.get(layer, [])]
+        removed[layer] = sorted({*removed.get(layer, []), *(present[c] for c in ids)})
+        _remove_heads(encoder_layers(model)[layer], ids)
+    model.config.pruned_heads = removed
 
 
-def _store_pruned_heads(model: nn.Module) -> None:
-    # The base model writes pruned_heads into its own config, which is the same object
-    # as the head model's config; normalise to sorted lists of ints for JSON.
-    model.config.pruned_heads = {
-        int(k): sorted(int(h) for h in v) for k, v in model.config.pruned_heads.items() if v
-    }
+def removed_heads(model: nn.Module) -> dict[int, list[int]]:
+    """Original head ids removed so far, per layer (from ``config.pruned_heads``; {} when none)."""
+    # getattr: transformers 5.x configs have no pruned_heads unless the toolkit set one.
+    recorded = getattr(model.config, "pruned_heads", None) or {}
+    return {int(k): sorted(int(h) for h in v) for k, v in recorded.items() if v}
+
+
+def _remove_heads(layer: nn.Module, ids: list[int]) -> None:
+    """Slice heads ``ids`` (current ids) out of one layer's Q/K/V rows and output columns."""
+    sa = self_attention(layer)
+    d = sa.attention_head_size
+    keep = [h for h in range(sa.num_attention_heads) if h not in set(ids)]
+    index = torch.tensor([h * d + i for h in keep for i in range(d)], dtype=torch.long)  # (kept heads * d,)
+    sa.query = _slice_linear(sa.query, index, 0)
+    sa.key = _slice_linear(sa.key, index, 0)
+    sa.value = _slice_linear(sa.value, index, 0)
+    layer.attention.output.dense = _slice_linear(attention_output(layer), index, 1)
+    # Forward passes reshape with these (4.x: num_attention_heads, all_head_size; 5.x: head size only).
+    sa.num_attention_heads = len(keep)
+    sa.all_head_size = len(keep) * d
+
+
+def set_heads(model: nn.Module, heads: list[int]) -> None:
+    """Reshape (not choose) each layer's attention to ``heads`` heads: used before loading pruned weights."""
+    for i, (now, want) in enumerate(zip(heads_per_layer(model), heads)):
+        if now != want:
+            _remove_heads(encoder_layers(model)[i], list(range(want, now)))
 
 
 def drop_layers(model: nn.Module, keep: Iterable[int]) -> None:
@@ -299,7 +325,7 @@ def drop_layers(model: nn.Module, keep: Iterable[int]) -> None:
     if keep[-1] >= len(layers) or keep[0] < 0:
         raise CompressError(f"layer {keep[-1]} does not exist; the model has {len(layers)} layers")
     previous = getattr(model.config, "compress_kept_layers", None) or list(range(len(layers)))
-    pruned = model.config.pruned_heads or {}
+    pruned = removed_heads(model)
     base_model(model).encoder.layer = nn.ModuleList([layers[i] for i in keep])
     for new_index, layer in enumerate(base_model(model).encoder.layer):
         # Newer transformers use layer_idx for caches; keep it consistent after the cut.
@@ -307,16 +333,16 @@ def drop_layers(model: nn.Module, keep: Iterable[int]) -> None:
         if hasattr(sa, "layer_idx"):
             sa.layer_idx = new_index
     model.config.num_hidden_layers = len(keep)
-    model.config.pruned_heads = {new: list(pruned.get(old, pruned.get(str(old), []))) for new, old in enumerate(keep)}
-    model.config.pruned_heads = {k: v for k, v in model.config.pruned_heads.items() if v}
+    model.config.pruned_heads = {new: pruned[old] for new, old in enumerate(keep) if pruned.get(old)}
     model.config.compress_kept_layers = [previous[i] for i in keep]
 
 
 def apply_structure(model: nn.Module, structure: dict[str, Any]) -> None:
     """Give a freshly built model (from its config.json) the stored per-layer shapes.
 
-    Heads are handled by the config's ``pruned_heads`` at construction time and layers
-    by ``num_hidden_layers``; what a BertConfig cannot express is a per-layer FFN width.
+    Layers come from ``num_hidden_layers``; heads from ``config.pruned_heads`` at
+    construction time on transformers 4.x, and from here on 5.x; a per-layer FFN width is
+    what no BertConfig can express.
     """
     if structure.get("num_layers", len(encoder_layers(model))) != len(encoder_layers(model)):
         raise CompressError(
@@ -325,6 +351,8 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> None:
         )
     if "ffn" in structure:
         set_ffn_widths(model, list(structure["ffn"]))
+    if "heads" in structure and not STOCK_PRUNED_HEADS:
+        set_heads(model, list(structure["heads"]))
     if "heads" in structure and heads_per_layer(model) != list(structure["heads"]):
         raise CompressError(
             f"compression.json lists heads {structure['heads']} but config.json's pruned_heads "
