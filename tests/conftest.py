@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from compress.core.compat import wordpiece_tokenizer
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -40,10 +42,9 @@ def write_vocab(directory: Path) -> Path:
 
 
 def make_tokenizer(directory: Path):
-    from transformers import BertTokenizerFast
 
     vocab = write_vocab(directory)
-    return BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True, model_max_length=64)
+    return wordpiece_tokenizer(vocab, do_lower_case=True, model_max_length=64)
 
 
 def tiny_config(**overrides):

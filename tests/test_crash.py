@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from compress.core import synthetic
+from compress.core.compat import wordpiece_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -92,11 +93,10 @@ def test_pretrain_killed_three_times_resumes_to_identical_weights(workspace):
 
 
 def test_distill_killed_and_resumed_matches(workspace):
-    from transformers import BertTokenizerFast
 
     from tests.conftest import make_tiny_model, save_tiny
 
-    tok = BertTokenizerFast(vocab_file=str(workspace / "vocab.txt"))
+    tok = wordpiece_tokenizer(workspace / "vocab.txt")
     save_tiny(make_tiny_model(vocab_size=len(tok), hidden_dropout_prob=0.1, seed=2), tok, workspace / "teacher")
     args = ["distill", "--teacher", "teacher", "--task", "sst2", "--data-dir", "data", "--student", "1L-32",
             "--heads", "4", "--init", "random", "--epochs", "3", "--batch-size", "16", "--lr", "1e-3",

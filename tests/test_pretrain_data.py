@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+from compress.core.compat import TRANSFORMERS_MAJOR
 from compress.core.errors import CompressError
 from compress.teacher.corpus import (
     IGNORE_INDEX,
@@ -329,7 +330,8 @@ def test_wordpiece_round_trips_offline(tmp_path):
     assert tok.convert_ids_to_tokens([0, 1, 2, 3, 4]) == list(SPECIAL_TOKENS)
     assert len(tok) <= 120
     tok.save_pretrained(tmp_path / "tok")
-    assert (tmp_path / "tok" / "vocab.txt").is_file() and (tmp_path / "tok" / "tokenizer.json").is_file()
+    assert (tmp_path / "tok" / "tokenizer.json").is_file()
+    assert (tmp_path / "tok" / "vocab.txt").is_file() or TRANSFORMERS_MAJOR >= 5  # 5.x writes tokenizer.json only
     loaded = AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
     special_ids = [loaded.pad_token_id, loaded.unk_token_id, loaded.cls_token_id, loaded.sep_token_id]
     assert special_ids + [loaded.mask_token_id] == [0, 1, 2, 3, 4]

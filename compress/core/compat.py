@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 
 import transformers
+from transformers import BertTokenizerFast
 
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
@@ -35,3 +36,13 @@ def has_module(name: str) -> bool:
 # Optimum's ONNX Runtime integration (optimum-onnx) needs transformers < 4.58; without it,
 # export and int8 use torch.onnx and onnxruntime.quantization directly (same artifacts).
 HAS_OPTIMUM_ONNX = has_module("optimum.onnxruntime")
+
+
+def wordpiece_tokenizer(vocab_file, **kwargs):
+    """A BERT WordPiece fast tokenizer from a ``vocab.txt``.
+
+    transformers 5.x takes the file as ``vocab`` and silently ignores ``vocab_file`` (a
+    tokenizer of special tokens only would result); 4.x takes ``vocab_file``.
+    """
+    key = "vocab" if TRANSFORMERS_MAJOR >= 5 else "vocab_file"
+    return BertTokenizerFast(**{key: str(vocab_file)}, **kwargs)

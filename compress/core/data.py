@@ -31,7 +31,7 @@ from transformers import DataCollatorWithPadding
 
 from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.hub import hub_offline_mode, hub_reachable
+from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, UNLABELLED, Split, Task, TsvSpec
 
 
@@ -163,7 +163,8 @@ def _from_hub(task: Task, split: Split):
             f"cannot download task {what}: the Hugging Face hub is unreachable; {local_hint}"
         )
     try:
-        ds = datasets.load_dataset(task.hub_path, task.hub_config, split=split.hub)
+        with offline_as_set_now():
+            ds = datasets.load_dataset(task.hub_path, task.hub_config, split=split.hub)
     except Exception as err:  # datasets raises many types; the user needs one line
         if hub_offline_mode():
             reason = "offline mode (HF_HUB_OFFLINE) is on and the data is not in the local cache"

@@ -6,12 +6,15 @@ raise a chain of exceptions. We ask once, with a short timeout, before handing o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
+import huggingface_hub.constants
 from huggingface_hub import snapshot_download
 
 from compress.core.errors import CompressError
@@ -25,6 +28,27 @@ def hub_offline_mode() -> bool:
         if os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}:
             return True
     return False
+
+
+@contextlib.contextmanager
+def offline_as_set_now() -> Iterator[None]:
+    """Make datasets and huggingface_hub honour offline mode as the environment says *now*.
+
+    Both read HF_HUB_OFFLINE once, at import: set later (a test, a notebook), it was
+    ignored and an offline ``load_dataset`` spent ~23 s retrying before failing.
+    """
+    # deferred: a heavy import, paid only where it is used
+    import datasets.config
+
+    if not hub_offline_mode():
+        yield
+        return
+    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
 def hub_endpoint() -> str:
