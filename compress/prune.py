@@ -34,6 +34,7 @@ from compress.core.artifacts import (
 from compress.core.config import option
 from compress.core.data import TaskData, collate, load_task_data
 from compress.core.errors import CompressError
+from compress.core.graph_pruning import prune_ffn_neurons
 from compress.core.importance import (
     ffn_importance_magnitude,
     ffn_importance_taylor,
@@ -365,8 +366,7 @@ def _prune_ffn(model, ctx: PruneContext) -> None:
     else:
         scores = ffn_importance_magnitude(model)
     keep = ffn_to_keep([s.tolist() for s in scores], ctx.cfg.ffn, ctx.cfg.ffn_scope)
-    for layer, ids in enumerate(keep):
-        st.resize_ffn(model, layer, ids)
+    prune_ffn_neurons(model, keep)  # torch-pruning's dependency graph finds the coupled weights
     ctx.log.append({"step": "ffn", "widths": st.ffn_widths(model), "dev": ctx.evaluate(model)})
 
 
