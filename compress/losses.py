@@ -321,3 +321,33 @@ def _relation_logits(values: Tensor, relation_heads: int) -> Tensor:
     d_head = width // relation_heads
     v = values.reshape(batch, seq, relation_heads, d_head).transpose(1, 2)  # (batch, heads, seq, d_head)
     return v @ v.transpose(-1, -2) / math.sqrt(d_head)
+
+
+# ---------------------------------------------------------------------------- sentence embeddings
+
+
+def sentence_embedding_mse(
+    student_embeddings: Tensor, teacher_embeddings: Tensor, projection: nn.Module | None = None
+) -> Tensor:
+    """MSE between student and teacher sentence embeddings (Reimers & Gurevych 2020, "Making
+    Monolingual Sentence Embeddings Multilingual using Knowledge Distillation", eq. 1).
+
+    ``student_embeddings``: ``(batch, d_s)``; ``teacher_embeddings``: ``(batch, d_t)``, the
+    pooled vectors before any normalisation (so the student learns their scale too). The
+    mean runs over sentences and features; ``projection`` maps d_s to d_t when they differ.
+    """
+    student = _project(student_embeddings, teacher_embeddings, projection)
+    return F.mse_loss(student, teacher_embeddings.detach())
+
+
+def sentence_embedding_cosine(
+    student_embeddings: Tensor, teacher_embeddings: Tensor, projection: nn.Module | None = None
+) -> Tensor:
+    """Mean of 1 - cos(e_s, e_t) over sentences: the direction that cosine similarity reads.
+
+    ``(batch, d_s)`` vs ``(batch, d_t)``; 0 when every student embedding points where its
+    teacher's does, whatever their lengths.
+    """
+    student = _project(student_embeddings, teacher_embeddings, projection)
+    cos = F.cosine_similarity(student, teacher_embeddings.detach(), dim=-1, eps=1e-8)  # (batch,)
+    return (1.0 - cos).mean()

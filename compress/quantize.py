@@ -77,7 +77,8 @@ from compress.core.errors import CompressError
 from compress.core.export import OUTPUTS, _Positional, copy_sidecars, export_onnx
 from compress.core.registry import Registry
 from compress.core.runtime import INPUTS, PT2_FILE, Runner, load_model, quantize_linears, structure_of, write_torch_int8
-from compress.core.structure import describe
+from compress.core.sentence import copy_sentence_files
+from compress.core.structure import describe, input_names, model_inputs
 from compress.core.tasks import Task, get_task
 from compress.eval.evaluate import dev_evaluator, format_table, split_records
 from compress.eval.latency import size_on_disk
@@ -262,7 +263,8 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
                 fp32 / ONNX_FILE, operators, augmented_model_path=str(work / "augmented.onnx"),
                 calibrate_method=CalibrationMethod.MinMax, extra_options={"symmetric": False, "moving_average": False},
             )
-            calibrator.collect_data(_CalibrationReader(job.calibration.batches))
+            names = input_names(job.reference)  # the graph's inputs (no token_type_ids for DistilBERT, ModernBERT)
+            calibrator.collect_data(_CalibrationReader([{k: b[k] for k in names} for b in job.calibration.batches]))
             quantizer = QDQQuantizer(tensors_range=calibrator.compute_data(), **common)
         else:
             quantizer = ONNXQuantizer(mode=QuantizationMode.IntegerOps, static=False, tensors_range=None, **common)
@@ -281,11 +283,12 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
 def _quantize_inc(job: Job) -> dict[str, Any]:
     """Neural Compressor 3.x static PT2E: export, prepare, calibrate, convert (int8 weights folded), save."""
 
-    wrapper = _Positional(copy.deepcopy(job.reference), OUTPUTS[job.head]).module
-    example = job.calibration.example()
+    positional = _Positional(copy.deepcopy(job.reference), OUTPUTS[job.head])
+    wrapper, names = positional.module, positional.inputs
+    example = job.calibration.example(names)
     batch = Dim("batch", min=1)
     seq = Dim("seq", min=2, max=job.reference.config.max_position_embeddings)
-    dynamic = {name: {0: batch, 1: seq} for name in INPUTS}
+    dynamic = tuple({0: batch, 1: seq} for _ in names)  # one per positional input
     with quiet_inc():
         # deferred: a heavy import, paid only where it is used
         from neural_compressor.torch.algorithms.pt2e_quant.core import W8A8PT2EQuantizer
@@ -306,7 +309,7 @@ def _quantize_inc(job: Job) -> dict[str, Any]:
             qconfig = get_default_static_config()
             prepared = prepare(exported, qconfig)
             with torch.no_grad():
-                for inputs in job.calibration.tensors():
+                for inputs in job.calibration.tensors(names):
                     prepared(*inputs)  # observers record activation ranges
             # INC's convert() does not pass fold_quantize on, which would leave fp32 weights
             # behind q/dq nodes ("int8" stored in fp32); its own quantizer folds them to int8.
@@ -340,7 +343,7 @@ def _qat_pt2e(exported, wrapper, job: Job) -> tuple[Any, dict[str, Any]]:
 
     quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=True))
     prepared = prepare_qat_pt2e(exported, quantizer)
-    batches = list(job.calibration.tensors())
+    batches = list(job.calibration.tensors(input_names(job.reference)))
     with torch.no_grad():
         targets = [tuple(t.detach() for t in wrapper(*inputs)) for inputs in batches]  # fp32 parent's outputs
         for inputs in batches:  # start from the static result: observers see every batch once ...
@@ -429,15 +432,15 @@ class Calibration:
     batches: list[dict[str, Any]]
     source: dict[str, Any]
 
-    def tensors(self) -> Iterator[tuple]:
-        """Each batch as positional torch tensors (input_ids, attention_mask, token_type_ids)."""
+    def tensors(self, names: tuple[str, ...] = INPUTS) -> Iterator[tuple]:
+        """Each batch as positional torch tensors ``names`` (input_ids, attention_mask[, token_type_ids])."""
 
         for batch in self.batches:
-            yield tuple(torch.from_numpy(batch[name]) for name in INPUTS)
+            yield tuple(torch.from_numpy(batch[name]) for name in names)
 
-    def example(self) -> tuple:
+    def example(self, names: tuple[str, ...] = INPUTS) -> tuple:
         """The first batch as export's example inputs, at least 2 rows (a batch of 1 would be specialised)."""
-        inputs = next(self.tensors())
+        inputs = next(self.tensors(names))
         return tuple(torch.cat([t, t]) if t.shape[0] < 2 else t for t in inputs)
 
     def check_batches(self) -> list[dict[str, Any]]:
@@ -494,7 +497,7 @@ def collect_outputs(model, batches: list[dict[str, Any]], names: tuple[str, ...]
     rows = []
     with torch.inference_mode():
         for batch in batches:
-            out = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+            out = model(**model_inputs(model, {k: torch.from_numpy(v) for k, v in batch.items()}))
             parts = []
             for name in names:
                 value = getattr(out, name).float()
@@ -569,6 +572,7 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
 
     with output_dir(out, overwrite) as tmp:
         extra = backend.run(Job(model_dir, tmp, cfg, head, reference, calibration))
+        copy_sentence_files(model_dir, tmp)  # a sentence-transformers folder keeps its pooling and normalisation
         record = _record(model_dir, cfg, backend, head, reference, calibration, extra)
         write_json_atomic(tmp / COMPRESSION_FILE, record)  # the loader reads format and structure from it
         write_json_atomic(tmp / METRICS_FILE, {"results": []})

@@ -188,9 +188,11 @@ register(Command(
 
 register(Stage(
     "eval", "eval",
-    "evaluate a model directory on a GLUE task or SQuAD with the official metrics",
+    "evaluate a model directory on a GLUE task or SQuAD with the official metrics (or its sentence embeddings)",
     """\
   compress eval --model models/sst2 --task sst2                       # hub data
+  compress eval --model models/all-minilm --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no head
+  compress eval --model models/all-minilm-int8 --task mrpc --embedding --data-dir ~/glue_data  # retrieval: recall@1, MRR
   compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data --max-examples 500
   compress eval --model models/mnli --task mnli --data-dir ~/glue_data  # matched + mismatched
   compress eval --model models/qa --task squad --data-file dev-v1.1.json
@@ -281,6 +283,22 @@ register(Stage(
     (Input("teacher", "--teacher", "teacher encoder: directory, alias or hub id", "MODEL"),),
     out_help="output encoder directory",
     said="wrote {out}; distil it on a task with: compress distill --init {out} ...",
+))
+
+register(Stage(
+    "distill-embedding", "distill-embedding",
+    "distil a sentence-embedding model (sentence-transformers folder) on unlabelled sentences: MSE + cosine of embeddings",
+    """\
+  compress distill-embedding --teacher models/all-minilm --corpus wiki/,books/ --sentences-from stsb,sst2 \\
+      --data-dir ~/glue_data --student 3L-384 --init-layers 1,3,5 --eval-tasks stsb --out models/minilm-3L
+  compress distill-embedding --teacher models/all-minilm --corpus hf:wikitext:wikitext-103-raw-v1 --max-sentences 200000 \\
+      --losses mse,cosine --cosine-weight 2 --max-steps 3000 --out models/minilm-3L
+  compress eval --model models/minilm-3L --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no fine-tuning
+  compress quantize --model models/minilm-3L --backend onnxruntime --out models/minilm-3L-int8  # stays a sentence model""",
+    "compress.distill:EmbeddingDistillConfig", "compress.distill:distill_embedding",
+    (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL"),),
+    out_help="output sentence-transformers folder (the student; SentenceTransformer(DIR) loads it)",
+    report="compress.distill:summarize_embedding",
 ))
 
 register(Stage(

@@ -3,7 +3,8 @@
 ``evaluate(model_dir, cfg)`` loads the model and the split, predicts in length-sorted
 batches (less padding, same results), scores with ``compress.eval.metrics`` / ``compress.eval.squad``,
 appends one record per split to the model's ``metrics.json``, writes the predictions,
-and for GLUE test splits the server's submission files.
+and for GLUE test splits the server's submission files. With ``--embedding`` it scores
+the model's sentence embeddings instead (cosine, no head; ``compress.eval.embeddings``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from compress.core.config import option
 from compress.core.data import DataSource, check_max_length, collate, load_split, squad_eval_features, tokenize_classification
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model, model_device
+from compress.core.sentence import read_spec
+from compress.core.structure import input_names
 from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, Split, Task, get_task
+from compress.eval.embeddings import check_embedding_task, embedding_record, embedding_scorer
 from compress.eval.metrics import glue_metrics
 from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
 
@@ -30,13 +34,15 @@ from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_
 @dataclass(frozen=True)
 class EvalConfig:
     task: str = option("", "task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, ax, squad, squad_v2")
+    embedding: bool = option(False, "score sentence embeddings (cosine, no fine-tuning; pooling as a sentence-transformers folder says): "
+                                    "stsb Pearson/Spearman, or retrieval on a pair task such as mrpc (recall@1, MRR)")
     split: str = option("dev", "dev, test, train, or an exact split such as dev_mismatched (MNLI)")
     data_dir: str | None = option(None, "local GLUE root / task folder / folder of SQuAD JSON files (default: the hub)", metavar="DIR")
     data_file: str | None = option(None, "one csv/tsv/json/jsonl/parquet/SQuAD JSON file holding the split", metavar="FILE")
     columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping --data-file columns to task fields, e.g. sentence=text,label=stars", metavar="FIELD=COL[,...]")
     max_examples: int | None = option(None, "evaluate on the first N examples only")
     batch_size: int = option(32, "sequences per forward pass")
-    max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD)")
+    max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD, the folder's max_seq_length with --embedding)")
     doc_stride: int = option(128, "SQuAD: overlap between windows of a long context, in tokens")
     n_best: int = option(20, "SQuAD: start/end candidates considered per window")
     max_answer_length: int = option(30, "SQuAD: longest answer span, in tokens")
@@ -122,7 +128,7 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
     is a 1-D numpy array (a feature's logits, or its per-token start/end logits).
     """
 
-    model_inputs = {"input_ids", "attention_mask", "token_type_ids"}
+    model_inputs = set(input_names(model))  # DistilBERT and ModernBERT take no token_type_ids
     columns = [c for c in features.column_names if c in model_inputs]
     lengths = np.array([len(x) for x in features["input_ids"]])
     order = np.argsort(-lengths, kind="stable")  # longest first: memory peaks early
@@ -157,6 +163,8 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     splits = task.resolve_splits(cfg.split)
     if cfg.submission and any(s.submission_file is None for s in splits):
         raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
+    if cfg.embedding:
+        return evaluate_embeddings(model_dir, task, splits, cfg)
     per_kind = _BY_KIND[task.kind]
     model = load_model(model_dir, head=task.behaviour.head)  # config and weights first: their errors are the clearest
     tokenizer = load_tokenizer(model_dir)
@@ -175,6 +183,38 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     if cfg.submission and task.name == "mnli" and any(s.name.startswith("test") for s in splits):
         # The GLUE server scores AX (the diagnostic set) with the MNLI model's predictions.
         records.append(_ax_from_mnli(model, tokenizer, cfg, max_length, device, model_dir))
+    return records
+
+
+def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], cfg: EvalConfig) -> list[dict[str, Any]]:
+    """``--embedding``: score the directory's sentence embeddings on ``task``'s split(s); one record per split.
+
+    Any format loads with its base model's ``last_hidden_state`` (int8 directories too); the
+    pooling and normalisation come from the folder's sentence-transformers files.
+    """
+    check_embedding_task(task)  # fail before loading anything
+    if cfg.submission:
+        raise CompressError("--submission writes GLUE server predictions; it does not apply to --embedding")
+    for split in splits:
+        if not split.labelled:
+            raise CompressError(f"{task.display} {split.name} has no labels to score embeddings against; use --split dev")
+    model = load_model(model_dir, head="base")
+    tokenizer = load_tokenizer(model_dir)
+    check_vocab(tokenizer, model.config, model_dir)
+    spec = read_spec(model_dir)
+    max_length = cfg.max_length or spec.max_length(tokenizer, model.config.max_position_embeddings)
+    check_max_length(max_length, model.config.max_position_embeddings)
+    device = resolve_device(cfg.device)
+    records = []
+    for split in splits:
+        ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
+        score = embedding_scorer(tokenizer, task, ds, spec, batch_size=cfg.batch_size, max_length=max_length, device=device)
+        metrics, details = score(model)
+        record = embedding_record(task, split.name, len(ds), metrics, details, spec,
+                                  data=data_source(cfg).description, max_length=max_length)
+        if cfg.record:
+            append_metrics(model_dir, record)
+        records.append(record)
     return records
 
 

@@ -348,7 +348,7 @@ def attention_statistics(model, tokenizer, encodings: Sequence[dict], *, batch_s
         for start in tqdm(range(0, len(order), batch_size), desc="attention statistics", unit="batch", leave=False):
             index = order[start : start + batch_size]
             batch = {k: v.to(device) for k, v in pad([encodings[i] for i in index]).items()}
-            attentions = model(**batch, output_attentions=True).attentions  # per layer (batch, heads, seq, seq)
+            attentions = model(**st.model_inputs(model, batch), output_attentions=True).attentions  # per layer (batch, heads, seq, seq)
             if attentions is None or attentions[0] is None:
                 raise CompressError("the model returned no attention weights; it must run with eager attention")
             ids, mask = batch["input_ids"].cpu(), batch["attention_mask"].float().cpu()  # (batch, seq)

@@ -57,7 +57,7 @@ from compress.core.export import export_onnx
 from compress.core.hardware import cpu_info, hardware, package_versions
 from compress.core.registry import Registry
 from compress.core.runtime import load_model, parameter_count, structure_of
-from compress.core.structure import count_parameters, describe, flops_per_sequence
+from compress.core.structure import count_parameters, describe, flops_per_sequence, model_inputs
 
 REPORT_JSON = "latency.json"
 REPORT_MD = "latency.md"
@@ -146,11 +146,11 @@ def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
 
     def run(batch: int, seq: int) -> list[float]:
         ids = random_input_ids(config.vocab_size, batch, seq)
-        inputs = {
+        inputs = model_inputs(model, {  # those the family takes
             "input_ids": torch.from_numpy(ids),  # (batch, seq) int64
             "token_type_ids": torch.zeros(batch, seq, dtype=torch.long),
             "attention_mask": torch.ones(batch, seq, dtype=torch.long),
-        }
+        })
         with torch.inference_mode():
             return time_calls(lambda: model(**inputs), cfg)
 
@@ -183,11 +183,11 @@ def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, no
     config = model.config
 
     def run(batch: int, seq: int) -> list[float]:
-        inputs = {
+        inputs = model_inputs(model, {  # those the family takes
             "input_ids": torch.from_numpy(random_input_ids(config.vocab_size, batch, seq)),  # (batch, seq) int64
             "token_type_ids": torch.zeros(batch, seq, dtype=torch.long),
             "attention_mask": torch.ones(batch, seq, dtype=torch.long),
-        }
+        })
         with torch.inference_mode():
             model(**inputs)  # untimed, beyond warm-up: inc compiles for this shape here
             return time_calls(lambda: model(**inputs), cfg)

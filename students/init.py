@@ -1,9 +1,10 @@
 """Build a student model for a teacher: from the teacher's layers, at random, or pretrained.
 
 Every method returns a model of the teacher's class (``BertForSequenceClassification``,
-``BertForQuestionAnswering``, ``BertModel``, ``BertForMaskedLM``, ...) with the teacher's
-task configuration (vocabulary, positions, labels, problem type), so its outputs line up
-with the teacher's for distillation. Methods are chosen by name from ``INIT_METHODS``.
+``RobertaForQuestionAnswering``, ``DistilBertModel``, ``ModernBertForMaskedLM``, ...) with
+the teacher's task configuration (vocabulary, positions, labels, problem type), so its
+outputs line up with the teacher's for distillation. Methods are chosen by name from
+``INIT_METHODS``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,8 @@ INIT_METHODS: Registry[InitMethod] = Registry("student init method")
 def _student_config(teacher: nn.Module, shape: Shape):
     """The teacher's config (vocab, positions, labels, dropout, activation) with ``shape``'s sizes."""
     config = copy.deepcopy(teacher.config)
-    config.num_hidden_layers = shape.layers
-    config.hidden_size = shape.hidden
-    config.num_attention_heads = shape.heads
-    config.intermediate_size = shape.ffn
-    config.pruned_heads = {}  # a fresh student has every head (read by transformers 4.x)
+    # Sizes under the family's names; every head; the family's own per-layer settings.
+    st.set_config_shape(config, layers=shape.layers, hidden=shape.hidden, heads=shape.heads, ffn=shape.ffn)
     config.architectures = [type(teacher).__name__]
     if hasattr(config, "compress_kept_layers"):
         # Describes the teacher's own layer history, not the student's.
@@ -57,15 +55,15 @@ def _build_like(teacher: nn.Module, config) -> nn.Module:
 
 
 def _shape_mismatches(teacher: nn.Module, shape: Shape) -> list[str]:
-    config = teacher.config
+    hidden, n_heads = st.config_size(teacher.config, "hidden"), st.config_size(teacher.config, "heads")
     problems = []
-    if shape.hidden != config.hidden_size:
-        problems.append(f"hidden size {shape.hidden} vs teacher {config.hidden_size}")
+    if shape.hidden != hidden:
+        problems.append(f"hidden size {shape.hidden} vs teacher {hidden}")
     heads = st.heads_per_layer(teacher)
-    if st.removed_heads(teacher) or set(heads) != {config.num_attention_heads}:
+    if st.removed_heads(teacher) or set(heads) != {n_heads}:
         problems.append(f"the teacher has pruned heads (heads per layer {heads})")
-    elif shape.heads != config.num_attention_heads:
-        problems.append(f"heads {shape.heads} vs teacher {config.num_attention_heads}")
+    elif shape.heads != n_heads:
+        problems.append(f"heads {shape.heads} vs teacher {n_heads}")
     widths = sorted(set(st.ffn_widths(teacher)))
     if widths != [shape.ffn]:
         problems.append(f"FFN width {shape.ffn} vs teacher {', '.join(map(str, widths))}")
@@ -103,8 +101,9 @@ def init_from_teacher(
 
     Copies exactly the embeddings, the chosen encoder ``layers`` (0-based teacher layer
     indices, strictly increasing, one per student layer; default :func:`every_kth`), the
-    pooler and the task head. The student must share the teacher's hidden size, heads and
-    FFN width. Returns ``(model, layers)``.
+    pooler, any final norm and the task head. The student must share the teacher's hidden
+    size, heads and FFN width. A layer whose layout depends on its position (ModernBERT)
+    keeps the teacher layer's. Returns ``(model, layers)``.
     """
     problems = _shape_mismatches(teacher, shape)
     if problems:
@@ -115,12 +114,19 @@ def init_from_teacher(
     n_teacher = len(st.encoder_layers(teacher))
     layers = _check_layers(every_kth(n_teacher, shape.layers) if layers is None else layers, n_teacher, shape.layers)
 
-    student = _build_like(teacher, _student_config(teacher, shape))
-    covered = _copy(st.embeddings(student), st.embeddings(teacher))
+    config = _student_config(teacher, shape)
+    st.inherit_layer_layout(config, teacher, layers)
+    student = _build_like(teacher, config)
+    st.place_layers(student)
+    covered = []
     for target, source in zip(st.encoder_layers(student), layers):
         covered += _copy(target, st.encoder_layers(teacher)[source])
-    covered += _copy(st.pooler(student), st.pooler(teacher))
-    covered += _copy(st.task_head(student), st.task_head(teacher))
+    # Embeddings, pooler, final norm, task head: every part outside the layers, by name.
+    outside, teacher_outside = st.outside_layers(student), st.outside_layers(teacher)
+    if outside.keys() != teacher_outside.keys():
+        raise CompressError("the student and teacher differ in whether they have a pooler or task head")
+    for name, target in outside.items():
+        covered += _copy(target, teacher_outside[name])
     student.tie_weights()  # MLM decoder shares the (copied) word embeddings
     _require_covered(student, covered)
     return student, layers

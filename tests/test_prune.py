@@ -67,10 +67,10 @@ def test_hooks_are_always_removed():
     with pytest.raises(RuntimeError):
         with head_gates(model, [torch.zeros(4), torch.zeros(4)]):
             raise RuntimeError("boom")
-    assert not st.self_attention(layer)._forward_hooks
+    assert not st.attention_output(layer)._forward_pre_hooks  # gates sit on the projections' inputs
     with ffn_gates(model, [torch.ones(37), torch.ones(37)]):
         pass
-    assert not st.ffn_activation(layer)._forward_hooks
+    assert not st.ffn_out(layer)._forward_pre_hooks
 
 
 def test_pruning_a_zeroed_head_matches_masking_it():
@@ -133,7 +133,7 @@ def test_ffn_taylor_scores_by_hand():
     model.eval()
     batch = _batch(4)
     acts = []
-    handles = [st.ffn_activation(layer).register_forward_hook(lambda _m, _i, out: acts.append(out))
+    handles = [st.ffn_out(layer).register_forward_pre_hook(lambda _m, args: acts.append(args[0]))
                for layer in st.encoder_layers(model)]
     loss = model(**batch).loss
     grads = torch.autograd.grad(loss, acts)  # dL/da for every activation, (batch, seq, ffn) per layer

@@ -33,10 +33,11 @@ import torch
 import transformers
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, BertConfig, BertTokenizerFast
+from transformers import AutoTokenizer, BertTokenizerFast
 
 from compress.core import structure as st
 from compress.core.errors import CompressError
+from compress.core.families import class_names, family_of, get_family
 from compress.core.hardware import git_revision, hardware, package_versions
 from compress.core.structure import apply_structure
 
@@ -54,15 +55,11 @@ ONNX = "onnx"
 INC_PT2E = "inc-pt2e"
 INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its precision says so
 
-# Architectures the loader builds, by the name in config.json's "architectures".
-HEADS = {
-    "BertModel": "base",
-    "BertForSequenceClassification": "sequence-classification",
-    "BertForQuestionAnswering": "question-answering",
-    "BertForMaskedLM": "masked-lm",
-    "BertForPreTraining": "pretraining",
-}
-HEAD_CLASSES = {head: arch for arch, head in HEADS.items()}
+# Architectures the loader builds, by the name in config.json's "architectures", for
+# every encoder family (compress.core.families), e.g. "RobertaForQuestionAnswering".
+HEADS = class_names()
+# BERT's class per head: what teacher creation and pretraining build (other families are loaded, not created).
+HEAD_CLASSES = dict(get_family("bert").classes)
 
 
 # ---------------------------------------------------------------------------- time and json
@@ -317,6 +314,7 @@ def save_model_dir(
         write_json_atomic(tmp / COMPRESSION_FILE, record)
         write_json_atomic(tmp / METRICS_FILE, {"results": list(metrics or [])})
         for name, source in (files or {}).items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # e.g. "1_Pooling/config.json"
             shutil.copy2(source, tmp / name)
     return out
 
@@ -326,7 +324,7 @@ def write_model_files(model, directory: Path, *, tokenizer=None) -> None:
     widths = st.ffn_widths(model)
     if len(set(widths)) == 1:
         # Uniform width (e.g. after uniform FFN pruning): stock from_pretrained can load it.
-        model.config.intermediate_size = widths[0]
+        st.set_config_size(model.config, "ffn", widths[0])
     model.save_pretrained(directory, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
@@ -387,16 +385,16 @@ def require_torch_weights(path: Path | str, stage: str) -> Path:
 
 
 def load_config(path: Path | str):
+    """The directory's config, read by its encoder family's config class; other model types are refused."""
     path = require_model_dir(path)
     raw = read_json(path / "config.json")
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
-    if model_type != "bert":
-        raise CompressError(
-            f"{path}/config.json describes a {model_type!r} model; compress works on BERT-architecture "
-            "encoders (model_type 'bert')"
-        )
     try:
-        return BertConfig.from_pretrained(path, local_files_only=True)
+        family = get_family(model_type)
+    except CompressError as err:
+        raise CompressError(f"{path}/config.json: {err}") from None
+    try:
+        return getattr(transformers, family.config_class).from_pretrained(path, local_files_only=True)
     except Exception as err:
         raise CompressError(f"cannot read {path}/config.json: {err}") from None
 
@@ -404,8 +402,13 @@ def load_config(path: Path | str):
 def saved_head(path: Path | str) -> str:
     """The head a directory's weights were saved with (``base`` for a bare encoder)."""
     config = load_config(path)
-    archs = config.architectures or ["BertModel"]
+    archs = config.architectures or [family_of(config).classes["base"]]
     return HEADS.get(archs[0], "base")
+
+
+def architecture_class(config, head: str):
+    """The transformers class building ``head`` for the config's encoder family (``RobertaForMaskedLM``, ...)."""
+    return getattr(transformers, family_of(config).head_class(head))
 
 
 def load_tokenizer(path: Path | str):
@@ -483,6 +486,7 @@ def load_torch_model(
     head = head or saved
     if head not in HEAD_CLASSES:
         raise CompressError(f"unknown model head {head!r}; valid: {', '.join(HEAD_CLASSES)}")
+    cls = architecture_class(config, head)  # refuses a head the family has none of
     drop_head = False
     if num_labels is not None and num_labels != config.num_labels:
         drop_head = head == saved  # the saved classifier has the wrong width
@@ -492,8 +496,7 @@ def load_torch_model(
         config.label2id = {v: int(k) for k, v in id2label.items()}
     if attn_implementation:
         config._attn_implementation = attn_implementation
-    config.architectures = [HEAD_CLASSES[head]]
-    cls = getattr(transformers, HEAD_CLASSES[head])
+    config.architectures = [cls.__name__]
 
     structure = (read_compression(path) or {}).get("structure")
     model = cls(config)  # transformers 4.x builds pruned heads from config.pruned_heads
@@ -501,15 +504,16 @@ def load_torch_model(
         apply_structure(model, structure)
 
     state = {_rename_legacy(k): v for k, v in _read_weights(path).items()}
-    prefix = model.base_model_prefix  # "bert"
+    prefix = model.base_model_prefix  # "bert", "roberta", "distilbert", "electra", "model" (ModernBERT)
     wants_prefix = any(k.startswith(prefix + ".") for k in model.state_dict())
     has_prefix = any(k.startswith(prefix + ".") for k in state)
+    head_parts = tuple(f"{name}." for name, _ in model.named_children() if name != prefix)  # "cls.", "classifier." ...
     if wants_prefix and not has_prefix:
-        state = {(f"{prefix}.{k}" if not k.startswith("cls.") else k): v for k, v in state.items()}
+        state = {(f"{prefix}.{k}" if not k.startswith(head_parts) else k): v for k, v in state.items()}
     elif not wants_prefix and has_prefix:
         state = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
-    if drop_head:
-        state = {k: v for k, v in state.items() if not k.startswith(("classifier.", "qa_outputs."))}
+    if drop_head:  # every head weight goes: the classifier has the wrong width
+        state = {k: v for k, v in state.items() if k.startswith(prefix + ".")}
 
     expected = model.state_dict()
     mismatched = [
@@ -526,8 +530,13 @@ def load_torch_model(
     result = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in result.missing_keys if k not in tied and not k.endswith("position_ids")]
-    head_params = ("classifier.", "qa_outputs.", "cls.", "pooler.")
-    lost = [k for k in missing if not k.startswith(head_params) and ".pooler." not in k]
+
+    def encoder_weight(key: str) -> bool:  # not a head's, not the (optional) pooler's
+        if wants_prefix and not key.startswith(prefix + "."):
+            return False
+        return not (key[len(prefix) + 1:] if wants_prefix else key).startswith("pooler.")
+
+    lost = [k for k in missing if encoder_weight(k)]
     if lost:
         raise CompressError(
             f"{path} lacks {len(lost)} encoder weights (e.g. {lost[0]}); the checkpoint is incomplete "

@@ -19,6 +19,10 @@ TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 # 5.x has neither, so narrower heads exist only through compression.json's structure.
 STOCK_PRUNED_HEADS = TRANSFORMERS_MAJOR < 5
 
+# ModernBERT layers take their attention kind (global or sliding window) from
+# config.layer_types on 5.x, and from their index alone on 4.x.
+MODERNBERT_TYPES_FROM_CONFIG = TRANSFORMERS_MAJOR >= 5
+
 if TRANSFORMERS_MAJOR >= 5:
     from transformers.initialization import no_init_weights  # noqa: F401  (re-exported)
 else:

@@ -2,8 +2,10 @@
 
 The exporter traces the model as ``load_model`` rebuilt it, so per-layer head counts and
 FFN widths survive (rebuilding from ``config.json`` alone, as generic exporters do,
-would lose them). The output is a model directory like any other: ``model.onnx`` plus
-``config.json``, the tokenizer and ``compression.json`` (stage ``export``).
+would lose them). The graph takes the inputs the model's family takes (``input_ids``,
+``attention_mask``, and ``token_type_ids`` except for DistilBERT and ModernBERT). The
+output is a model directory like any other: ``model.onnx`` plus ``config.json``, the
+tokenizer and ``compression.json`` (stage ``export``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from compress.core.artifacts import (
 )
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
-from compress.core.structure import describe
+from compress.core.structure import describe, input_names
 
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # every input an exported graph may take, in order
 OUTPUTS = {
     "sequence-classification": ("logits",),
     "question-answering": ("start_logits", "end_logits"),
@@ -36,19 +38,23 @@ OUTPUTS = {
 
 
 class _Positional:
-    """Call a Hugging Face model with positional inputs and return a tuple of named outputs."""
+    """Call a Hugging Face model with positional inputs (those its family takes) and return a tuple of named outputs."""
 
     def __init__(self, model, outputs: tuple[str, ...]):
+        names = input_names(model)
+
         class Wrapper(torch.nn.Module):
             def __init__(self, inner):
                 super().__init__()
                 self.inner = inner
 
-            def forward(self, input_ids, attention_mask, token_type_ids):
-                out = self.inner(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            def forward(self, input_ids, attention_mask, token_type_ids=None):
+                given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+                out = self.inner(**{name: given[name] for name in names})
                 return tuple(getattr(out, name) for name in outputs)
 
         self.module = Wrapper(model).eval()
+        self.inputs = names
 
 
 def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = 17, overwrite: bool = False) -> Path:
@@ -61,23 +67,24 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = 17, over
     model = load_model(model_dir, attn_implementation="eager")  # plain ops: every ONNX runtime runs them
     tokenizer = load_tokenizer(model_dir)
     names = OUTPUTS[head]
-    wrapper = _Positional(model, names).module
+    positional = _Positional(model, names)
+    wrapper, inputs = positional.module, positional.inputs
     example = tokenizer(["an example input", "a second, longer example input for tracing"], padding=True, return_tensors="pt")
-    args = tuple(example[k] if k in example else torch.zeros_like(example["input_ids"]) for k in INPUTS)
-    axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
+    args = tuple(example[k] if k in example else torch.zeros_like(example["input_ids"]) for k in inputs)
+    axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
     axes.update({name: {0: "batch"} if name == "logits" and head == "sequence-classification" else {0: "batch", 1: "sequence"} for name in names})
     with output_dir(out, overwrite) as tmp:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes
             torch.onnx.export(
-                wrapper, args, str(tmp / "model.onnx"), input_names=list(INPUTS), output_names=list(names),
+                wrapper, args, str(tmp / "model.onnx"), input_names=list(inputs), output_names=list(names),
                 dynamic_axes=axes, opset_version=opset, dynamo=False,
             )
         model.config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         record = compression_record(
             stage="export", method="onnx", parent=model_dir, structure=describe(model),
-            config={"opset": opset, "inputs": list(INPUTS), "outputs": list(names)},
+            config={"opset": opset, "inputs": list(inputs), "outputs": list(names)},
             extra={"format": "onnx", "backend": "onnxruntime", "head": head, "precision": "fp32"},
         )
         write_json_atomic(tmp / "compression.json", record)

@@ -3,7 +3,9 @@
 The graph is traced from one forward pass, so the pruner itself finds every parameter
 coupled to an FFN neuron (the first Linear's row and bias entry, the second Linear's
 column, anything else an architecture ties to them) instead of relying on hand-written
-slicing. Only the FFN's first Linear is named, through the structure accessors.
+slicing. Only the FFN's first Linear is named, through the structure accessors, with
+each neuron's rows there (a gated FFN such as ModernBERT's has an input and a gate row;
+the graph follows its split into the second Linear).
 ``compress.core.structure.resize_ffn`` remains the hand-written surgery the loader uses
 to rebuild stored shapes; a test asserts both give identical logits for the same neurons.
 """
@@ -37,13 +39,13 @@ def prune_ffn_neurons(model: nn.Module, keep: Sequence[Sequence[int]]) -> None:
         raise CompressError(f"FFN neurons to keep are given for {len(keep)} layers; the model has {len(layers)}")
     plans = []
     for index, (layer, ids) in enumerate(zip(layers, keep)):
-        width = st.ffn_in(layer).out_features
+        width = st.ffn_width(layer)
         ids = sorted(set(int(i) for i in ids))
         if not ids:
             raise CompressError(f"layer {index}: cannot remove every FFN neuron; keep at least one")
         if ids[0] < 0 or ids[-1] >= width:
             raise CompressError(f"layer {index}: FFN neuron {ids[-1]} does not exist (width {width})")
-        plans.append((st.ffn_in(layer), sorted(set(range(width)) - set(ids))))
+        plans.append((st.ffn_in(layer), st.ffn_rows(layer, sorted(set(range(width)) - set(ids)))))
     was_training = model.training
     model.eval()  # dropout off while tracing; the graph only needs the operations
     with torch.enable_grad():  # the tracer follows grad_fn links

@@ -41,20 +41,22 @@ def model_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 def head_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None]:
     """Multiply head h of layer l's output by ``gates[l][h]`` while the block runs.
 
-    A head's output is its slice of the context layer (batch, seq, heads * d) before the
-    output projection, so a gate of 0 is exactly removing the head.
+    A head's output is its slice of the context (batch, seq, heads * d) that enters the
+    output projection, so a gate of 0 is exactly removing the head. The hook sits on the
+    projection's input, which every encoder family has (DistilBERT's and ModernBERT's
+    attention modules return the projected output, BERT's the context).
     """
     handles = []
     for layer, gate in zip(st.encoder_layers(model), gates):
-        attn = st.self_attention(layer)
 
-        def hook(_module, _inputs, output, gate=gate, heads=attn.num_attention_heads):
-            context = output[0]  # (batch, seq, heads * d)
-            b, s, width = context.shape
-            gated = (context.view(b, s, heads, width // heads) * gate.to(context.dtype).view(1, 1, heads, 1)).view(b, s, width)
-            return (gated, *output[1:])
+        def hook(_module, args, gate=gate, heads=st.num_heads(layer)):
+            context = args[0]  # (batch, seq, heads * d)
+            shape = context.shape
+            split = context.view(*shape[:-1], heads, shape[-1] // heads)  # (batch, seq, heads, d)
+            gated = (split * gate.to(context.dtype).view(heads, 1)).view(shape)
+            return (gated, *args[1:])
 
-        handles.append(attn.register_forward_hook(hook))
+        handles.append(st.attention_output(layer).register_forward_pre_hook(hook))
     try:
         yield
     finally:
@@ -72,14 +74,14 @@ def masked_heads(model: nn.Module, keep: Sequence[Sequence[bool]]) -> Iterator[N
 
 @contextlib.contextmanager
 def ffn_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None]:
-    """Multiply FFN neuron i of layer l (after the activation) by ``gates[l][i]``."""
+    """Multiply FFN neuron i of layer l (after the activation; gated FFN: after the gate) by ``gates[l][i]``."""
     handles = []
     for layer, gate in zip(st.encoder_layers(model), gates):
 
-        def hook(_module, _inputs, output, gate=gate):
-            return output * gate.to(output.dtype)  # (batch, seq, ffn) after GELU
+        def hook(_module, args, gate=gate):
+            return (args[0] * gate.to(args[0].dtype), *args[1:])  # (batch, seq, ffn) entering the second Linear
 
-        handles.append(st.ffn_activation(layer).register_forward_hook(hook))
+        handles.append(st.ffn_out(layer).register_forward_pre_hook(hook))
     try:
         yield
     finally:
@@ -147,11 +149,10 @@ def head_importance_magnitude(model: nn.Module) -> list[torch.Tensor]:
     """L2 norm of each head's Q, K, V rows and output-projection columns."""
     scores = []
     for layer in st.encoder_layers(model):
-        attn = st.self_attention(layer)
-        heads, d = attn.num_attention_heads, attn.attention_head_size
+        heads, d = st.num_heads(layer), st.head_size(layer)
         total = torch.zeros(heads)
-        for linear in (attn.query, attn.key, attn.value):
-            total += linear.weight.detach().view(heads, d, -1).pow(2).sum(dim=(1, 2)).cpu()  # rows of head h
+        for weight in st.qkv_weights(layer):  # (heads * d, hidden) each
+            total += weight.detach().view(heads, d, -1).pow(2).sum(dim=(1, 2)).cpu()  # rows of head h
         out = st.attention_output(layer).weight.detach()  # (hidden, heads * d)
         total += out.view(out.shape[0], heads, d).pow(2).sum(dim=(0, 2)).cpu()
         scores.append(total.sqrt())
@@ -166,8 +167,7 @@ def head_importance_entropy(model: nn.Module, batches: Iterable[dict]) -> list[t
     with torch.no_grad():
         for batch in batches:
             batch = _to(batch, device)
-            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-            out = model(**inputs, output_attentions=True)
+            out = model(**st.model_inputs(model, batch), output_attentions=True)
             mask = batch["attention_mask"].float()  # (batch, seq)
             for i, att in enumerate(out.attentions):  # (batch, heads, seq, seq)
                 ent = -(att * torch.log(att.clamp_min(1e-12))).sum(-1)  # (batch, heads, seq)
@@ -197,9 +197,12 @@ def ffn_importance_magnitude(model: nn.Module) -> list[torch.Tensor]:
     """L2 norm of each neuron's input row and output column."""
     scores = []
     for layer in st.encoder_layers(model):
-        w_in = st.ffn_in(layer).weight.detach()  # (ffn, hidden)
+        w_in = st.ffn_in(layer).weight.detach()  # (ffn, hidden); gated: (2 * ffn, hidden)
         w_out = st.ffn_out(layer).weight.detach()  # (hidden, ffn)
-        scores.append((w_in.pow(2).sum(1) + w_out.pow(2).sum(0)).sqrt().cpu())
+        rows = w_in.pow(2).sum(1)
+        if len(rows) != w_out.shape[1]:
+            rows = rows.view(2, -1).sum(0)  # a gated neuron's input row and gate row
+        scores.append((rows + w_out.pow(2).sum(0)).sqrt().cpu())
     return scores
 
 

@@ -6,8 +6,8 @@ when absent; a folder holding only ``model.onnx`` is ``onnx``):
 =====================  ==================  ============================================
 format                 weights file        runs as
 =====================  ==================  ============================================
-``torch``              model.safetensors   the Hugging Face BERT (``artifacts.load_model``)
-``torch-int8-dynamic`` model.safetensors   the same BERT with torch.ao dynamic int8
+``torch``              model.safetensors   the Hugging Face encoder (``artifacts.load_model``)
+``torch-int8-dynamic`` model.safetensors   the same encoder with torch.ao dynamic int8
                        (int8 + scales)     Linear layers (per-channel qint8 weights)
 ``onnx``               model.onnx          an ONNX Runtime session (fp32 or int8 graph)
 ``inc-pt2e``           model.pt2           a ``torch.export`` program quantized by Neural
@@ -16,7 +16,8 @@ format                 weights file        runs as
 
 :func:`load_model` returns, for every format, an object the evaluation code uses
 exactly like a Hugging Face model: called with ``input_ids`` / ``attention_mask`` /
-``token_type_ids`` tensors it returns an output with ``.logits`` (or
+``token_type_ids`` tensors (the last only for families that take it:
+``structure.model_inputs``; runners ignore it otherwise) it returns an output with ``.logits`` (or
 ``.start_logits`` / ``.end_logits``, ``.last_hidden_state``) as torch tensors; it has
 ``.config``, ``.eval()``, ``.train(False)`` and ``.to(device)``. The non-torch runners
 are ``torch.nn.Module`` subclasses without parameters and carry a ``device``
@@ -43,7 +44,6 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-import transformers
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
@@ -60,6 +60,7 @@ from compress.core.artifacts import (  # noqa: F401  (re-exported)
     TORCH,
     TORCH_INT8,
     WEIGHTS_FILE,
+    architecture_class,
     artifact_format,
     is_quantized,
     load_config,
@@ -71,11 +72,11 @@ from compress.core.artifacts import (  # noqa: F401  (re-exported)
 from compress.core.compat import no_init_weights
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.structure import apply_structure, count_parameters, describe
+from compress.core.structure import apply_structure, count_parameters, describe, input_names
 from compress.core.tasks import Task
 
 PT2_FILE = "model.pt2"
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order every exported graph takes
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order exported graphs take (those of them the family has)
 NO_COMPILE_ENV = "COMPRESS_NO_COMPILE"  # "1": run INC programs eagerly (tests; no C++ compiler)
 
 # Suffixes of the int8 Linear tensors in the torch-int8 safetensors file.
@@ -185,14 +186,14 @@ def _info(model, saved: str, structure, fmt: str, options: dict[str, Any]):
 
 
 def build_architecture(path: Path, config=None, head: str | None = None, *, empty: bool = False):
-    """The directory's BERT (config.json + compression.json's per-layer shapes), without its weights.
+    """The directory's model (config.json + compression.json's per-layer shapes), without its weights.
 
     ``empty`` skips the random initialisation (the caller overwrites every weight).
     """
 
     config = config or load_config(path)
     head = head or saved_head(path)
-    cls = getattr(transformers, HEAD_CLASSES[head])
+    cls = architecture_class(config, head)
     if empty:
         context = no_init_weights()
     else:
@@ -361,7 +362,7 @@ class ExportedRunner(Runner):
         # deferred: a heavy import, paid only where it is used
         import torch._inductor.config as inductor_config
 
-        args = tuple(inputs[name].to(torch.long) for name in INPUTS)  # positional, as exported
+        args = tuple(inputs[name].to(torch.long) for name in input_names(self))  # positional, as exported
         # Inference mode: freezing applies only without autograd, and one grad mode means no recompiles.
         with torch.inference_mode(), inductor_config.patch(freezing=True), warnings.catch_warnings():
             # Inductor's int8 lowering copies zero points with torch.tensor(tensor) and warns once per GEMM.

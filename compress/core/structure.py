@@ -1,8 +1,13 @@
-"""The only module that knows BERT's module paths.
+"""Module paths, surgery, shapes and FLOPs of every supported encoder, through its family.
 
 Everything that needs to find a layer, an attention block or an FFN, or to change their
 shapes, goes through here: the pruning, distillation and analysis stages, the artifact
-loader, and FLOP counting. Shapes use PyTorch's Linear convention ``(out, in)``.
+loader, and FLOP counting. What differs between encoder families (BERT, RoBERTa, XLM-R,
+DistilBERT, ELECTRA, ModernBERT: module paths, attribute names, head classes, inputs) is
+written once per family in ``compress.core.families``; this module applies it, so no
+other module names a family's modules. Model-level accessors find the family from
+``model.config.model_type``; layer-level ones from the layer's layout (families whose
+layers are laid out alike share it). Shapes use PyTorch's Linear convention ``(out, in)``.
 
 A *structure* is a plain dict (it is stored in ``compression.json``)::
 
@@ -11,6 +16,8 @@ A *structure* is a plain dict (it is stored in ``compression.json``)::
      "pruned_heads": {"2": [0, 5, ...]}, # original head ids removed, per layer
      "ffn": [1536, 1536, 900, ...],      # intermediate width per layer
      "kept_layers": [0, 1, 2, ...]}      # original layer ids, in order
+
+plus ``"glu": true`` for a gated FFN (ModernBERT: two input rows per neuron).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -26,57 +33,124 @@ from transformers import BertConfig
 
 from compress.core.compat import STOCK_PRUNED_HEADS
 from compress.core.errors import CompressError
+from compress.core.families import FAMILIES, Family, family_of
 
 # ---------------------------------------------------------------------------- finding modules
 
 
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
+    """Put ``new`` at the dotted ``path`` below ``root``."""
+    parent, _, name = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, new)
+
+
+def family(model: nn.Module) -> Family:
+    """The model's encoder family (from ``config.model_type``); unknown ones fail naming the known families."""
+    return family_of(model)
+
+
 def base_model(model: nn.Module) -> nn.Module:
-    """The ``BertModel`` inside any ``BertFor*`` head (or the model itself)."""
-    inner = getattr(model, "bert", None)
-    if inner is not None:
+    """The base encoder (``BertModel``, ``RobertaModel``, ``ModernBertModel``, ...) inside any task model, or the model itself."""
+    fam = family_of(model)
+    inner = getattr(model, fam.base, None)
+    if isinstance(inner, nn.Module) and _has(inner, fam.layers):
         return inner
-    if hasattr(model, "encoder") and hasattr(model, "embeddings"):
+    if _has(model, fam.layers):
         return model
-    raise CompressError(f"{type(model).__name__} is not a BERT-architecture model")
+    raise CompressError(f"{type(model).__name__} is not a {fam.model_type} encoder model")
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer blocks, in order: ``BertLayer`` modules."""
-    return base_model(model).encoder.layer
+    """The transformer blocks, in order (``BertLayer``, ``TransformerBlock``, ``ModernBertEncoderLayer`` ...)."""
+    return base_model(model).get_submodule(family_of(model).layers)
 
 
-def attention(layer: nn.Module) -> nn.Module:
-    """The ``BertAttention`` block of one layer (self-attention + output projection)."""
-    return layer.attention
+_LAYOUTS: dict[type, Family] = {}  # layer class -> the (first) family laid out like it
+
+
+def layer_family(layer: nn.Module) -> Family:
+    """The family whose layer layout ``layer`` has (BERT, RoBERTa, XLM-R and ELECTRA share one)."""
+    kind = type(layer)
+    if kind not in _LAYOUTS:
+        for _, fam in FAMILIES.items():
+            att = fam.attention
+            paths = (att.output, fam.ffn_in, fam.ffn_out, *(f"{att.module}.{p}" for p in att.projections))
+            if all(_has(layer, p) for p in paths):
+                _LAYOUTS[kind] = fam
+                break
+        else:
+            raise CompressError(f"{kind.__name__} is not an encoder layer of a known family ({', '.join(FAMILIES.names())})")
+    return _LAYOUTS[kind]
 
 
 def self_attention(layer: nn.Module) -> nn.Module:
-    """Q/K/V projections of one layer: ``.query``, ``.key``, ``.value`` are Linear(hidden, heads*d)."""
-    return layer.attention.self
+    """The module holding one layer's Q/K/V projections and head-count attributes."""
+    return layer.get_submodule(layer_family(layer).attention.module)
+
+
+def qkv_projections(layer: nn.Module) -> list[nn.Linear]:
+    """Q, K, V Linear(hidden, heads*d) of one layer, or its one fused Linear(hidden, 3*heads*d)."""
+    att = layer_family(layer).attention
+    module = self_attention(layer)
+    return [module.get_submodule(p) for p in att.projections]
+
+
+def head_size(layer: nn.Module) -> int:
+    """d, the width of one attention head."""
+    return int(getattr(self_attention(layer), layer_family(layer).attention.head_size))
+
+
+def num_heads(layer: nn.Module) -> int:
+    """Attention heads of one layer, read from the projection's width (every version keeps that right)."""
+    width = qkv_projections(layer)[0].out_features
+    return width // (3 if layer_family(layer).attention.fused else 1) // head_size(layer)
+
+
+def qkv_weights(layer: nn.Module) -> list[torch.Tensor]:
+    """[W_q, W_k, W_v] of one layer, each (heads*d, hidden) with head h in rows h*d..(h+1)*d."""
+    weights = [p.weight for p in qkv_projections(layer)]
+    return list(weights[0].chunk(3, dim=0)) if len(weights) == 1 else weights  # fused rows: Q, then K, then V
 
 
 def attention_output(layer: nn.Module) -> nn.Linear:
-    """Output projection Linear(heads*d, hidden) of one layer."""
-    return layer.attention.output.dense
+    """Output projection Linear(heads*d, hidden) of one layer; its input is every head's output."""
+    return layer.get_submodule(layer_family(layer).attention.output)
 
 
 def ffn_in(layer: nn.Module) -> nn.Linear:
-    """First FFN Linear(hidden, ffn) of one layer (followed by GELU)."""
-    return layer.intermediate.dense
-
-
-def ffn_activation(layer: nn.Module) -> nn.Module:
-    """The module whose output is one layer's FFN activations (batch, seq, ffn), after GELU."""
-    return layer.intermediate
+    """First FFN Linear(hidden, ffn) of one layer (gated FFN: (2*ffn, hidden), input rows then gate rows)."""
+    return layer.get_submodule(layer_family(layer).ffn_in)
 
 
 def ffn_out(layer: nn.Module) -> nn.Linear:
-    """Second FFN Linear(ffn, hidden) of one layer."""
-    return layer.output.dense
+    """Second FFN Linear(ffn, hidden) of one layer; its input is the FFN activations (batch, seq, ffn)."""
+    return layer.get_submodule(layer_family(layer).ffn_out)
+
+
+def ffn_width(layer: nn.Module) -> int:
+    return ffn_out(layer).in_features
 
 
 def embeddings(model: nn.Module) -> nn.Module:
-    return base_model(model).embeddings
+    return base_model(model).get_submodule(family_of(model).embeddings)
+
+
+def input_names(model) -> tuple[str, ...]:
+    """The inputs the model's forward takes, in exported-graph order (DistilBERT, ModernBERT: no token_type_ids)."""
+    return family_of(model).inputs
+
+
+def model_inputs(model, batch: dict) -> dict:
+    """The entries of ``batch`` the model's forward takes (a BERT tokenizer's token_type_ids go to BERT only)."""
+    return {k: batch[k] for k in input_names(model) if k in batch}
 
 
 def pretraining_heads(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -108,29 +182,46 @@ class PretrainingForward(nn.Module):
 
 
 def mlm_head(model: nn.Module) -> nn.Module:
-    """The MLM head (transform + decoder tied to the word embeddings) of a pretraining or MLM model."""
-    heads = getattr(model, "cls", None)
-    if heads is None:
+    """The MLM head (hidden states -> vocabulary logits, decoder tied to the word embeddings) of a pretraining or MLM model."""
+    fam = family_of(model)
+    try:
+        head = fam.mlm_head(model) if fam.mlm_head is not None else None
+    except AttributeError:
+        head = None
+    if head is None:
         raise CompressError(f"{type(model).__name__} has no masked-LM head")
-    return heads.predictions
+    return head
 
 
-def value_projection(model: nn.Module, layer_index: int) -> nn.Linear:
-    """The value Linear(hidden, heads*d) of one layer (MiniLM's value relations read its output)."""
-    return self_attention(encoder_layers(model)[layer_index]).value
+def value_projection(model: nn.Module, layer_index: int) -> nn.Module | tuple[nn.Module, Callable]:
+    """What :func:`capture` records as one layer's values (batch, seq, heads*d) (MiniLM's value relations).
+
+    The value Linear(hidden, heads*d); for a fused Q/K/V projection, that Linear and the
+    function taking its value rows out of the output.
+    """
+    layer = encoder_layers(model)[layer_index]
+    att = layer_family(layer).attention
+    if not att.fused:
+        return self_attention(layer).get_submodule(att.projections[2])
+    return qkv_projections(layer)[0], lambda out: out.chunk(3, dim=-1)[2]  # (batch, seq, 3*heads*d): Q, K, V
 
 
 @contextlib.contextmanager
-def capture(modules: dict[str, nn.Module]) -> Iterator[dict[str, Any]]:
+def capture(modules: dict[str, nn.Module | tuple[nn.Module, Callable]]) -> Iterator[dict[str, Any]]:
     """Record the forward outputs of ``modules`` by name while the block runs.
 
-    The hooks are always removed on exit, also when the forward pass raises.
+    A ``(module, transform)`` pair records ``transform(output)``. The hooks are always
+    removed on exit, also when the forward pass raises.
     """
     store: dict[str, Any] = {}
-    handles = [
-        module.register_forward_hook(lambda _m, _inp, out, name=name: store.__setitem__(name, out))
-        for name, module in modules.items()
-    ]
+    handles = []
+    for name, entry in modules.items():
+        module, transform = entry if isinstance(entry, tuple) else (entry, None)
+
+        def hook(_m, _inp, out, name=name, transform=transform):
+            store[name] = transform(out) if transform is not None else out
+
+        handles.append(module.register_forward_hook(hook))
     try:
         yield store
     finally:
@@ -144,43 +235,77 @@ def pooler(model: nn.Module) -> nn.Module | None:
 
 
 def task_head(model: nn.Module) -> nn.Module | None:
-    """The head on top of the encoder: ``classifier``, ``qa_outputs`` or ``cls`` (MLM/pretraining).
+    """The head on top of the encoder: ``classifier``, ``qa_outputs``, ``cls`` (BERT MLM/pretraining) or ``lm_head``.
 
-    None for a bare ``BertModel``.
+    None for a bare base model. (Some heads have more parts, e.g. DistilBERT's
+    ``pre_classifier``; :func:`outside_layers` lists every part.)
     """
-    for name in ("classifier", "qa_outputs", "cls"):
+    for name in ("classifier", "qa_outputs", "cls", "lm_head"):
         head = getattr(model, name, None)
         if head is not None:
             return head
     return None
 
 
+def outside_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Every part of the model outside its encoder layers, by name: embeddings, pooler, final norm, head parts."""
+    layers = encoder_layers(model)
+
+    def walk(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module]]:
+        for name, child in module.named_children():
+            if child is layers:
+                continue
+            if any(m is layers for m in child.modules()):
+                yield from walk(child, f"{prefix}{name}.")
+            else:
+                yield f"{prefix}{name}", child
+
+    return dict(walk(model, ""))
+
+
 # ---------------------------------------------------------------------------- reading shapes
 
 
+def config_size(config, name: str) -> int:
+    """``layers``, ``hidden``, ``heads`` or ``ffn`` from a config, under its family's attribute name."""
+    return getattr(config, getattr(family_of(config).sizes, name))
+
+
+def set_config_size(config, name: str, value: int) -> None:
+    setattr(config, getattr(family_of(config).sizes, name), value)
+
+
 def heads_per_layer(model: nn.Module) -> list[int]:
-    return [self_attention(layer).num_attention_heads for layer in encoder_layers(model)]
+    return [num_heads(layer) for layer in encoder_layers(model)]
 
 
 def ffn_widths(model: nn.Module) -> list[int]:
-    return [ffn_in(layer).out_features for layer in encoder_layers(model)]
+    return [ffn_width(layer) for layer in encoder_layers(model)]
+
+
+def layer_origins(model: nn.Module) -> list[int]:
+    """Original layer ids of the current layers (after dropped layers, or a student's teacher layers)."""
+    kept = getattr(model.config, "compress_kept_layers", None)
+    return list(kept) if kept else list(range(len(encoder_layers(model))))
 
 
 def describe(model: nn.Module) -> dict[str, Any]:
     """The structure dict of a model (see the module docstring)."""
     config = model.config
     pruned = {str(k): v for k, v in removed_heads(model).items()}
-    kept = getattr(config, "compress_kept_layers", None)
     n = len(encoder_layers(model))
-    return {
+    structure = {
         "num_layers": n,
-        "hidden_size": config.hidden_size,
-        "head_size": config.hidden_size // config.num_attention_heads,
+        "hidden_size": config_size(config, "hidden"),
+        "head_size": config_size(config, "hidden") // config_size(config, "heads"),
         "heads": heads_per_layer(model),
         "pruned_heads": pruned,
         "ffn": ffn_widths(model),
-        "kept_layers": list(kept) if kept else list(range(n)),
+        "kept_layers": layer_origins(model),
     }
+    if family_of(model).glu:
+        structure["glu"] = True
+    return structure
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -198,15 +323,17 @@ def flops_per_sequence(structure: dict[str, Any], seq_len: int) -> int:
 
     Per layer with hidden h, attention width a = heads*d and FFN width f, over s tokens:
     Q, K, V and output projections 4*s*h*a, scores QK^T and context AV 2*s*s*a,
-    FFN 2*s*h*f multiply-adds. Embedding lookups, LayerNorm, softmax and the task head
-    are left out, as in the usual BERT-base figure (22.35 GFLOPs at s=128).
+    FFN 2*s*h*f multiply-adds (3*s*h*f for a gated FFN: input, gate and output matrices).
+    Embedding lookups, LayerNorm, softmax and the task head are left out, as in the usual
+    BERT-base figure (22.35 GFLOPs at s=128).
     """
     h = structure["hidden_size"]
     d = structure["head_size"]
+    ffn_matrices = 3 if structure.get("glu") else 2
     macs = 0
     for heads, f in zip(structure["heads"], structure["ffn"]):
         a = heads * d
-        macs += 4 * seq_len * h * a + 2 * seq_len * seq_len * a + 2 * seq_len * h * f
+        macs += 4 * seq_len * h * a + 2 * seq_len * seq_len * a + ffn_matrices * seq_len * h * f
     return 2 * macs
 
 
@@ -230,18 +357,29 @@ def _slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear
     return new
 
 
+def ffn_rows(layer: nn.Module, keep: Iterable[int]) -> list[int]:
+    """Rows of :func:`ffn_in` that belong to FFN neurons ``keep`` (a gated FFN: each neuron's input and gate row)."""
+    keep = list(keep)
+    if layer_family(layer).glu:
+        width = ffn_width(layer)
+        return keep + [width + i for i in keep]
+    return keep
+
+
 def resize_ffn(model: nn.Module, layer_index: int, keep: Iterable[int]) -> None:
     """Keep only the FFN neurons ``keep`` in one layer (rows of W1, columns of W2)."""
     layer = encoder_layers(model)[layer_index]
+    fam = layer_family(layer)
     keep = sorted(set(int(i) for i in keep))
-    width = ffn_in(layer).out_features
+    width = ffn_width(layer)
     if not keep:
         raise CompressError(f"layer {layer_index}: cannot remove every FFN neuron; keep at least one")
     if keep[-1] >= width:
         raise CompressError(f"layer {layer_index}: FFN neuron {keep[-1]} does not exist (width {width})")
+    rows = torch.tensor(ffn_rows(layer, keep), dtype=torch.long)
     index = torch.tensor(keep, dtype=torch.long)
-    layer.intermediate.dense = _slice_linear(ffn_in(layer), index, 0)  # (ffn', hidden)
-    layer.output.dense = _slice_linear(ffn_out(layer), index, 1)  # (hidden, ffn')
+    _replace(layer, fam.ffn_in, _slice_linear(ffn_in(layer), rows, 0))  # (ffn' (x2 gated), hidden)
+    _replace(layer, fam.ffn_out, _slice_linear(ffn_out(layer), index, 1))  # (hidden, ffn')
 
 
 def set_ffn_widths(model: nn.Module, widths: list[int]) -> None:
@@ -250,7 +388,7 @@ def set_ffn_widths(model: nn.Module, widths: list[int]) -> None:
     if len(widths) != len(layers):
         raise CompressError(f"structure lists {len(widths)} FFN widths for {len(layers)} layers")
     for i, width in enumerate(widths):
-        if ffn_in(layers[i]).out_features != width:
+        if ffn_width(layers[i]) != width:
             resize_ffn(model, i, range(width))
 
 
@@ -258,9 +396,11 @@ def prune_heads(model: nn.Module, heads: dict[int, Iterable[int]]) -> None:
     """Physically remove attention heads: Q/K/V output rows and output-projection columns.
 
     ``heads`` maps layer index to *current* head ids. The toolkit's own surgery (no
-    ``prune_heads`` of transformers, which 5.x removed); ``config.pruned_heads`` records
-    the *original* ids removed per layer, which transformers 4.x reads to rebuild the
-    narrower heads, so the folder also reloads with stock ``from_pretrained`` there.
+    ``prune_heads`` of transformers, which 5.x removed). The *original* ids removed per
+    layer are recorded in the config under the family's key: ``config.pruned_heads``,
+    which transformers 4.x reads to rebuild the narrower heads, so the folder also reloads
+    with stock ``from_pretrained`` there (ModernBERT, which 4.x cannot prune, uses
+    ``compress_pruned_heads``).
     """
     current = heads_per_layer(model)
     plan: dict[int, list[int]] = {}
@@ -284,29 +424,36 @@ def prune_heads(model: nn.Module, heads: dict[int, Iterable[int]]) -> None:
         present = [h for h in range(current[layer] + len(removed.get(layer, []))) if h not in removed.get(layer, [])]
         removed[layer] = sorted({*removed.get(layer, []), *(present[c] for c in ids)})
         _remove_heads(encoder_layers(model)[layer], ids)
-    model.config.pruned_heads = removed
+    setattr(model.config, family_of(model).pruned_heads_key, removed)
 
 
 def removed_heads(model: nn.Module) -> dict[int, list[int]]:
-    """Original head ids removed so far, per layer (from ``config.pruned_heads``; {} when none)."""
+    """Original head ids removed so far, per layer (from the config's record; {} when none)."""
     # getattr: transformers 5.x configs have no pruned_heads unless the toolkit set one.
-    recorded = getattr(model.config, "pruned_heads", None) or {}
+    recorded = getattr(model.config, family_of(model).pruned_heads_key, None) or {}
     return {int(k): sorted(int(h) for h in v) for k, v in recorded.items() if v}
 
 
 def _remove_heads(layer: nn.Module, ids: list[int]) -> None:
     """Slice heads ``ids`` (current ids) out of one layer's Q/K/V rows and output columns."""
-    sa = self_attention(layer)
-    d = sa.attention_head_size
-    keep = [h for h in range(sa.num_attention_heads) if h not in set(ids)]
+    att = layer_family(layer).attention
+    module = self_attention(layer)
+    d, n = head_size(layer), num_heads(layer)
+    keep = [h for h in range(n) if h not in set(ids)]
     index = torch.tensor([h * d + i for h in keep for i in range(d)], dtype=torch.long)  # (kept heads * d,)
-    sa.query = _slice_linear(sa.query, index, 0)
-    sa.key = _slice_linear(sa.key, index, 0)
-    sa.value = _slice_linear(sa.value, index, 0)
-    layer.attention.output.dense = _slice_linear(attention_output(layer), index, 1)
-    # Forward passes reshape with these (4.x: num_attention_heads, all_head_size; 5.x: head size only).
-    sa.num_attention_heads = len(keep)
-    sa.all_head_size = len(keep) * d
+    if att.fused:
+        # Rows (3 * heads * d,): Q of every head, then K, then V; the same heads from each block.
+        rows = torch.cat([index + block * n * d for block in range(3)])
+        _replace(module, att.projections[0], _slice_linear(qkv_projections(layer)[0], rows, 0))
+    else:
+        for path, linear in zip(att.projections, qkv_projections(layer)):
+            _replace(module, path, _slice_linear(linear, index, 0))
+    _replace(layer, att.output, _slice_linear(attention_output(layer), index, 1))
+    # What the forward passes reshape with (see each family's Attention entry).
+    for name in att.count:
+        setattr(module, name, len(keep))
+    for name in att.width:
+        setattr(module, name, len(keep) * d)
 
 
 def set_heads(model: nn.Module, heads: list[int]) -> None:
@@ -318,40 +465,83 @@ def set_heads(model: nn.Module, heads: list[int]) -> None:
 
 def drop_layers(model: nn.Module, keep: Iterable[int]) -> None:
     """Keep only the encoder layers ``keep`` (current indices, any order kept sorted)."""
+    fam = family_of(model)
     layers = encoder_layers(model)
     keep = sorted(set(int(i) for i in keep))
     if not keep:
         raise CompressError("cannot drop every layer; keep at least one")
     if keep[-1] >= len(layers) or keep[0] < 0:
         raise CompressError(f"layer {keep[-1]} does not exist; the model has {len(layers)} layers")
-    previous = getattr(model.config, "compress_kept_layers", None) or list(range(len(layers)))
+    previous = layer_origins(model)
     pruned = removed_heads(model)
-    base_model(model).encoder.layer = nn.ModuleList([layers[i] for i in keep])
-    for new_index, layer in enumerate(base_model(model).encoder.layer):
+    per_layer = fam.layer_config(model) if fam.layer_config else {}  # read before the cut
+    _replace(base_model(model), fam.layers, nn.ModuleList([layers[i] for i in keep]))
+    for new_index, layer in enumerate(encoder_layers(model)):
         # Newer transformers use layer_idx for caches; keep it consistent after the cut.
-        sa = self_attention(layer)
-        if hasattr(sa, "layer_idx"):
-            sa.layer_idx = new_index
-    model.config.num_hidden_layers = len(keep)
-    model.config.pruned_heads = {new: pruned[old] for new, old in enumerate(keep) if pruned.get(old)}
+        for module in layer.modules():
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = new_index
+    set_config_size(model.config, "layers", len(keep))
+    setattr(model.config, fam.pruned_heads_key, {new: pruned[old] for new, old in enumerate(keep) if pruned.get(old)})
+    for key, values in per_layer.items():  # per-layer config lists follow their layers (ModernBERT's layer_types)
+        setattr(model.config, key, [values[i] for i in keep])
     model.config.compress_kept_layers = [previous[i] for i in keep]
+
+
+def set_config_shape(config, *, layers: int, hidden: int, heads: int, ffn: int) -> None:
+    """Give a (copied) config a fresh shape: sizes, no pruned heads, the family's own per-layer settings."""
+    fam = family_of(config)
+    for name, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("ffn", ffn)):
+        set_config_size(config, name, value)
+    setattr(config, fam.pruned_heads_key, {})  # a fresh model has every head (read by transformers 4.x)
+    if fam.default_layer_config is not None:
+        for key, values in fam.default_layer_config(config, layers).items():
+            if hasattr(config, key):
+                setattr(config, key, values)
+
+
+def inherit_layer_layout(config, teacher: nn.Module, layers: list[int]) -> None:
+    """Give a student config the position-dependent settings of teacher layers ``layers`` (0-based).
+
+    ModernBERT: their attention kinds and original positions (``compress_kept_layers``,
+    which the loader reads back); nothing for families whose layers do not depend on
+    their position.
+    """
+    fam = family_of(teacher)
+    if not fam.positional:
+        return
+    for key, values in fam.layer_config(teacher).items():
+        setattr(config, key, [values[i] for i in layers])
+    origins = layer_origins(teacher)
+    config.compress_kept_layers = [origins[i] for i in layers]
+
+
+def place_layers(model: nn.Module, origins: list[int] | None = None) -> None:
+    """Give each layer the layout of the original layer it was (ModernBERT's norm and attention kind)."""
+    fam = family_of(model)
+    if fam.place_layers is not None:
+        fam.place_layers(model, list(origins) if origins is not None else layer_origins(model))
 
 
 def apply_structure(model: nn.Module, structure: dict[str, Any]) -> None:
     """Give a freshly built model (from its config.json) the stored per-layer shapes.
 
-    Layers come from ``num_hidden_layers``; heads from ``config.pruned_heads`` at
-    construction time on transformers 4.x, and from here on 5.x; a per-layer FFN width is
-    what no BertConfig can express.
+    Layers come from the config's layer count, placed as the original layers they were;
+    heads from ``config.pruned_heads`` at construction time on transformers 4.x (the
+    families it can prune), and from here otherwise; a per-layer FFN width is what no
+    config can express.
     """
     if structure.get("num_layers", len(encoder_layers(model))) != len(encoder_layers(model)):
         raise CompressError(
             f"compression.json says {structure['num_layers']} layers but config.json builds "
             f"{len(encoder_layers(model))}; the directory is inconsistent"
         )
+    if "kept_layers" in structure:
+        place_layers(model, structure["kept_layers"])
     if "ffn" in structure:
         set_ffn_widths(model, list(structure["ffn"]))
-    if "heads" in structure and not STOCK_PRUNED_HEADS:
+    built_by_constructor = STOCK_PRUNED_HEADS and family_of(model).stock_pruned_heads
+    if "heads" in structure and not built_by_constructor:
         set_heads(model, list(structure["heads"]))
     if "heads" in structure and heads_per_layer(model) != list(structure["heads"]):
         raise CompressError(
