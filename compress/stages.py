@@ -387,7 +387,7 @@ def _run(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
 
 
 register(Command(
-    "run", "run a recipe: stages (pretrain, finetune, distill, prune, quantize, eval, latency, heads, leaderboard) chained",
+    "run", "run a recipe: stages (pretrain, finetune, distill, distill-general, distill-embedding, prune, quantize, eval, latency, heads, leaderboard) chained",
     """\
   compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
   compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped

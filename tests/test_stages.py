@@ -96,3 +96,9 @@ def test_help_imports_no_torch_and_a_closed_stdout_ends_quietly():
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and err == ""
+
+
+def test_run_help_names_every_recipe_stage():
+    summary = COMMANDS.get("run").summary
+    listed = summary[summary.index("(") + 1 : summary.index(")")].split(", ")
+    assert sorted(listed) == sorted(RECIPE_STAGES.names())
