@@ -38,6 +38,16 @@ def model_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 @contextlib.contextmanager
+def _removing(handles: list) -> Iterator[None]:
+    """Run the block, then remove every hook handle, also when the block raises."""
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
 def head_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None]:
     """Multiply head h of layer l's output by ``gates[l][h]`` while the block runs.
 
@@ -57,11 +67,8 @@ def head_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None
             return (gated, *args[1:])
 
         handles.append(st.attention_output(layer).register_forward_pre_hook(hook))
-    try:
+    with _removing(handles):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextlib.contextmanager
@@ -82,11 +89,8 @@ def ffn_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None]
             return (args[0] * gate.to(args[0].dtype), *args[1:])  # (batch, seq, ffn) entering the second Linear
 
         handles.append(st.ffn_out(layer).register_forward_pre_hook(hook))
-    try:
+    with _removing(handles):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextlib.contextmanager
@@ -106,11 +110,8 @@ def layer_gates(model: nn.Module, gates: torch.Tensor) -> Iterator[None]:
 
         handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(layer.register_forward_hook(post))
-    try:
+    with _removing(handles):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 # ---------------------------------------------------------------------------- scores
