@@ -877,7 +877,7 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
             f"another space; choose a {teacher_width}-wide student (e.g. --student 3L-{teacher_width})"
         )
     check_max_length(cfg.max_length, min(teach.model.config.max_position_embeddings, student.model.config.max_position_embeddings))
-    sentences, sources = _embedding_sentences(cfg)
+    sentences, sources = embedding_sentences(cfg)
     n_held = min(cfg.heldout_sentences, len(sentences) // 10)
     device = _device_for(teach, cfg.train.device)
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
@@ -886,7 +886,7 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     held, train_set = features[:n_held], features[n_held:]
     collate_step = _sentence_collator(teach.tokenizer)
     loss_fn = _embedding_loss_fn(cfg, targets, spec.pooling)
-    scorers = _embedding_scorers(cfg, teach.tokenizer, spec)
+    scorers = embedding_scorers(cfg, teach.tokenizer, spec)
     held_batches = [collate_step(held[i : i + 64], 0) for i in range(0, len(held), 64)]
     evaluate = _embedding_evaluator(loss_fn, held_batches, scorers, device) if held_batches or scorers else None
     before = evaluate(student.model.to(device)) if evaluate is not None and is_main_process() else None
@@ -912,7 +912,7 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
         return _write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work, files=files)
 
 
-def _embedding_sentences(cfg: EmbeddingDistillConfig) -> tuple[list[str], dict[str, int]]:
+def embedding_sentences(cfg: EmbeddingDistillConfig) -> tuple[list[str], dict[str, int]]:
     """Distinct sentences of the corpus and of the GLUE tasks' training splits, in a seeded random order.
 
     Returns the sentences (capped at ``max_sentences`` plus the held-out ones) and how many
@@ -1000,7 +1000,7 @@ def _embedding_loss_fn(cfg: EmbeddingDistillConfig, targets: torch.Tensor, pooli
     return loss_fn
 
 
-def _embedding_scorers(cfg: EmbeddingDistillConfig, tokenizer, spec: SentenceSpec) -> dict[str, tuple[Any, Any]]:
+def embedding_scorers(cfg: EmbeddingDistillConfig, tokenizer, spec: SentenceSpec) -> dict[str, tuple[Any, Any]]:
     """Per eval task: (task, its dev split's scorer), planned once."""
     scorers = {}
     for name in cfg.eval_tasks:

@@ -8,6 +8,12 @@ model directory whose ``compression.json`` records the kept heads per layer, FFN
 and kept layers. The pruned model is smaller and faster, not merely masked, and it
 reloads through the artifact loader (and, when its FFN widths are uniform, through
 stock ``from_pretrained``).
+
+``prune_embedding(model_dir, out, cfg)`` does the same for a sentence-embedding model,
+which has no task loss: units are scored by how far removing them moves the sentence
+embeddings of unlabelled text, the check is the cosine to the unpruned embeddings (and
+any pair task's embedding score), recovery is embedding distillation, and the output is
+a sentence-transformers folder. Both run one plan (:class:`PrunePlan`, :func:`run_plan`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
@@ -32,10 +38,11 @@ from compress.core.artifacts import (
     utc_now,
 )
 from compress.core.config import option
-from compress.core.data import TaskData, collate, load_task_data
+from compress.core.data import TaskData, check_max_length, collate, load_task_data
 from compress.core.errors import CompressError
 from compress.core.graph_pruning import prune_ffn_neurons
 from compress.core.importance import (
+    LossFn,
     ffn_importance_magnitude,
     ffn_importance_taylor,
     head_importance_entropy,
@@ -44,15 +51,27 @@ from compress.core.importance import (
     heads_to_remove,
     layer_importance_gradient,
     masked_heads,
+    model_loss,
 )
 from compress.core.registry import Registry
-from compress.core.runtime import load_model_for_task
+from compress.core.runtime import load_model, load_model_for_task
+from compress.core.sentence import SentenceSpec, finish, pooled, pooled_embeddings, read_spec, staged_sentence_files, tokenize
 from compress.core.structure import heads_per_layer
 from compress.core.tasks import get_task
 from compress.core.train import TrainConfig
-from compress.distill import DistillConfig, distill
+from compress.distill import (
+    DistillConfig,
+    EmbeddingDistillConfig,
+    distill,
+    distill_embedding,
+    embedding_scorers,
+    embedding_sentences,
+)
+from compress.eval.embeddings import embedding_record
+from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, split_records
 from compress.teacher.finetune import FinetuneConfig, finetune
+from compress.teacher.presets import resolve_model
 
 
 def _recovery_defaults() -> TrainConfig:
@@ -60,8 +79,9 @@ def _recovery_defaults() -> TrainConfig:
 
 
 @dataclass(frozen=True)
-class PruneConfig:
-    task: str = option("", "task the model is fine-tuned on (scores use its loss, checks use its dev metric)")
+class PrunePlan:
+    """What to remove and how to choose it: shared by task pruning and sentence-embedding pruning."""
+
     heads: float | None = option(None, "heads to remove: a fraction (0.5) or a count (48)")
     head_scope: Literal["global", "layer"] = option("global", "rank heads across all layers, or the same share in each layer")
     head_criterion: Literal["gradient", "magnitude", "entropy", "random"] = option("gradient", "head importance: Michel's gate gradient, weight magnitude, attention entropy, random")
@@ -73,15 +93,8 @@ class PruneConfig:
     ffn: float | None = option(None, "fraction of FFN neurons to remove")
     ffn_criterion: Literal["taylor", "magnitude"] = option("taylor", "FFN neuron importance: activation x gradient, or weight magnitude")
     ffn_scope: Literal["uniform", "global"] = option("uniform", "uniform: the same width in every layer (loads with stock from_pretrained); global: rank all neurons")
-    recovery: Literal["none", "finetune", "distill"] = option("none", "after pruning: fine-tune on the task, or distil from the unpruned model")
-    importance_examples: int = option(512, "training examples used to score units")
-    data: TaskData = field(default_factory=TaskData)
-    train: TrainConfig = field(default_factory=_recovery_defaults)
 
-    def validate(self) -> None:
-        if not self.task:
-            raise CompressError("no task given; pass --task, e.g. --task sst2")
-        get_task(self.task)
+    def validate_plan(self) -> None:
         if self.heads is None and self.until is None and self.layers is None and self.ffn is None:
             raise CompressError("nothing to prune; pass --heads, --until, --layers and/or --ffn")
         if self.heads is not None and self.until is not None:
@@ -96,6 +109,60 @@ class PruneConfig:
             raise CompressError(f"--iterations must be at least 1, got {self.iterations}")
         if not 0 < self.until_step < 1:
             raise CompressError(f"--until-step must be in (0, 1), got {self.until_step}")
+
+
+@dataclass(frozen=True)
+class PruneConfig(PrunePlan):
+    task: str = option("", "task the model is fine-tuned on (scores use its loss, checks use its dev metric)")
+    recovery: Literal["none", "finetune", "distill"] = option("none", "after pruning: fine-tune on the task, or distil from the unpruned model")
+    importance_examples: int = option(512, "training examples used to score units")
+    data: TaskData = field(default_factory=TaskData)
+    train: TrainConfig = field(default_factory=_recovery_defaults)
+
+    def validate(self) -> None:
+        if not self.task:
+            raise CompressError("no task given; pass --task, e.g. --task sst2")
+        get_task(self.task)
+        self.validate_plan()
+
+
+def _embedding_recovery_defaults() -> TrainConfig:
+    return TrainConfig(epochs=1, lr=1e-4, batch_size=64, warmup_ratio=0.05, log_every=20)
+
+
+@dataclass(frozen=True)
+class EmbeddingPruneConfig(PrunePlan):
+    corpus: tuple[str, ...] = option(
+        (), "unlabelled text to score units (and recover) on: text files or folders of *.txt, datasets save_to_disk "
+        "folders, or hf:NAME[:CONFIG]", metavar="PATH[,...]")
+    sentences_from: tuple[str, ...] = option(
+        (), "GLUE tasks whose training sentences are added as unlabelled text (labels unused)", metavar="TASK[,...]")
+    data_dir: str | None = option(None, "GLUE root or task folder for --sentences-from and --eval-tasks (default: the hub)", metavar="DIR")
+    max_sentences: int | None = option(None, "use a seeded random sample of N sentences (say so when reporting)")
+    min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
+    heldout_sentences: int = option(500, "sentences held out (at most a tenth): the pruned model's mean cosine to the "
+                                         "unpruned model's embeddings of them is the check without --eval-tasks")
+    importance_sentences: int = option(512, "sentences used to score units")
+    eval_tasks: tuple[str, ...] = option(
+        (), "pair tasks scored before and after (the first one is the check --until watches): stsb (cosine Spearman), "
+        "mrpc, qqp, rte ... (retrieval MRR)", metavar="TASK[,...]")
+    max_length: int = option(128, "tokens per sentence when scoring and recovering (the folder keeps its max_seq_length)")
+    recovery: Literal["none", "distill"] = option("none", "after pruning: distil the unpruned model's embeddings back into it (MSE + cosine)")
+    train: TrainConfig = field(default_factory=_embedding_recovery_defaults)
+
+    def validate(self) -> None:
+        self.validate_plan()
+        self.distill_config("teacher-layers").validate()  # the sentence sources and eval tasks, checked as distillation checks them
+        if self.importance_sentences < 1:
+            raise CompressError(f"--importance-sentences must be at least 1, got {self.importance_sentences}")
+
+    def distill_config(self, init: str) -> EmbeddingDistillConfig:
+        """The embedding distillation that recovers a pruned model (``init``) from the unpruned one."""
+        return EmbeddingDistillConfig(
+            corpus=self.corpus, sentences_from=self.sentences_from, data_dir=self.data_dir, max_sentences=self.max_sentences,
+            min_words=self.min_words, heldout_sentences=self.heldout_sentences, init=init, max_length=self.max_length,
+            eval_tasks=self.eval_tasks, train=self.train,
+        )
 
 
 # ---------------------------------------------------------------------------- choosing heads
@@ -165,105 +232,79 @@ def ffn_to_keep(scores: Sequence[Sequence[float]], fraction: float, scope: str) 
 # ---------------------------------------------------------------------------- scoring
 
 
-HEAD_CRITERIA: Registry = Registry("head criterion")
-
-
-@HEAD_CRITERIA.register("gradient")
-def _gradient(model, batches, cfg, rng):
-    return head_importance_gradient(model, batches, normalize=cfg.normalize)
-
-
-@HEAD_CRITERIA.register("magnitude")
-def _magnitude(model, batches, cfg, rng):
-    return head_importance_magnitude(model)
-
-
-@HEAD_CRITERIA.register("entropy")
-def _entropy(model, batches, cfg, rng):
-    return head_importance_entropy(model, batches)
-
-
-@HEAD_CRITERIA.register("random")
-def _random(model, batches, cfg, rng):
-    return [torch.tensor([rng.random() for _ in range(n)]) for n in heads_per_layer(model)]
-
-
-# ---------------------------------------------------------------------------- entry point
-
-
 @dataclass
 class PruneContext:
-    """What the pruning steps share: the data, the evaluator and a record of each step."""
+    """What the pruning steps share: the scoring batches and loss, the check, the recovery and a log of each step."""
 
-    task: Any
-    tokenizer: Any
+    cfg: PrunePlan
     batches: list[dict]
-    evaluate: Any
-    cfg: PruneConfig
+    loss_fn: LossFn  # (model, batch) -> scalar whose gate gradients score the units
+    evaluate: Callable[[Any], dict[str, float]]  # model -> the check's metrics
+    primary: str  # the metric of ``evaluate`` that --until watches and the summary reports
+    recover: Callable[[Any], Any] | None  # pruned model -> recovered model (None: no recovery)
     rng: random.Random
     log: list[dict] = field(default_factory=list)
 
 
-def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite: bool = False) -> Path:
-    """Prune ``model_dir`` as ``cfg`` says, optionally recover, and write the result to ``out``."""
-    task = get_task(cfg.task)
-    out = Path(out)
-    check_output(out, overwrite)
-    model_dir = require_torch_weights(model_dir, "pruning")
-    tokenizer = load_tokenizer(model_dir)
-    model = load_model_for_task(model_dir, task)
-    _check_plan(model, cfg)  # impossible requests fail before any data is read
-    max_length = cfg.data.resolved_max_length(task, model.config.max_position_embeddings)
-    features, dev, _ = load_task_data(task, tokenizer, replace(cfg.data, max_train_examples=cfg.importance_examples),
-                                      max_length, seed=cfg.train.seed)
-    evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
-    ctx = PruneContext(task, tokenizer, _batches(features, tokenizer), evaluate, cfg, random.Random(cfg.train.seed))
+HEAD_CRITERIA: Registry[Callable[[Any, PruneContext], list[torch.Tensor]]] = Registry("head criterion")
 
-    before = {"params": st.count_parameters(model), "structure": st.describe(model), "dev": evaluate(model)}
-    ctx.log.append({"step": "start", "params": before["params"], "dev": before["dev"]})
-    if cfg.layers:
+
+@HEAD_CRITERIA.register("gradient")
+def _gradient(model, ctx: PruneContext):
+    return head_importance_gradient(model, ctx.batches, loss_fn=ctx.loss_fn, normalize=ctx.cfg.normalize)
+
+
+@HEAD_CRITERIA.register("magnitude")
+def _magnitude(model, ctx: PruneContext):
+    return head_importance_magnitude(model)
+
+
+@HEAD_CRITERIA.register("entropy")
+def _entropy(model, ctx: PruneContext):
+    return head_importance_entropy(model, ctx.batches)
+
+
+@HEAD_CRITERIA.register("random")
+def _random(model, ctx: PruneContext):
+    return [torch.tensor([ctx.rng.random() for _ in range(n)]) for n in heads_per_layer(model)]
+
+
+def embedding_sensitivity_loss(spec: SentenceSpec, seed: int = 0) -> LossFn:
+    """A loss whose gate gradients measure how far removing a unit moves the sentence embeddings.
+
+    For a gate g on a unit, with e_b the final embedding of sentence b (normalised when
+    the folder normalises) and r_b a fresh standard-normal vector per sentence, the loss
+    sum_b r_b . e_b has dL/dg = sum_b r_b . (de_b/dg), whose square has expectation
+    sum_b ||de_b/dg||^2: the squared first-order change of the embeddings when the unit
+    goes. (A distance to the unpruned embeddings would have a zero gradient at g = 1.)
+    The projections come from a seeded generator, so scores repeat run to run.
+    """
+    generator = torch.Generator().manual_seed(seed)
+
+    def loss_fn(model, batch: dict) -> torch.Tensor:
+        embeddings = finish(pooled_embeddings(model, batch, spec.pooling), spec)  # (batch, d)
+        r = torch.randn(embeddings.shape, generator=generator).to(embeddings.device, embeddings.dtype)
+        return (embeddings * r).sum()
+
+    return loss_fn
+
+
+# ---------------------------------------------------------------------------- the steps
+
+
+def run_plan(model, ctx: PruneContext) -> None:
+    """Drop layers, remove heads (a count, or Michel's --until), remove FFN neurons: in that order, in place."""
+    if ctx.cfg.layers:
         _prune_layers(model, ctx)
-    if cfg.heads is not None:
-        _prune_heads(model, ctx, model_dir)
-    elif cfg.until is not None:
-        _prune_heads_until(model, ctx, before["dev"][task.primary_metric])
-    if cfg.ffn is not None:
+    if ctx.cfg.heads is not None:
+        _prune_heads(model, ctx)
+    elif ctx.cfg.until is not None:
+        _prune_heads_until(model, ctx, ctx.log[0]["dev"][ctx.primary])
+    if ctx.cfg.ffn is not None:
         _prune_ffn(model, ctx)
-    after_prune = evaluate(model)
-    ctx.log.append({"step": "pruned", "params": st.count_parameters(model), "dev": after_prune})
-    recovered = None
-    if cfg.recovery != "none":
-        model = _recover(model, model_dir, ctx, cfg.recovery)
-        recovered = evaluate(model)
-        ctx.log.append({"step": f"recovered ({cfg.recovery})", "params": st.count_parameters(model), "dev": recovered})
-
-    final = recovered or after_prune
-    primary = task.primary_metric
-    summary = {
-        "kind": "prune", "task": task.name, "metric": primary, "before": before["dev"].get(primary),
-        "after_prune": after_prune.get(primary), "after_recovery": recovered.get(primary) if recovered else None,
-        "params_before": before["params"], "params_after": st.count_parameters(model), "steps": ctx.log, "when": utc_now(),
-    }
-    record = compression_record(
-        stage="prune", method=_method(cfg), config=cfg, parent=model_dir, seed=cfg.train.seed,
-        extra={"task": task.name, "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"}},
-    )
-    records = split_records(task, dev, final, data=cfg.data.describe(), max_length=max_length)
-    return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite, metrics=[*records, summary])
 
 
-def summarize(out: Path, cfg: PruneConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
-    """What ``compress prune`` prints: parameters and dev metric before, after pruning and after recovery."""
-    summary = next(r for r in read_metrics(out) if r.get("kind") == "prune")
-    rows = [("", "params", summary["metric"])]
-    rows.append(("before", f"{summary['params_before'] / 1e6:.2f}M", f"{summary['before']:.2f}"))
-    rows.append(("pruned", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_prune']:.2f}"))
-    if summary.get("after_recovery") is not None:
-        rows.append(("recovered", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_recovery']:.2f}"))
-    return "\n".join(f"{r[0]:<10} {r[1]:>10} {r[2]:>10}" for r in rows), []
-
-
-def _check_plan(model, cfg: PruneConfig) -> None:
+def _check_plan(model, cfg: PrunePlan) -> None:
     """Refuse removing every head or layer up front (the steps check again as they go)."""
     n_layers = len(st.encoder_layers(model))
     if cfg.layers and "importance" not in cfg.layers:
@@ -280,7 +321,7 @@ def _check_plan(model, cfg: PruneConfig) -> None:
             )
 
 
-def _method(cfg: PruneConfig) -> str:
+def _method(cfg: PrunePlan, recovery: str) -> str:
     parts = []
     if cfg.layers:
         parts.append(f"layers:{cfg.layers}")
@@ -288,30 +329,20 @@ def _method(cfg: PruneConfig) -> str:
         parts.append(f"heads:{cfg.head_criterion}")
     if cfg.ffn is not None:
         parts.append(f"ffn:{cfg.ffn_criterion}")
-    if cfg.recovery != "none":
-        parts.append(f"recovery:{cfg.recovery}")
+    if recovery != "none":
+        parts.append(f"recovery:{recovery}")
     return "+".join(parts)
-
-
-def _batches(features, tokenizer, batch_size: int = 16) -> list[dict]:
-    pad = collate(tokenizer)
-    rows = [features[i] for i in range(len(features))]
-    return [pad(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
 
 def _prune_layers(model, ctx: PruneContext) -> None:
     n = len(st.encoder_layers(model))
-    importance = layer_importance_gradient(model, ctx.batches).tolist() if "importance" in ctx.cfg.layers else None
+    importance = layer_importance_gradient(model, ctx.batches, loss_fn=ctx.loss_fn).tolist() if "importance" in ctx.cfg.layers else None
     keep = layers_to_keep(ctx.cfg.layers, n, importance)
     st.drop_layers(model, keep)
     ctx.log.append({"step": "layers", "kept": keep, "importance": importance, "dev": ctx.evaluate(model)})
 
 
-def _score_heads(model, ctx: PruneContext):
-    return HEAD_CRITERIA.get(ctx.cfg.head_criterion)(model, ctx.batches, ctx.cfg, ctx.rng)
-
-
-def _prune_heads(model, ctx: PruneContext, model_dir: Path) -> None:
+def _prune_heads(model, ctx: PruneContext) -> None:
     total = sum(st.heads_per_layer(model))
     target = head_count(total, ctx.cfg.heads)
     if target >= total:
@@ -320,15 +351,14 @@ def _prune_heads(model, ctx: PruneContext, model_dir: Path) -> None:
     for it in range(ctx.cfg.iterations):
         # equal steps; the last one takes the remainder
         step_count = round(target * (it + 1) / ctx.cfg.iterations) - done
-        scores = _score_heads(model, ctx)
+        scores = HEAD_CRITERIA.get(ctx.cfg.head_criterion)(model, ctx)
         plan = heads_to_remove([s.tolist() for s in scores], step_count, ctx.cfg.head_scope)
         st.prune_heads(model, plan)
         done += step_count
         entry = {"step": f"heads {it + 1}/{ctx.cfg.iterations}", "removed": {str(k): v for k, v in plan.items()},
                  "heads": st.heads_per_layer(model), "scores": [s.tolist() for s in scores]}
-        if ctx.cfg.iterations > 1 and ctx.cfg.recovery != "none" and it < ctx.cfg.iterations - 1:
-            model_recovered = _recover(model, model_dir, ctx, ctx.cfg.recovery)
-            _copy_into(model, model_recovered)
+        if ctx.cfg.iterations > 1 and ctx.recover is not None and it < ctx.cfg.iterations - 1:
+            model.load_state_dict(ctx.recover(model).state_dict())
         entry["dev"] = ctx.evaluate(model)
         ctx.log.append(entry)
 
@@ -338,7 +368,7 @@ def _prune_heads_until(model, ctx: PruneContext, start: float) -> None:
     metric stays above ``until`` x the start, then remove the last acceptable set for real."""
     sizes = st.heads_per_layer(model)
     total = sum(sizes)
-    scores = [s.tolist() for s in _score_heads(model, ctx)]
+    scores = [s.tolist() for s in HEAD_CRITERIA.get(ctx.cfg.head_criterion)(model, ctx)]
     floor = ctx.cfg.until * start
     accepted: dict[int, list[int]] = {}
     curve = []
@@ -350,7 +380,7 @@ def _prune_heads_until(model, ctx: PruneContext, start: float) -> None:
         plan = heads_to_remove(scores, k, ctx.cfg.head_scope)
         keep = [[h not in plan.get(l, []) for h in range(n)] for l, n in enumerate(sizes)]
         with masked_heads(model, keep):
-            metric = ctx.evaluate(model)[ctx.task.primary_metric]
+            metric = ctx.evaluate(model)[ctx.primary]
         curve.append({"removed": k, "fraction": k / total, "metric": metric})
         if metric < floor:
             break
@@ -362,7 +392,7 @@ def _prune_heads_until(model, ctx: PruneContext, start: float) -> None:
 
 def _prune_ffn(model, ctx: PruneContext) -> None:
     if ctx.cfg.ffn_criterion == "taylor":
-        scores = ffn_importance_taylor(model, ctx.batches)
+        scores = ffn_importance_taylor(model, ctx.batches, loss_fn=ctx.loss_fn)
     else:
         scores = ffn_importance_magnitude(model)
     keep = ffn_to_keep([s.tolist() for s in scores], ctx.cfg.ffn, ctx.cfg.ffn_scope)
@@ -370,24 +400,177 @@ def _prune_ffn(model, ctx: PruneContext) -> None:
     ctx.log.append({"step": "ffn", "widths": st.ffn_widths(model), "dev": ctx.evaluate(model)})
 
 
-def _recover(model, model_dir: Path, ctx: PruneContext, how: str):
+def _prune_and_recover(model, ctx: PruneContext, recovery: str) -> tuple[Any, dict, dict | None, dict]:
+    """Run the plan and the recovery, logging each; returns (model, after pruning, after recovery or None, summary)."""
+    before = ctx.log[0]
+    run_plan(model, ctx)
+    after_prune = ctx.evaluate(model)
+    ctx.log.append({"step": "pruned", "params": st.count_parameters(model), "dev": after_prune})
+    recovered = None
+    if ctx.recover is not None:
+        model = ctx.recover(model)
+        recovered = ctx.evaluate(model)
+        ctx.log.append({"step": f"recovered ({recovery})", "params": st.count_parameters(model), "dev": recovered})
+    summary = {
+        "kind": "prune", "metric": ctx.primary, "before": before["dev"].get(ctx.primary),
+        "after_prune": after_prune.get(ctx.primary), "after_recovery": recovered.get(ctx.primary) if recovered else None,
+        "params_before": before["params"], "params_after": st.count_parameters(model), "steps": ctx.log, "when": utc_now(),
+    }
+    return model, after_prune, recovered, summary
+
+
+def _batches(features, tokenizer, batch_size: int = 16) -> list[dict]:
+    pad = collate(tokenizer)
+    rows = [features[i] for i in range(len(features))]
+    return [pad(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+
+
+def _saved_copy(model, tokenizer, directory: Path, files: dict[str, Path] | None = None) -> Path:
+    """The model as an intermediate model directory (the input of a recovery stage)."""
+    return save_model_dir(model, directory, tokenizer=tokenizer, files=files,
+                          record=compression_record(stage="prune", method="intermediate"))
+
+
+# ---------------------------------------------------------------------------- a task model
+
+
+def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite: bool = False) -> Path:
+    """Prune ``model_dir`` as ``cfg`` says, optionally recover, and write the result to ``out``.
+
+    Units are scored with the task's loss on ``importance_examples`` training examples;
+    the check is the task's dev metric.
+    """
+    task = get_task(cfg.task)
+    out = Path(out)
+    check_output(out, overwrite)
+    model_dir = require_torch_weights(model_dir, "pruning")
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model_for_task(model_dir, task)
+    _check_plan(model, cfg)  # impossible requests fail before any data is read
+    max_length = cfg.data.resolved_max_length(task, model.config.max_position_embeddings)
+    features, dev, _ = load_task_data(task, tokenizer, replace(cfg.data, max_train_examples=cfg.importance_examples),
+                                      max_length, seed=cfg.train.seed)
+    evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
+
+    def recover(pruned):
+        return _recover_task(pruned, model_dir, tokenizer, task, cfg)
+
+    ctx = PruneContext(cfg, _batches(features, tokenizer), model_loss, evaluate, task.primary_metric,
+                       recover if cfg.recovery != "none" else None, random.Random(cfg.train.seed))
+    before = {"params": st.count_parameters(model), "structure": st.describe(model), "dev": evaluate(model)}
+    ctx.log.append({"step": "start", "params": before["params"], "dev": before["dev"]})
+    model, after_prune, recovered, summary = _prune_and_recover(model, ctx, cfg.recovery)
+    summary["task"] = task.name
+    record = compression_record(
+        stage="prune", method=_method(cfg, cfg.recovery), config=cfg, parent=model_dir, seed=cfg.train.seed,
+        extra={"task": task.name, "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"}},
+    )
+    records = split_records(task, dev, recovered or after_prune, data=cfg.data.describe(), max_length=max_length)
+    return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite, metrics=[*records, summary])
+
+
+def summarize(out: Path, cfg: PrunePlan, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress prune`` (and ``prune-embedding``) prints: parameters and the check before, after pruning and after recovery."""
+    summary = next(r for r in read_metrics(out) if r.get("kind") == "prune")
+    rows = [("", "params", summary["metric"])]
+    rows.append(("before", f"{summary['params_before'] / 1e6:.2f}M", f"{summary['before']:.2f}"))
+    rows.append(("pruned", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_prune']:.2f}"))
+    if summary.get("after_recovery") is not None:
+        rows.append(("recovered", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_recovery']:.2f}"))
+    width = max(10, len(summary["metric"]))
+    return "\n".join(f"{r[0]:<10} {r[1]:>10} {r[2]:>{width}}" for r in rows), []
+
+
+def _recover_task(model, model_dir: Path, tokenizer, task, cfg: PruneConfig):
     """Fine-tune the pruned model, or distil it from the unpruned one, through those stages."""
     scratch = Path(tempfile.mkdtemp(prefix="compress-prune-"))
     try:
-        pruned = save_model_dir(model, scratch / "pruned", tokenizer=ctx.tokenizer,
-                                record=compression_record(stage="prune", method="intermediate"))
-        if how == "finetune":
-            out = finetune(pruned, scratch / "recovered", FinetuneConfig(task=ctx.task.name, data=ctx.cfg.data, train=ctx.cfg.train))
+        pruned = _saved_copy(model, tokenizer, scratch / "pruned")
+        if cfg.recovery == "finetune":
+            out = finetune(pruned, scratch / "recovered", FinetuneConfig(task=task.name, data=cfg.data, train=cfg.train))
         else:
-            cfg = DistillConfig(task=ctx.task.name, init=str(pruned), losses=("kd", "hard"), data=ctx.cfg.data,
-                                train=ctx.cfg.train)
-            out = distill(model_dir, scratch / "recovered", cfg)
-        return load_model_for_task(out, ctx.task)
+            dcfg = DistillConfig(task=task.name, init=str(pruned), losses=("kd", "hard"), data=cfg.data, train=cfg.train)
+            out = distill(model_dir, scratch / "recovered", dcfg)
+        return load_model_for_task(out, task)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _copy_into(target, source) -> None:
-    target.load_state_dict(source.state_dict())
+# ---------------------------------------------------------------------------- a sentence-embedding model
 
 
+CHECK = "cosine"  # the check without eval tasks: mean cosine (x100) to the unpruned model's embeddings of held-out sentences
+
+
+def prune_embedding(model_dir: str | Path, out: str | Path, cfg: EmbeddingPruneConfig, *, overwrite: bool = False) -> Path:
+    """Prune a sentence-embedding model (a sentence-transformers folder, or any encoder: mean pooling).
+
+    Units are scored by how far their removal moves the sentence embeddings
+    (:func:`embedding_sensitivity_loss`) on ``importance_sentences`` unlabelled sentences;
+    the check is the mean cosine between the pruned and the unpruned model's embeddings
+    of held-out sentences, plus each ``eval_tasks`` score (the first one is the primary
+    metric). Recovery distils the unpruned model's embeddings back into the pruned one.
+    The output is a sentence-transformers folder with the input's pooling, normalisation
+    and ``max_seq_length``.
+    """
+    out = Path(out)
+    check_output(out, overwrite)
+    model_dir = require_torch_weights(resolve_model(model_dir), "pruning")
+    spec = read_spec(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, head="base", attn_implementation="eager" if cfg.head_criterion == "entropy" else None)
+    _check_plan(model, cfg)
+    check_max_length(cfg.max_length, model.config.max_position_embeddings)
+    sentence_cfg = cfg.distill_config(init=str(model_dir))  # the sentence sources and eval tasks, as distillation reads them
+    sentences, sources = embedding_sentences(sentence_cfg)
+    n_held = min(cfg.heldout_sentences, len(sentences) // 10)  # the same held-out sentences as the recovery's
+    held, scoring = sentences[:n_held], sentences[n_held : n_held + cfg.importance_sentences]
+    batches = [tokenize(tokenizer, scoring[i : i + 16], spec, cfg.max_length) for i in range(0, len(scoring), 16)]
+    scorers = embedding_scorers(sentence_cfg, tokenizer, spec)
+    reference = finish(pooled(model, tokenizer, held, spec, max_length=cfg.max_length), spec) if held else None
+
+    def evaluate(candidate) -> dict[str, float]:
+        result = {}
+        if reference is not None:
+            mine = finish(pooled(candidate, tokenizer, held, spec, max_length=cfg.max_length), spec)
+            result[CHECK] = 100 * float(torch.nn.functional.cosine_similarity(mine, reference, dim=-1).mean())
+        for name, (_, _, score) in scorers.items():
+            result.update({f"{name}/{k}": v for k, v in score(candidate)[0].items()})
+        return result
+
+    def recover(pruned):
+        return _recover_embedding(pruned, model_dir, tokenizer, spec, cfg)
+
+    primary = f"{cfg.eval_tasks[0]}/{embedding_primary_metric(get_task(cfg.eval_tasks[0]))}" if cfg.eval_tasks else CHECK
+    if primary == CHECK and reference is None:
+        raise CompressError(f"{len(sentences)} sentences leave none to check the pruned model on; add text or pass --eval-tasks")
+    ctx = PruneContext(cfg, batches, embedding_sensitivity_loss(spec, cfg.train.seed), evaluate, primary,
+                       recover if cfg.recovery != "none" else None, random.Random(cfg.train.seed))
+    before = {"params": st.count_parameters(model), "structure": st.describe(model), "dev": evaluate(model)}
+    ctx.log.append({"step": "start", "params": before["params"], "dev": before["dev"]})
+    model, _, _, summary = _prune_and_recover(model, ctx, cfg.recovery)
+    summary.update(embedding=True, sentences={"sources": sources, "heldout": n_held, "scoring": len(scoring)})
+    record = compression_record(
+        stage="prune-embedding", method=_method(cfg, cfg.recovery), config=cfg, parent=model_dir, seed=cfg.train.seed,
+        extra={"before": before, "summary": {k: v for k, v in summary.items() if k != "steps"},
+               "sentence": {"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": spec.max_seq_length}},
+    )
+    records = [embedding_record(task, "dev", len(ds), *score(model), spec, data=cfg.data_dir or "the Hugging Face hub")
+               for task, ds, score in scorers.values()]
+    stage, files = staged_sentence_files(spec, model.config.hidden_size)
+    with stage:
+        return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite,
+                              metrics=[*records, summary], files=files)
+
+
+def _recover_embedding(model, model_dir: Path, tokenizer, spec: SentenceSpec, cfg: EmbeddingPruneConfig):
+    """Distil the unpruned model's sentence embeddings into the pruned one (``distill-embedding --init``)."""
+    scratch = Path(tempfile.mkdtemp(prefix="compress-prune-"))
+    try:
+        stage, files = staged_sentence_files(spec, model.config.hidden_size)
+        with stage:
+            pruned = _saved_copy(model, tokenizer, scratch / "pruned", files)
+        out = distill_embedding(model_dir, scratch / "recovered", cfg.distill_config(str(pruned)))
+        return load_model(out, head="base")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

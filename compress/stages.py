@@ -318,6 +318,20 @@ register(Stage(
 ))
 
 register(Stage(
+    "prune-embedding", "prune-embedding",
+    "prune a sentence-embedding model (sentence-transformers folder): units scored by how far they move the embeddings",
+    """\
+  compress prune-embedding --model models/all-minilm --sentences-from stsb,sst2 --data-dir ~/glue_data \\
+      --heads 0.5 --ffn 0.3 --eval-tasks stsb --recovery distill --out models/minilm-pruned
+  compress prune-embedding --model models/all-minilm --corpus wiki/ --until 0.99 --out models/minilm-michel  # cosine check
+  compress prune-embedding --model models/all-minilm --corpus wiki/ --layers importance:2 --out models/minilm-4L""",
+    "compress.prune:EmbeddingPruneConfig", "compress.prune:prune_embedding",
+    (Input("model", "--model", "sentence-embedding model: a sentence-transformers folder, or any encoder (mean pooling)", "MODEL"),),
+    out_help="output sentence-transformers folder (SentenceTransformer(DIR) loads it)",
+    report="compress.prune:summarize",
+))
+
+register(Stage(
     "heads", "heads",
     "analyse attention heads: what they attend to (Clark et al.), importance and the pruning curve (Michel et al.)",
     """\
@@ -387,7 +401,7 @@ def _run(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
 
 
 register(Command(
-    "run", "run a recipe: stages (pretrain, finetune, distill, distill-general, distill-embedding, prune, quantize, eval, latency, heads, leaderboard) chained",
+    "run", "run a recipe: stages (pretrain, finetune, distill, distill-general, distill-embedding, prune, prune-embedding, quantize, eval, latency, heads, leaderboard) chained",
     """\
   compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
   compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from compress.core.artifacts import apply_umask
+from compress.core.structure import model_inputs
 
 CACHE_ENV = "COMPRESS_CACHE"
 
@@ -133,7 +134,7 @@ def _compute(teacher, features, collator, outputs, layers, batch_size, device) -
         for start in tqdm(range(0, n, batch_size), desc="teacher outputs (cached)", unit="batch", leave=False):
             index = list(range(start, min(start + batch_size, n)))
             batch = {k: v.to(device) for k, v in collator([rows[i] for i in index]).items() if k in columns}
-            out = teacher(**batch, output_hidden_states=bool(layers))
+            out = teacher(**model_inputs(teacher, batch), output_hidden_states=bool(layers))
             for name in outputs:
                 values = getattr(out, name).float().cpu().numpy()
                 for j, i in enumerate(index):

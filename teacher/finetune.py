@@ -34,7 +34,7 @@ from compress.core.config import option
 from compress.core.data import TaskData, collate, load_task_data
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model_for_task
-from compress.core.structure import count_parameters
+from compress.core.structure import count_parameters, model_inputs
 from compress.core.tasks import get_task
 from compress.core.train import TrainConfig, is_main_process, load_weights, prepare_work_dir, train, work_dir_for
 from compress.eval.evaluate import dev_evaluator, format_table, split_records
@@ -74,7 +74,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
         return pad(items)
 
     def loss_fn(m, batch):
-        return m(**batch).loss, {}
+        return m(**model_inputs(m, batch, targets=True)).loss, {}  # a tokenizer's extra inputs never reach the model
 
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)

@@ -302,3 +302,23 @@ def test_onnx_export_parity(name, tok, tmp_path):
     # The runner takes the BERT call convention whatever the family: an extra token_type_ids is ignored.
     full = tok(TEXTS, padding=True, return_tensors="pt", return_token_type_ids=True)
     assert torch.allclose(logits(runner, dict(full)), logits(model, x), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["distilbert", "modernbert"])
+def test_a_bert_tokenizer_beside_a_family_without_token_type_ids(family, tmp_path, glue):
+    """A tokenizer that returns token_type_ids (a BERT one) drives fine-tuning, distillation and pruning of a
+    family whose forward takes none: the toolkit passes each model only the inputs its family takes."""
+    from compress.distill import DistillConfig, distill
+    from compress.prune import PruneConfig, prune
+    from compress.teacher.finetune import FinetuneConfig, finetune
+    from tests.conftest import make_tokenizer as bert_tokenizer
+
+    tok = bert_tokenizer(tmp_path / "tok")
+    assert "token_type_ids" in tok("a b")
+    parent = save_tiny(make_model(family), tok, tmp_path / "fp32")
+    common = {"task": "sst2", "data_dir": str(glue), "epochs": 1, "batch_size": 8}
+    tuned = finetune(parent, tmp_path / "tuned", from_dict(FinetuneConfig, common))
+    student = distill(tuned, tmp_path / "student", from_dict(DistillConfig, {**common, "student": "1L-32-37-4H",
+                                                                             "losses": ["kd", "hard", "hidden"]}))
+    pruned = prune(tuned, tmp_path / "pruned", from_dict(PruneConfig, {"task": "sst2", "data_dir": str(glue), "heads": 2}))
+    assert st.heads_per_layer(load_model(pruned)) != [4, 4] and load_model(student).config.model_type == family

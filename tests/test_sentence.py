@@ -280,3 +280,129 @@ def test_a_torch_int8_sentence_folder_still_encodes(tmp_path, tokenizer):
     root, _, _ = glue(tmp_path)
     (record,) = evaluate(out, EvalConfig(task="stsb", embedding=True, data_dir=str(root)))
     assert set(record["metrics"]) == {"pearson", "spearmanr"}
+
+
+# ---------------------------------------------------------------------------- pruning a sentence-embedding model
+
+
+def test_embedding_sensitivity_gradient_is_the_projected_jacobian(tmp_path, tokenizer):
+    """dL/dg_h = sum_b r_b . de_b/dg_h with the seeded r: checked against the full Jacobian of the embeddings."""
+    from compress.core import structure as st
+    from compress.core.importance import head_gates
+    from compress.core.sentence import finish, pooled_embeddings, tokenize
+    from compress.prune import embedding_sensitivity_loss
+
+    folder = st_folder(tmp_path, tokenizer)
+    spec, model = read_spec(folder), load_model(folder, head="base")
+    batch = tokenize(tokenizer, TEXTS[:3], spec, 48)
+    gates = [torch.ones(n, requires_grad=True) for n in st.heads_per_layer(model)]
+    with head_gates(model, gates):
+        grads = torch.autograd.grad(embedding_sensitivity_loss(spec, seed=7)(model, batch), gates)
+
+    def embeddings(g0, g1):
+        with head_gates(model, [g0, g1]):
+            return finish(pooled_embeddings(model, batch, spec.pooling), spec)  # (3, 32)
+
+    jacobian = torch.autograd.functional.jacobian(embeddings, (torch.ones(4), torch.ones(4)))  # each (3, 32, 4)
+    r = torch.randn((3, 32), generator=torch.Generator().manual_seed(7))
+    for grad, jac in zip(grads, jacobian):
+        assert torch.allclose(grad, torch.einsum("bd,bdh->h", r, jac), atol=1e-5)
+
+
+def test_a_head_that_writes_nothing_scores_zero_and_goes_first(tmp_path, tokenizer):
+    from compress.core import structure as st
+    from compress.core.importance import head_importance_gradient, heads_to_remove
+    from compress.core.sentence import tokenize
+    from compress.prune import embedding_sensitivity_loss
+
+    model = make_tiny_model("base", seed=3)
+    with torch.no_grad():
+        st.attention_output(st.encoder_layers(model)[1]).weight[:, 8:16] = 0  # head 1 of layer 1 (head size 8)
+    spec = SentenceSpec(normalize=True)
+    batches = [tokenize(tokenizer, TEXTS, spec, 48)]
+    scores = head_importance_gradient(model, batches, loss_fn=embedding_sensitivity_loss(spec), normalize=False)
+    others = [float(s) for l, layer in enumerate(scores) for h, s in enumerate(layer) if (l, h) != (1, 1)]
+    assert float(scores[1][1]) == 0.0 and min(others) > 0
+    assert heads_to_remove([s.tolist() for s in scores], 1) == {1: [1]}
+
+
+@pytest.fixture(scope="module")
+def pruned_embedding(tmp_path_factory):
+    """A 2-layer random sentence folder with half its heads and 30% of its FFN neurons removed, not recovered."""
+    from compress.prune import EmbeddingPruneConfig, prune_embedding
+
+    tmp_path = tmp_path_factory.mktemp("prune-embedding")
+    tokenizer = make_tokenizer(tmp_path / "tok")
+    folder = st_folder(tmp_path, tokenizer, name="teacher", seed=2)
+    root, _, _ = glue(tmp_path)
+    cfg = from_dict(EmbeddingPruneConfig, {
+        "corpus": [str(corpus(tmp_path / "c.txt"))], "heads": 0.5, "ffn": 0.3, "heldout_sentences": 24,
+        "importance_sentences": 64, "max_length": 32, "eval_tasks": ["stsb"], "data_dir": str(root), "seed": 0,
+    })
+    return folder, prune_embedding(folder, tmp_path / "pruned", cfg), cfg, tokenizer
+
+
+def test_prune_embedding_removes_units_and_writes_a_sentence_folder(pruned_embedding):
+    from compress.core import structure as st
+    from compress.distill import embedding_sentences
+
+    folder, out, cfg, tokenizer = pruned_embedding
+    model = load_model(out, head="base")
+    assert st.heads_per_layer(model) and sum(st.heads_per_layer(model)) == 4 and st.ffn_widths(model) == [26, 26]
+    assert read_spec(out) == read_spec(folder) and read_compression(out)["stage"] == "prune-embedding"
+    summary = next(r for r in read_metrics(out) if r["kind"] == "prune")
+    assert summary["metric"] == "stsb/spearmanr" and summary["params_after"] < summary["params_before"]
+    # The cosine check, by hand: the held-out sentences are the first ones of the run's seeded order.
+    sentences, _ = embedding_sentences(cfg.distill_config("teacher-layers"))
+    held = sentences[:24]
+    spec = read_spec(folder)
+    before = encode(load_model(folder, head="base"), tokenizer, held, spec, max_length=32)
+    after = encode(model, tokenizer, held, spec, max_length=32)
+    pruned_step = next(s for s in summary["steps"] if s["step"] == "pruned")
+    assert summary["steps"][0]["dev"]["cosine"] == pytest.approx(100.0, abs=1e-4)
+    assert pruned_step["dev"]["cosine"] == pytest.approx(100 * float(np.mean(np.sum(before * after, axis=1))), abs=1e-3)
+    assert np.abs(before - after).max() > 1e-3  # pruning changed the embeddings (random tiny models: cosines near 1)
+    (evaluated,) = [r for r in read_metrics(out) if r["kind"] == "embedding-eval"]
+    assert evaluated["metrics"]["spearmanr"] == pytest.approx(summary["after_prune"], abs=1e-9)
+
+
+def test_the_pruned_folder_loads_with_sentence_transformers_and_exports(pruned_embedding, tmp_path):
+    from compress.core.export import export_onnx
+
+    _, out, _, tokenizer = pruned_embedding
+    ours = encode(load_model(out, head="base"), tokenizer, TEXTS, read_spec(out))
+    exported = export_onnx(out, tmp_path / "onnx")
+    assert read_spec(exported) == read_spec(out)  # the pooling files travel with the graph
+    np.testing.assert_allclose(encode(load_model(exported, head="base"), tokenizer, TEXTS, read_spec(exported)), ours, atol=1e-5)
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    # Heads narrower than hidden/heads: a stock BERT config cannot express them, so the stock
+    # loader must refuse (a size-mismatch error), never encode with re-initialised attention.
+    try:
+        theirs = sentence_transformers.SentenceTransformer(str(out), device="cpu").encode(TEXTS)
+    except Exception as error:  # noqa: BLE001 - any loud failure is a refusal
+        assert "mismatch" in str(error).lower()
+    else:
+        np.testing.assert_allclose(theirs, ours, atol=1e-5)
+
+
+def test_prune_embedding_recovers_by_distillation_on_the_command_line(tmp_path, tokenizer, capsys):
+    from compress.cli import main
+
+    folder = st_folder(tmp_path, tokenizer, name="teacher", num_hidden_layers=3, seed=4, initializer_range=0.3)
+    args = ["prune-embedding", "--model", str(folder), "--corpus", str(corpus(tmp_path / "c.txt", n=400)),
+            "--layers", "importance:1", "--heads", "2", "--heldout-sentences", "40", "--max-length", "32",
+            "--recovery", "distill", "--epochs", "4", "--lr", "2e-3", "--batch-size", "16", "--warmup-ratio", "0",
+            "--out", str(tmp_path / "pruned")]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "recovered" in out.out and "cosine" in out.out
+    summary = next(r for r in read_metrics(tmp_path / "pruned") if r["kind"] == "prune")
+    assert summary["metric"] == "cosine" and summary["after_recovery"] > summary["after_prune"]
+    assert load_model(tmp_path / "pruned", head="base").config.num_hidden_layers == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args[:-2], "--recovery", "finetune", "--out", str(tmp_path / "other")])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'finetune'" in capsys.readouterr().err
+    assert main(["prune-embedding", "--model", str(folder), "--heads", "2", "--out", str(tmp_path / "x")]) == 2
+    assert "no sentences" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists() and not (tmp_path / "x").exists()

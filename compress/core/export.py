@@ -5,7 +5,8 @@ FFN widths survive (rebuilding from ``config.json`` alone, as generic exporters 
 would lose them). The graph takes the inputs the model's family takes (``input_ids``,
 ``attention_mask``, and ``token_type_ids`` except for DistilBERT and ModernBERT). The
 output is a model directory like any other: ``model.onnx`` plus ``config.json``, the
-tokenizer and ``compression.json`` (stage ``export``).
+tokenizer and ``compression.json`` (stage ``export``), and a sentence-transformers
+folder's pooling files when the source is one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from compress.core.artifacts import (
 )
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
+from compress.core.sentence import copy_sentence_files
 from compress.core.structure import describe, input_names
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # every input an exported graph may take, in order
@@ -82,6 +84,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = 17, over
             )
         model.config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        copy_sentence_files(model_dir, tmp)  # a sentence-transformers folder stays one: pooling, Normalize
         record = compression_record(
             stage="export", method="onnx", parent=model_dir, structure=describe(model),
             config={"opset": opset, "inputs": list(inputs), "outputs": list(names)},

@@ -31,7 +31,7 @@ LossFn = Callable[[nn.Module, dict], torch.Tensor]
 
 def model_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     """The task loss the model's head computes from the batch's labels (or start/end positions)."""
-    return model(**batch).loss
+    return model(**st.model_inputs(model, batch, targets=True)).loss
 
 
 # ---------------------------------------------------------------------------- gates

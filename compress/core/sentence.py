@@ -40,6 +40,7 @@ from compress.core.artifacts import read_json, write_json_atomic
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.runtime import model_device
+from compress.core.structure import model_inputs
 
 MODULES_FILE = "modules.json"
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
@@ -217,7 +218,7 @@ def pooled_embeddings(model, batch: dict[str, Tensor], pooling: str = "mean") ->
 
     Differentiable when the model is; before any normalisation (the target of distillation).
     """
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    inputs = model_inputs(model, batch)  # token_type_ids only for the families that take them
     hidden = model(**inputs).last_hidden_state  # (batch, seq, d)
     return POOLING.get(pooling)(hidden, inputs["attention_mask"].to(hidden.device))
 

@@ -148,9 +148,18 @@ def input_names(model) -> tuple[str, ...]:
     return family_of(model).inputs
 
 
-def model_inputs(model, batch: dict) -> dict:
-    """The entries of ``batch`` the model's forward takes (a BERT tokenizer's token_type_ids go to BERT only)."""
-    return {k: batch[k] for k in input_names(model) if k in batch}
+TARGETS = ("labels", "start_positions", "end_positions")  # what a head's loss reads from a batch
+
+
+def model_inputs(model, batch: dict, *, targets: bool = False) -> dict:
+    """The entries of ``batch`` the model's forward takes (a BERT tokenizer's token_type_ids go to BERT only).
+
+    With ``targets``, also the labels or answer positions its head computes the loss from.
+    """
+    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        model = model.module  # a training loop's wrapper: the family is the wrapped model's
+    names = (*input_names(model), *TARGETS) if targets else input_names(model)
+    return {k: batch[k] for k in names if k in batch}
 
 
 def pretraining_heads(model: nn.Module) -> tuple[nn.Module, nn.Module]:
