@@ -35,6 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertTokenizerFast
 
+from compress.core import card
 from compress.core import structure as st
 from compress.core.errors import CompressError
 from compress.core.families import class_names, family_of, get_family
@@ -47,6 +48,11 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 LEGACY_WEIGHTS = "pytorch_model.bin"
 ONNX_FILE = "model.onnx"
+CARD_FILE = "README.md"
+# int8 PyTorch weights: a name no stock loader looks for, so transformers, pipeline and
+# SentenceTransformer refuse the folder (no model.safetensors) instead of loading the fp32
+# config.json with its Linear weights silently re-initialised.
+INT8_WEIGHTS_FILE = "model.int8.safetensors"
 
 # Artifact formats (compression.json's "format"); each has a loader in compress.core.runtime.
 TORCH = "torch"
@@ -177,6 +183,7 @@ def output_dir(out: Path | str, overwrite: bool = False) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         yield tmp
+        write_model_card(tmp, name=out.name)
         publish(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -284,7 +291,25 @@ def append_metrics(path: Path | str, record: dict[str, Any]) -> dict[str, Any]:
     results = read_metrics(path)
     results.append(record)
     write_json_atomic(path / METRICS_FILE, {"results": results})
+    write_model_card(path)
     return record
+
+
+def write_model_card(path: Path | str, name: str | None = None) -> None:
+    """(Re)write a model directory's ``README.md`` from its records (see :mod:`compress.core.card`).
+
+    Only in a directory with config.json and compression.json, and never over a README.md
+    the toolkit did not write (or a symbolic link).
+    """
+    path = Path(path)
+    file = path / CARD_FILE
+    if not (path / "config.json").is_file() or not (path / COMPRESSION_FILE).is_file() or file.is_symlink():
+        return
+    if file.exists() and not file.read_text(encoding="utf-8", errors="replace").startswith(card.MARKER):
+        return
+    text = card.model_card(name or path.name, read_compression(path), read_json(path / "config.json"), read_metrics(path),
+                           sentence=(path / "modules.json").is_file())
+    write_text_atomic(file, text)
 
 
 # ---------------------------------------------------------------------------- saving
@@ -327,7 +352,28 @@ def write_model_files(model, directory: Path, *, tokenizer=None) -> None:
         st.set_config_size(model.config, "ffn", widths[0])
     model.save_pretrained(directory, safe_serialization=True)
     if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+        save_tokenizer(tokenizer, directory)
+
+
+def save_tokenizer(tokenizer, directory: Path) -> None:
+    """``tokenizer.save_pretrained(directory)`` without the truncation/padding its last call left behind."""
+    tokenizer.save_pretrained(directory)
+    clear_tokenizer_state(directory)
+
+
+def clear_tokenizer_state(directory: Path) -> None:
+    """Reset ``tokenizer.json``'s truncation and padding to none.
+
+    A fast tokenizer keeps the truncation/padding of its last call in its backend and
+    writes it into tokenizer.json: a folder saved after a run at max length 64 would
+    silently truncate every later user's input at 64 (and an exported one pad to longest).
+    """
+    file = Path(directory) / "tokenizer.json"
+    if not file.is_file():
+        return
+    data = read_json(file)
+    if data.get("truncation") is not None or data.get("padding") is not None:
+        write_json_atomic(file, {**data, "truncation": None, "padding": None})
 
 
 # ---------------------------------------------------------------------------- loading

@@ -18,11 +18,13 @@ from pathlib import Path
 import torch
 
 from compress.core.artifacts import (
+    clear_tokenizer_state,
     compression_record,
     load_tokenizer,
     output_dir,
     require_model_dir,
     saved_head,
+    save_tokenizer,
     write_json_atomic,
 )
 from compress.core.errors import CompressError
@@ -83,7 +85,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = 17, over
                 dynamic_axes=axes, opset_version=opset, dynamo=False,
             )
         model.config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)
         copy_sentence_files(model_dir, tmp)  # a sentence-transformers folder stays one: pooling, Normalize
         record = compression_record(
             stage="export", method="onnx", parent=model_dir, structure=describe(model),
@@ -100,3 +102,4 @@ def copy_sidecars(source: Path, target: Path) -> None:
     for path in source.iterdir():
         if path.is_file() and (path.name == "config.json" or "token" in path.name or path.name == "vocab.txt"):
             shutil.copy2(path, target / path.name)
+    clear_tokenizer_state(target)  # a parent written before tokenizer state was cleared

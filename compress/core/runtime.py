@@ -7,8 +7,9 @@ when absent; a folder holding only ``model.onnx`` is ``onnx``):
 format                 weights file        runs as
 =====================  ==================  ============================================
 ``torch``              model.safetensors   the Hugging Face encoder (``artifacts.load_model``)
-``torch-int8-dynamic`` model.safetensors   the same encoder with torch.ao dynamic int8
-                       (int8 + scales)     Linear layers (per-channel qint8 weights)
+``torch-int8-dynamic`` model.int8.         the same encoder with torch.ao dynamic int8
+                       safetensors         Linear layers (per-channel qint8 weights);
+                       (int8 + scales)     stock loaders find no model.safetensors and refuse
 ``onnx``               model.onnx          an ONNX Runtime session (fp32 or int8 graph)
 ``inc-pt2e``           model.pt2           a ``torch.export`` program quantized by Neural
                                            Compressor (PT2E), compiled by inductor
@@ -55,6 +56,7 @@ from compress.core.artifacts import (  # noqa: F401  (re-exported)
     HEAD_CLASSES,
     INC_PT2E,
     INT8_FORMATS,
+    INT8_WEIGHTS_FILE,
     ONNX,
     ONNX_FILE,
     TORCH,
@@ -521,9 +523,9 @@ def int8_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def write_torch_int8(model, directory: Path) -> Path:
-    """Write ``model.safetensors`` in the torch-int8 layout; the file."""
+    """Write ``model.int8.safetensors`` in the torch-int8 layout; the file."""
 
-    file = Path(directory) / WEIGHTS_FILE
+    file = Path(directory) / INT8_WEIGHTS_FILE
     save_file(int8_state_dict(model), str(file), metadata={"format": "pt", "compress_format": TORCH_INT8})
     return file
 
@@ -536,10 +538,12 @@ def load_torch_int8(path: Path, options: dict[str, Any]):
     _check_options(path, TORCH_INT8, config, saved, options, eager_ok=True)
     if options.get("attn_implementation"):
         config._attn_implementation = options["attn_implementation"]
+    # Folders written before the int8 file had its own name hold it as model.safetensors.
+    file = path / INT8_WEIGHTS_FILE if (path / INT8_WEIGHTS_FILE).is_file() or not (path / WEIGHTS_FILE).is_file() else path / WEIGHTS_FILE
     try:
-        state = load_file(str(path / WEIGHTS_FILE))
+        state = load_file(str(file))
     except (SafetensorError, OSError, ValueError) as err:
-        raise CompressError(f"{path}/{WEIGHTS_FILE} is missing or corrupt ({str(err).splitlines()[0]}); re-create the model directory") from None
+        raise CompressError(f"{file} is missing or corrupt ({str(err).splitlines()[0]}); re-create the model directory") from None
     names = sorted(k[: -len(INT8_WEIGHT)] for k in state if k.endswith(INT8_WEIGHT))
     int8_keys = {n + s for n in names for s in (INT8_WEIGHT, INT8_SCALE, INT8_ZERO)}
     model = build_architecture(path, config, saved, empty=True)
@@ -547,13 +551,13 @@ def load_torch_int8(path: Path, options: dict[str, Any]):
     try:
         result = model.load_state_dict({k: v for k, v in state.items() if k not in int8_keys}, strict=False)
     except RuntimeError as err:  # size mismatches
-        raise CompressError(f"{path}/{WEIGHTS_FILE} does not match its config.json/compression.json ({str(err).splitlines()[-1].strip()})") from None
+        raise CompressError(f"{file} does not match its config.json/compression.json ({str(err).splitlines()[-1].strip()})") from None
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     quantized_weights = {n + ".weight" for n in names}
     missing = [k for k in result.missing_keys if k not in quantized_weights and k not in tied and not k.endswith("position_ids")]
     if missing or result.unexpected_keys:
         example = (missing or result.unexpected_keys)[0]
-        raise CompressError(f"{path}/{WEIGHTS_FILE} does not match its config.json/compression.json (e.g. {example}); the directory is inconsistent")
+        raise CompressError(f"{file} does not match its config.json/compression.json (e.g. {example}); the directory is inconsistent")
     model.tie_weights()
     for name in names:
         # Uninitialised memory must not reach the observers; a fresh tensor, because a tied

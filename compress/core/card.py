@@ -1,0 +1,148 @@
+"""The model card (``README.md``) of a model directory: what made it, its shape, its scores, how to load it.
+
+Written from the directory's own ``compression.json``, ``config.json`` and
+``metrics.json`` (:func:`model_card` is pure: dicts in, Markdown out), so the card never
+states more than the directory records. ``compress.core.artifacts`` writes it when a
+directory is saved and rewrites it when a result is appended; a README.md the toolkit did
+not write (a sentence-transformers model's own card, say) is never replaced.
+
+What a stock loader can read is decided by :func:`stock_loader`: a PyTorch fp32 folder
+loads with ``AutoModel*.from_pretrained`` when its config.json expresses its shapes (one
+FFN width; all heads, or heads removed and recorded in ``config.pruned_heads`` on
+transformers 4.x); otherwise the stock loader refuses it with a size-mismatch error, and
+the card says so and names the export.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compress.core.compat import STOCK_PRUNED_HEADS
+
+MARKER = "<!-- model card written by compress; rewritten when the directory changes -->"
+
+# Stock classes per saved head (transformers / Optimum names).
+AUTO_CLASSES = {
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "base": "AutoModel",
+    "masked-lm": "AutoModelForMaskedLM",
+    "pretraining": "AutoModelForPreTraining",
+}
+
+
+def stock_loader(record: dict[str, Any], config: dict[str, Any]) -> tuple[bool, str]:
+    """(loads with stock transformers, why) for a directory's records; pure."""
+    fmt = record.get("format") or "torch"
+    if fmt != "torch":
+        return False, {
+            "torch-int8-dynamic": "its int8 weights are in model.int8.safetensors (torch.ao dynamic int8), a file no "
+                                  "stock loader reads: from_pretrained finds no model.safetensors and refuses",
+            "onnx": "it holds an ONNX graph (model.onnx), not PyTorch weights",
+            "openvino": "it holds an OpenVINO IR (openvino_model.xml/.bin), not PyTorch weights",
+            "inc-pt2e": "it holds a quantized torch.export program (model.pt2), not PyTorch weights",
+        }.get(fmt, f"its format is {fmt}")
+    structure = record.get("structure") or {}
+    ffn, heads = structure.get("ffn") or [], structure.get("heads") or []
+    if len(set(ffn)) > 1:
+        return False, f"its FFN widths differ per layer ({ffn}); config.json has one intermediate_size"
+    full = config.get("num_attention_heads") or config.get("n_heads")
+    if heads and full and any(h != full for h in heads):
+        if STOCK_PRUNED_HEADS and config.get("pruned_heads"):
+            return True, "transformers 4.x rebuilds the removed heads from config.pruned_heads"
+        return False, (f"it keeps {heads} heads per layer of {full}; a stock config cannot express heads removed "
+                       "(transformers 5 has no config.pruned_heads), so from_pretrained stops with a size mismatch")
+    return True, "config.json expresses every shape"
+
+
+def model_card(name: str, record: dict[str, Any], config: dict[str, Any], results: list[dict[str, Any]],
+               sentence: bool = False) -> str:
+    """The Markdown card of a directory called ``name``; ``sentence``: it is a sentence-transformers folder."""
+    fmt = record.get("format") or "torch"
+    head = record.get("head") or _head_of(config)
+    stage, method = record.get("stage", "?"), record.get("method", "?")
+    parent = (record.get("parent") or {}).get("path")
+    lines = [MARKER, "", f"# {name}", ""]
+    made = f"Produced by `compress {stage}` ({method})"
+    if parent:
+        made += f" from `{parent}`"
+    when = (record.get("provenance") or {}).get("date")
+    lines.append(made + (f" on {when}." if when else "."))
+    precision = record.get("precision") or ("int8" if fmt in ("torch-int8-dynamic", "inc-pt2e") else "fp32")
+    lines.append(f"Format: {fmt}, {precision}" + (f" ({record['backend']} {record.get('scheme', '')})".rstrip() + ")"
+                                                    if record.get("backend") and precision == "int8" else "") + ".")
+    lines += ["", "## Structure", ""]
+    lines += _structure_lines(record.get("structure") or {}, config)
+    lines += ["", "## Measured", ""]
+    lines += _metric_lines(results) or ["Nothing measured yet (`compress eval --model DIR ...` appends here)."]
+    lines += ["", "## Loading", ""]
+    lines += _loading_lines(name, fmt, head, record, config, sentence)
+    return "\n".join(lines) + "\n"
+
+
+def _head_of(config: dict[str, Any]) -> str:
+    arch = ((config.get("architectures") or [""])[0])
+    for suffix, head in (("ForSequenceClassification", "sequence-classification"), ("ForQuestionAnswering", "question-answering"),
+                         ("ForMaskedLM", "masked-lm"), ("ForPreTraining", "pretraining")):
+        if arch.endswith(suffix):
+            return head
+    return "base"
+
+
+def _structure_lines(structure: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    if not structure:
+        return [f"- {config.get('model_type', '?')}, {config.get('num_hidden_layers', '?')} layers, "
+                f"hidden {config.get('hidden_size', '?')}"]
+    lines = [f"- {config.get('model_type', '?')}: {structure.get('num_layers')} layers, hidden {structure.get('hidden_size')}, "
+             f"head size {structure.get('head_size')}"]
+    if structure.get("heads"):
+        lines.append(f"- attention heads per layer: {structure['heads']}")
+    if structure.get("ffn"):
+        lines.append(f"- FFN width per layer: {structure['ffn']}")
+    if structure.get("kept_layers") and structure["kept_layers"] != list(range(len(structure["kept_layers"]))):
+        lines.append(f"- layers kept from the parent: {structure['kept_layers']}")
+    return lines
+
+
+def _metric_lines(results: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for r in results:
+        metrics = r.get("metrics")
+        if not isinstance(metrics, dict) or not metrics:
+            continue
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)))
+        where = " ".join(str(x) for x in (r.get("task"), r.get("split")) if x)
+        extra = f", n={r['n']}" if r.get("n") else ""
+        rows.append(f"| {r.get('kind', '?')} | {where} | {shown}{extra} |")
+    if not rows:
+        return []
+    return ["| kind | task / split | metrics |", "|---|---|---|", *rows]
+
+
+def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], config: dict[str, Any], sentence: bool) -> list[str]:
+    ok, why = stock_loader(record, config)
+    auto = AUTO_CLASSES.get(head, "AutoModel")
+    lines = ["With compress (every format): `compress eval --model DIR ...`, or in Python "
+             "`compress.core.runtime.load_model(\"DIR\")`.", ""]
+    if fmt == "torch" and ok:
+        lines.append(f"Without it: `transformers.{auto}.from_pretrained(\"DIR\")` reproduces these outputs ({why}).")
+        if sentence:
+            lines.append("`sentence_transformers.SentenceTransformer(\"DIR\")` encodes with the same pooling.")
+    elif fmt == "torch":
+        lines.append(f"Stock transformers refuses this folder: {why}. To run it without compress: "
+                     "`compress export --model DIR --format onnx --out DIR-onnx` (or `--format openvino`).")
+    elif fmt == "torch-int8-dynamic":
+        lines.append(f"Stock transformers refuses this folder: {why}. A deployable int8 model: "
+                     "`compress quantize --backend onnxruntime` (or `openvino`) from the fp32 parent.")
+    elif fmt == "onnx":
+        cls = "ORTModelFor" + auto.removeprefix("AutoModelFor") if auto != "AutoModel" else "ORTModelForFeatureExtraction"
+        lines.append(f"Without it: `onnxruntime.InferenceSession(\"DIR/model.onnx\")` (inputs "
+                     f"{', '.join((record.get('config') or {}).get('inputs') or ['input_ids', 'attention_mask'])}), "
+                     f"or Optimum's `{cls}.from_pretrained(\"DIR\")`. Stock transformers refuses it ({why}).")
+    elif fmt == "openvino":
+        lines.append("Without it: `openvino.Core().compile_model(\"DIR/openvino_model.xml\", \"CPU\")`. "
+                     f"Stock transformers refuses it ({why}).")
+    elif fmt == "inc-pt2e":
+        lines.append("Without it: `torch.export.load(\"DIR/model.pt2\").module()` (fast only under `torch.compile` with "
+                     f"inductor freezing). Stock transformers refuses it ({why}).")
+    return lines
