@@ -2,19 +2,24 @@
 
 A stage's subcommand has its inputs, ``--out`` and ``--overwrite``, ``--config`` and one
 flag per config field; it parses them into the stage's frozen config, makes one library
-call and prints what the stage reports. Libraries are imported only when a command runs,
-so ``compress --help`` is instant. A :class:`CompressError` becomes one line on stderr and
-its exit status; Ctrl-C exits with 130; a closed stdout ends the command quietly.
+call and prints what the stage reports. Every command also takes ``--quiet`` and
+``--log-level`` (:mod:`compress.core.logs`): progress goes to stderr as log lines (and
+bars on a terminal), the result to stdout and its closing notes to stderr, which
+``--quiet`` keeps. Libraries are imported only when a command runs, so ``compress
+--help`` is instant. A :class:`CompressError` becomes one line on stderr and its exit
+status; Ctrl-C exits with 130; a closed stdout ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import textwrap
 
 from compress import __version__
+from compress.core import logs
 from compress.core.config import add_arguments, from_args
 from compress.core.errors import CompressError
 from compress.stages import COMMANDS, SEVERAL, Command, Stage
@@ -22,6 +27,8 @@ from compress.stages import COMMANDS, SEVERAL, Command, Stage
 PROG = "compress"
 GROUPS = {"teacher": "build the teacher: pretrain a BERT from scratch (MLM+NSP) or fine-tune one on a task"}
 SIGPIPE_EXIT = 141  # what a shell reports for a writer whose reader went away (128 + SIGPIPE)
+
+log = logging.getLogger(__name__)
 
 
 class StdoutClosed(Exception):
@@ -60,7 +67,21 @@ def _print(text: str) -> None:
 
 
 def _say(message: str) -> None:
+    """A closing note (where the output went): on stderr, also with --quiet."""
     print(message, file=sys.stderr)
+
+
+def logging_arguments(p: argparse.ArgumentParser) -> None:
+    """--quiet and --log-level, on every command (and before it: ``compress --quiet run ...``).
+
+    Their defaults are suppressed so that a subcommand's parser never resets what the
+    top-level one read; :func:`main` supplies them.
+    """
+    group = p.add_argument_group("output")
+    group.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="print only errors and the result: no progress bars, no log lines")
+    group.add_argument("--log-level", choices=list(logs.LEVELS), default=argparse.SUPPRESS,
+                       help="the toolkit's log level (default: info); other libraries stay at warning unless debug")
 
 
 # ---------------------------------------------------------------------------- commands
@@ -92,7 +113,7 @@ def run_stage(stage: Stage, args: argparse.Namespace) -> tuple[str, list[str]]:
 
 def run_command(entry: Stage | Command, args: argparse.Namespace) -> int:
     """Run the command the flags name; its summary goes to stdout, its notes to stderr."""
-    text, notes = run_stage(entry, args) if isinstance(entry, Stage) else entry.run(vars(args), _say)
+    text, notes = run_stage(entry, args) if isinstance(entry, Stage) else entry.run(vars(args), log.info)
     if text:
         _print(text)
     for note in notes:
@@ -104,8 +125,11 @@ def run_command(entry: Stage | Command, args: argparse.Namespace) -> int:
 
 
 def selected_command(argv: list[str]) -> str | None:
-    """The command named by the leading words of ``argv`` (e.g. "teacher finetune")."""
-    words = [w for w in argv[:2] if not w.startswith("-")]
+    """The command named by the leading words of ``argv`` (e.g. "teacher finetune"), after --quiet / --log-level X."""
+    start = 0
+    while start < len(argv) and argv[start].startswith("-"):
+        start += 2 if argv[start] == "--log-level" else 1
+    words = [w for w in argv[start : start + 2] if not w.startswith("-")]
     return next((" ".join(words[:n]) for n in (2, 1) if " ".join(words[:n]) in COMMANDS), None)
 
 
@@ -126,6 +150,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         "  compress latency --model models/teacher models/student --batch 1,32 --seq 128",
     )
     parser.add_argument("--version", action="version", version=f"compress {__version__}")
+    logging_arguments(parser)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     groups: dict[str, argparse._SubParsersAction] = {}
     for name, entry in COMMANDS.items():
@@ -148,6 +173,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                 stage_arguments(sub, entry)
             else:
                 entry.add(sub)
+        logging_arguments(sub)
         sub.set_defaults(entry=entry, command=name)
     return parser
 
@@ -161,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         (getattr(args, "group_parser", None) or parser).print_help()
         return 2
     try:
-        return run_command(args.entry, args)
+        with logs.configured(getattr(args, "log_level", "info"), quiet=getattr(args, "quiet", False)):
+            return run_command(args.entry, args)
     except CompressError as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code

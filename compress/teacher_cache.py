@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from compress.core.artifacts import apply_umask
+from compress.core.logs import progress
 from compress.core.structure import model_inputs
 
 CACHE_ENV = "COMPRESS_CACHE"
@@ -131,7 +131,7 @@ def _compute(teacher, features, collator, outputs, layers, batch_size, device) -
     results: dict[str, list] = {name: [None] * n for name in outputs}
     hidden_rows: list[Any] = [None] * n
     with torch.inference_mode():
-        for start in tqdm(range(0, n, batch_size), desc="teacher outputs (cached)", unit="batch", leave=False):
+        for start in progress(range(0, n, batch_size), desc="teacher outputs (cached)", unit="batch", leave=False):
             index = list(range(start, min(start + batch_size, n)))
             batch = {k: v.to(device) for k, v in collator([rows[i] for i in index]).items() if k in columns}
             out = teacher(**model_inputs(teacher, batch), output_hidden_states=bool(layers))

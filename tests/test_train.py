@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
 from compress.core.errors import CompressError
-from compress.core.train import TrainConfig, epoch_order, global_batches, linear_schedule, list_checkpoints, param_groups, train
+from compress.core.train import (
+    PROGRESS_FILE,
+    TrainConfig,
+    epoch_order,
+    global_batches,
+    linear_schedule,
+    list_checkpoints,
+    param_groups,
+    train,
+)
 from tests.conftest import make_tiny_model
 
 
@@ -119,11 +129,24 @@ def test_resume_after_interruption_gives_identical_weights(tmp_path):
     with pytest.raises(Crash):
         train(model, data, crashing, cfg, loss_fn=_loss, work_dir=tmp_path / "w")
     assert [p.name for p in list_checkpoints(tmp_path / "w")] == ["step-00000004", "step-00000008"]
+    crashed = _progress(tmp_path / "w")  # what a person reading the work directory saw when it stopped
     fresh = make_tiny_model(seed=1, hidden_dropout_prob=0.1)
     result = train(fresh, data, _collate, cfg, loss_fn=_loss, work_dir=tmp_path / "w", resume=True)
     assert result.steps == 18
     ref, got = _weights(reference), _weights(fresh)
     assert all(torch.equal(ref[k], got[k]) for k in ref)
+    # the history, written while the runs went, is the uninterrupted run's too (timings aside)
+    expected, resumed = _progress(tmp_path / "ref"), _progress(tmp_path / "w")
+    assert crashed["status"] == "running" and crashed["history"] == expected["history"][: len(crashed["history"])]
+    assert resumed["status"] == "done" and resumed["history"] == expected["history"]
+    assert [h["step"] for h in expected["history"]] == list(range(2, 19, 2))
+
+
+def _progress(work_dir):
+    """The training record in the work directory's metrics.json, without the timings."""
+    (record,) = json.loads((work_dir / PROGRESS_FILE).read_text())["results"]
+    record["history"] = [{k: v for k, v in h.items() if k != "examples_per_second"} for h in record["history"]]
+    return record
 
 
 def test_resume_refuses_other_settings(tmp_path):

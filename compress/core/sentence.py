@@ -34,10 +34,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from compress.core.artifacts import read_json, write_json_atomic
 from compress.core.errors import CompressError
+from compress.core.logs import progress
 from compress.core.registry import Registry
 from compress.core.runtime import model_device
 from compress.core.structure import model_inputs
@@ -269,7 +269,7 @@ def pooled(
     order = torch.tensor(np.argsort([-len(str(t)) for t in texts], kind="stable"), dtype=torch.long)
     out = torch.zeros(len(texts), model.config.hidden_size)
     with torch.inference_mode():
-        for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=desc is None, unit="batch", leave=False):
+        for start in progress(range(0, len(texts), batch_size), desc=desc, disable=desc is None, unit="batch", leave=False):
             index = order[start : start + batch_size]
             batch = tokenize(tokenizer, [texts[i] for i in index.tolist()], spec, max_length)
             batch = {k: v.to(target) for k, v in batch.items()}

@@ -15,6 +15,10 @@ owns what makes runs trustworthy:
 * **Atomic checkpoints.** Each is written to a temporary directory and renamed.
 * **Failing loudly.** A NaN/inf loss stops the run with a one-line error that names
   the last good checkpoint.
+* **Readable progress.** Every ``log_every`` steps one plain line (step, loss and the
+  loss terms, learning rate, examples per second) and one per evaluation, above the bar
+  on a terminal and alone in a redirected log (see :mod:`compress.core.logs`); the
+  history so far is in ``work_dir/metrics.json`` while the run goes.
 
 A stage supplies ``loss_fn(model, batch) -> (loss, logs)``, a ``collate(items, step)``
 and optionally ``evaluate(model) -> metrics`` with the metric to select the best
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -37,15 +42,19 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 from safetensors.torch import load_model, save_model
-from tqdm.auto import tqdm
 
-from compress.core.artifacts import atomic_path
+from compress.core.artifacts import atomic_path, utc_now, write_json_atomic
 from compress.core.config import option
 from compress.core.errors import CompressError
+from compress.core.logs import progress
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"
 STATE_FILE = "trainer_state.json"
+PROGRESS_FILE = "metrics.json"  # in the work directory: the training record so far, while the run goes
+PROGRESS_SHARE = 0.05  # rewriting it may take at most this share of the training time (a long history is MBs)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class TrainConfig:
     eval_every: int | None = option(None, "evaluate every N steps (default: at the end of each epoch)")
     save_every: int | None = option(None, "checkpoint every N steps (default: at the end of each epoch)")
     keep_checkpoints: int = option(2, "checkpoints kept for --resume (the newest ones)")
-    log_every: int = option(20, "record the running loss every N steps")
+    log_every: int = option(20, "record the running loss every N steps (a log line and the history in metrics.json)")
     group_by_length: bool = option(True, "batch examples of similar length together (less padding; order still random)")
     device: str = option("auto", "auto, cpu or cuda")
 
@@ -329,6 +338,15 @@ class _Run:
     running_n: int = 0
     order_of: tuple[int, int] | None = None  # (phase, epoch) whose example order `order` holds
     order: list[int] = field(default_factory=list)
+    desc: str = "training"
+    examples: int = 0  # examples (over all processes) trained on since the last history entry
+    seconds: float = 0.0  # time spent in training steps since then (evaluations and checkpoints excluded)
+    written_at: float = -math.inf  # when the progress file was last written (time.monotonic), and how long it took
+    write_cost: float = 0.0
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
 
     @property
     def best_file(self) -> Path:
@@ -356,7 +374,7 @@ def train_phases(
     desc: str = "training",
     shuffle: bool = True,
 ) -> TrainResult:
-    """Train ``model`` in place through ``phases``; checkpoints and the best weights go to ``work_dir``.
+    """Train ``model`` in place through ``phases``; checkpoints, the best weights and the history so far go to ``work_dir``.
 
     One optimizer and one warm-up/decay schedule span all phases. ``collate(items, step)``
     turns a process's share of a batch into tensors; the step number lets it draw
@@ -367,19 +385,23 @@ def train_phases(
     """
     started = time.monotonic()
     run = _start(model, phases, cfg, Path(work_dir), run_key)
+    run.desc = desc
     if resume:
         _resume(run, model)
     if run.result.best_step is not None and run.best_file.is_file():
         run.result.best_weights = run.best_file
     model, run.optimizer = run.accelerator.prepare(model, run.optimizer)
     model.train()
-    bar = tqdm(total=run.total, initial=run.step, desc=desc, unit="step", disable=not run.accelerator.is_main_process,
-               dynamic_ncols=True)
+    _write_progress(run, force=True)
+    bar = progress(total=run.total, initial=run.step, desc=desc, unit="step", disable=not run.main)
     while run.step < run.total:
         p, local = _locate(run.plan, run.step)
         phase = run.plan[p]["phase"]
+        tick = time.monotonic()
         logs = _accumulate(run, model, phase, _my_share(run, p, local, shuffle), loss_fn)
         _optimizer_step(run, model)
+        run.seconds += time.monotonic() - tick
+        run.examples += _global_batch_size(run, p, local)
         bar.update(1)
         epoch = round((local + 1) / run.plan[p]["steps_per_epoch"], 3)  # epochs of this phase done, as logged
         _log(run, logs, epoch, phase.name, bar)
@@ -392,6 +414,7 @@ def train_phases(
     model.eval()
     run.result.steps = run.step
     run.result.seconds = time.monotonic() - started
+    _write_progress(run, status="done")
     return run.result
 
 
@@ -429,8 +452,8 @@ def _resume(run: _Run, model) -> None:
     run.step = state["step"]
     run.result.history = state["history"]
     run.result.best, run.result.best_step, run.best_value = state["best"], state["best_step"], state["best_value"]
-    if run.accelerator.is_main_process:
-        tqdm.write(f"resuming from {checkpoints[-1]} (step {run.step}/{run.total})")
+    if run.main:
+        log.info(f"resuming from {checkpoints[-1]} (step {run.step}/{run.total})")
 
 
 def _my_share(run: _Run, p: int, local: int, shuffle: bool) -> list[int]:
@@ -443,6 +466,13 @@ def _my_share(run: _Run, p: int, local: int, shuffle: bool) -> list[int]:
         run.order = epoch_order(len(entry["phase"].dataset), run.cfg.seed + 7 * p, epoch, shuffle, grouped, entry["batch_size"])
     start, end = entry["batches"][index_in_epoch]
     return run.order[start:end][run.accelerator.process_index :: run.accelerator.num_processes]
+
+
+def _global_batch_size(run: _Run, p: int, local: int) -> int:
+    """Examples in the global batch at step ``local`` of phase ``p`` (the last one of an epoch may be short)."""
+    entry = run.plan[p]
+    start, end = entry["batches"][local % entry["steps_per_epoch"]]
+    return end - start
 
 
 def _accumulate(run: _Run, model, phase: Phase, mine: list[int], loss_fn: LossFn) -> dict[str, float]:
@@ -480,7 +510,10 @@ def _optimizer_step(run: _Run, model) -> None:
 
 
 def _log(run: _Run, logs: dict[str, float], epoch: float, phase_name: str, bar) -> None:
-    """Add a step's logs to the running sums; every ``log_every`` steps (and at the end) record their mean."""
+    """Add a step's logs to the running sums; every ``log_every`` steps (and at the end) record their mean.
+
+    A recorded entry is also one log line and goes into the progress file.
+    """
     for k, v in logs.items():
         run.running[k] = run.running.get(k, 0.0) + v
     run.running_n += 1
@@ -490,9 +523,50 @@ def _log(run: _Run, logs: dict[str, float], epoch: float, phase_name: str, bar) 
     if len(run.plan) > 1:
         entry["phase"] = phase_name
     entry.update({k: v / run.running_n for k, v in run.running.items()})
+    if run.seconds > 0:
+        entry["examples_per_second"] = round(run.examples / run.seconds, 1)
     run.result.history.append(entry)
-    bar.set_postfix(loss=f"{entry['loss']:.4f}", lr=f"{entry['lr']:.2e}")
-    run.running, run.running_n = {}, 0
+    run.running, run.running_n, run.examples, run.seconds = {}, 0, 0, 0.0
+    if run.main:
+        bar.set_postfix(loss=f"{entry['loss']:.4f}", lr=f"{entry['lr']:.2e}")
+        log.info(_step_line(run, entry))
+        _write_progress(run)
+
+
+SHOWN_APART = ("step", "epoch", "lr", "phase", "loss", "examples_per_second")  # history keys with their own place in a line
+
+
+def _step_line(run: _Run, entry: dict[str, Any]) -> str:
+    """``step 120/900  loss 0.4123  loss_kd 0.3012  lr 4.1e-05  12.3 ex/s``: one history entry as a log line."""
+    parts = [f"step {entry['step']}/{run.total}"]
+    if "phase" in entry:
+        parts.append(f"phase {entry['phase']}")
+    parts.append(f"loss {entry['loss']:.4f}")
+    parts += [f"{k} {v:.4f}" for k, v in entry.items() if k not in SHOWN_APART and isinstance(v, (int, float))]
+    parts.append(f"lr {entry['lr']:.1e}")
+    if "examples_per_second" in entry:
+        parts.append(f"{entry['examples_per_second']:.1f} ex/s")
+    return "  ".join(parts)
+
+
+def _write_progress(run: _Run, *, force: bool = False, status: str = "running") -> None:
+    """The training record so far (status, step, history) in ``work_dir/metrics.json``, rewritten atomically.
+
+    Rank 0 writes it at every log step, evaluation and at the end, shaped like a model
+    directory's metrics.json; a log step skips the write while the last one would take
+    more than :data:`PROGRESS_SHARE` of the time since (a history of 1M steps is MBs).
+    """
+    now = time.monotonic()
+    if not run.main or (status == "running" and not force and (now - run.written_at) * PROGRESS_SHARE < run.write_cost):
+        return
+    record = {
+        "kind": "training", "status": status, "desc": run.desc,
+        "step": run.step, "total": run.total, "processes": run.accelerator.num_processes,
+        "best_step": run.result.best_step, "history": run.result.history, "when": utc_now(),
+    }
+    write_json_atomic(run.work_dir / PROGRESS_FILE, {"results": [record]})
+    run.written_at = time.monotonic()
+    run.write_cost = run.written_at - now
 
 
 def _evaluate_and_keep_best(run: _Run, model, evaluate: Callable[[Any], dict[str, float]], select: str | None,
@@ -512,8 +586,9 @@ def _evaluate_and_keep_best(run: _Run, model, evaluate: Callable[[Any], dict[str
             run.best_file.parent.mkdir(parents=True, exist_ok=True)
             _save_weights(inner, run.best_file)
             run.result.best_weights = run.best_file
-        shown = ", ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
-        tqdm.write(f"step {run.step}: {shown}" + (" (best)" if run.result.best_step == run.step else ""))
+        shown = "  ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
+        log.info(f"step {run.step}/{run.total}  eval  {shown}" + ("  (best)" if run.result.best_step == run.step else ""))
+        _write_progress(run, force=True)
     accelerator.wait_for_everyone()
 
 
