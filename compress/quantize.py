@@ -6,7 +6,8 @@
 
 * ``torch``: PyTorch dynamic quantization of every ``nn.Linear`` (qint8 weights, per
   output channel; activations quantized per batch at run time). Stored as int8 values +
-  scales + zero points in ``model.safetensors`` (format ``torch-int8-dynamic``).
+  scales + zero points in ``model.int8.safetensors`` (format ``torch-int8-dynamic``; stock
+  loaders find no ``model.safetensors`` and refuse the folder).
 * ``onnxruntime``: the plain fp32 ONNX export (``compress.core.export``) quantized by
   ``onnxruntime.quantization`` with the CPU's preset (the presets Optimum's
   ``AutoQuantizationConfig`` names), dynamic or static (min-max calibration on training
@@ -17,11 +18,21 @@
   ``torch.export`` (PT2E) graph with dynamic batch and sequence dimensions, int8
   weights folded in, saved with ``torch.export.save`` as ``model.pt2`` (format
   ``inc-pt2e``); the runtime compiles it with inductor freezing, without which it is
-  not faster than fp32. Its ``qat`` scheme is quantization-aware training on the same
+  not faster than fp32, one static graph per padded input shape
+  (``compress.core.runtime.padded_shape``). Its ``qat`` scheme is quantization-aware training on the same
   graph and the same x86 inductor int8 scheme (torchao's ``prepare_qat_pt2e``; INC 3.x
   has no PT2E QAT of its own): fake-quantized weights and activations are trained for
   ``qat_steps`` to match the fp32 parent's outputs on the task's training inputs
   (logit matching, no labels needed), then converted like the static result.
+* ``openvino``: NNCF post-training static quantization of the OpenVINO IR of the fp32
+  parent (``compress.core.openvino``; a PyTorch or ONNX directory): int8 weights (per
+  output channel, symmetric) and uint8 activations with ranges from the calibration
+  batches (NNCF's ``mixed`` preset, ``ModelType.TRANSFORMER``, which also applies
+  SmoothQuant). With ``max_drop``, NNCF's accuracy control
+  (``quantize_with_accuracy_control``) scores candidates by the task's primary dev metric
+  and returns layers to fp32 until the drop fits; if it cannot run, plain quantization
+  and the guard below decide. Stored as an int8 IR (``openvino_model.xml`` + ``.bin``,
+  format ``openvino``), checked to run its matrix multiplications in int8.
 
 Embeddings stay fp32 in the torch and inc backends (ONNX Runtime's dynamic preset also
 quantizes the embedding Gathers), so a BERT-base shrinks about 2.4x there, not 4x.
@@ -29,20 +40,24 @@ quantizes the embedding Gathers), so a BERT-base shrinks about 2.4x there, not 4
 Nothing is trusted blindly: the int8 model is run next to the fp32 one on a few
 examples and degenerate outputs (NaN/inf, all zeros, one constant output while the
 fp32 outputs vary) abort the run with nothing written. With a task, both are scored on
-its dev split; with ``max_drop`` a larger drop of the primary metric moves the result
-to ``<out>.rejected`` and fails.
+its dev split (at the eval batch size ``compress eval`` uses by default, recorded: dynamic
+int8 scores move with batch composition); with ``max_drop`` a larger drop of the primary
+metric moves the result to ``<out>.rejected`` and fails. The command prints both scores,
+the drop and the output check.
 """
 
 from __future__ import annotations
 
 import copy
+import io
 import itertools
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -71,17 +86,31 @@ from compress.core.artifacts import (
     saved_head,
     write_json_atomic,
 )
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, encode_examples, load_split
 from compress.core.errors import CompressError
+from compress.core.logs import show_bars
 from compress.core.export import OUTPUTS, _Positional, copy_sidecars, export_onnx
+from compress.core.openvino import (
+    INT8_TYPES,
+    OPENVINO,
+    OPENVINO_FILE,
+    OpenVINORunner,
+    compile_openvino,
+    convert,
+    inference_precision,
+    int8_weights,
+    layer_precisions,
+    no_telemetry,
+    save_ir,
+)
 from compress.core.registry import Registry
 from compress.core.runtime import INPUTS, PT2_FILE, Runner, load_model, quantize_linears, structure_of, write_torch_int8
 from compress.core.sentence import copy_sentence_files
 from compress.core.structure import describe, input_names, model_inputs
-from compress.core.tasks import Task, get_task
+from compress.core.tasks import Task, get_task, task_choices
 from compress.eval.evaluate import dev_evaluator, format_table, split_records
-from compress.eval.latency import size_on_disk
+from compress.eval.latency import megabytes, size_on_disk
 
 SCHEMES = ("dynamic", "static", "qat")
 PRESETS = ("auto", "avx512_vnni", "avx2", "arm64")
@@ -102,15 +131,19 @@ OUTPUT_NAMES = {
 CONSTANT_RATIO = 1e-3
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class QuantizeConfig:
     """How to quantize: backend and scheme, calibration, kernels preset, the accuracy guard."""
 
-    backend: str = option("onnxruntime", "int8 backend: torch (PyTorch dynamic, Linear layers), onnxruntime (ONNX export + Optimum), inc (Neural Compressor 3.x static PT2E)")
-    scheme: str = option("dynamic", "dynamic (activation ranges per batch), static (calibrated) or qat (quantization-aware training); torch: dynamic, onnxruntime: dynamic/static, inc: static/qat")
-    task: str = option("", "task whose train split calibrates static ranges and whose dev split scores the result")
+    backend: str = option("onnxruntime", "int8 backend: torch (PyTorch dynamic, Linear layers), onnxruntime (ONNX export + Optimum), inc (Neural Compressor 3.x static PT2E), openvino (OpenVINO IR + NNCF static)",
+                          choices=lambda: BACKENDS.names())
+    scheme: str = option("dynamic", "dynamic (activation ranges per batch), static (calibrated) or qat (quantization-aware training); torch: dynamic, onnxruntime: dynamic/static, inc: static/qat, openvino: static",
+                         choices=SCHEMES)
+    task: str = option("", "task whose train split calibrates static ranges and whose dev split scores the result",
+                       choices=task_choices)
     calibration_examples: int = option(128, "training examples for static calibration (a seeded random sample)")
-    preset: str = option("auto", "onnxruntime kernels: auto (from the CPU's flags), avx512_vnni, avx2, arm64")
+    preset: str = option("auto", "onnxruntime kernels: auto (from the CPU's flags), avx512_vnni, avx2, arm64", choices=PRESETS)
     per_channel: bool = option(True, "one weight scale per output channel (else one per tensor)")
     max_drop: float | None = option(None, "refuse the result when the dev primary metric drops by more than this many points")
     seed: int = option(0, "seed for choosing the calibration examples")
@@ -157,6 +190,11 @@ class Job:
     head: str
     reference: Any  # the fp32 parent as loaded (torch model, or ONNX runner)
     calibration: "Calibration"
+    # The task and its dev data, for a backend that scores candidates itself (openvino's accuracy control).
+    task: Task | None = None
+    tokenizer: Any = None
+    dev: dict[str, Any] | None = None  # split name -> raw dev examples, as the accuracy guard scores them
+    max_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -411,6 +449,122 @@ def quiet_inc() -> Iterator[None]:
         inc_logger.setLevel(level)
 
 
+# ---------------------------------------------------------------------------- openvino (NNCF)
+
+
+def _quantize_openvino(job: Job) -> dict[str, Any]:
+    """NNCF static int8 of the parent's OpenVINO IR; an int8 IR whose matrix multiplications run in int8."""
+    with quiet_nncf():
+        # deferred: a heavy import, paid only where it is used
+        import nncf
+
+        converted = convert(job.parent_dir)  # fp32 IR: PyTorch (any structure) or ONNX parent
+        names = converted.inputs  # the IR's inputs: no token_type_ids for DistilBERT, ModernBERT
+        items = _openvino_calibration(job.calibration, names)
+        calibration = nncf.Dataset(items)
+        examples = len(items)
+        weights = nncf.AdvancedQuantizationParameters(
+            weights_quantization_params=nncf.quantization.advanced_parameters.QuantizationParameters(per_channel=job.cfg.per_channel),
+        )
+        settings = {"preset": nncf.QuantizationPreset.MIXED, "model_type": nncf.ModelType.TRANSFORMER,
+                    "subset_size": examples}  # every calibration example
+        control = None
+        if job.cfg.max_drop is not None:
+            quantized, control = _openvino_accuracy_control(nncf, job, converted, calibration, settings, weights)
+        else:
+            quantized = nncf.quantize(converted.model, calibration, advanced_parameters=weights, **settings)
+    stored = int8_weights(quantized)
+    if not stored:
+        raise CompressError(f"NNCF left no int8 weight in the OpenVINO model of {job.parent_dir}"
+                            + (" (accuracy control returned every layer to fp32)" if control and control.get("used") else ""))
+    save_ir(quantized, job.out)
+    copy_sidecars(job.parent_dir, job.out)
+    compiled = compile_openvino(job.out / OPENVINO_FILE)  # as evaluation and latency will run it
+    ran = layer_precisions(compiled)
+    if not any(ran.get(kind) for kind in INT8_TYPES):
+        raise CompressError(f"OpenVINO runs none of the int8 model's matrix multiplications in int8 ({ran}); it was not written")
+    return {
+        "outputs": list(converted.outputs),
+        "source_format": converted.source_format,
+        "inference_precision": inference_precision(compiled),  # what the non-int8 layers run in
+        "layer_precisions": ran,
+        "openvino_quantization": {
+            "tool": "nncf", "preset": "mixed", "model_type": "transformer", "subset_size": examples,
+            "weights": f"int8 symmetric, per {'channel' if job.cfg.per_channel else 'tensor'}",
+            "activations": "8-bit asymmetric, per tensor", "int8_weight_matrices": stored,
+            "accuracy_control": control,
+        },
+    }
+
+
+def _openvino_calibration(calibration: "Calibration", names: list[str]) -> list[dict[str, np.ndarray]]:
+    """One NNCF item per calibration example, (1, its own length): padding positions stay out of the ranges."""
+    items = []
+    for batch in calibration.batches:
+        for row, length in enumerate(batch["attention_mask"].sum(axis=1)):
+            items.append({name: batch[name][row : row + 1, : int(length)] for name in names})
+    return items
+
+
+def _openvino_accuracy_control(nncf, job: Job, converted, calibration, settings: dict[str, Any], weights) -> tuple[Any, dict[str, Any]]:
+    """``nncf.quantize_with_accuracy_control`` scored by the task's primary metric on the first dev split.
+
+    NNCF validates the fp32 and int8 models on the dev examples, ranks layer groups by how
+    much they change each example's outputs, and returns groups to fp32 until the drop is
+    at most ``max_drop`` points. If that API fails, plain ``nncf.quantize`` runs instead and
+    the toolkit's own guard (in :func:`quantize`) decides; the record says which happened.
+    """
+    split, examples = next(iter(job.dev.items()))
+    metric = job.task.primary_metric
+    encoded = encode_examples(job.task, job.tokenizer, examples, job.max_length)  # one unpadded sequence per example
+
+    def inputs_of(index: int) -> dict[str, np.ndarray]:
+        ids = np.asarray([encoded["input_ids"][index]], dtype=np.int64)  # (1, seq)
+        return {name: np.asarray([encoded[name][index]], dtype=np.int64) if name in encoded else np.zeros_like(ids)
+                for name in converted.inputs}
+
+    def validate(compiled, items) -> tuple[float, list[list[np.ndarray]]]:
+        """(the primary metric on these dev examples, every example's outputs, for NNCF's ranking)."""
+        items = [int(i) for i in items]
+        runner = OpenVINORunner(job.parent_dir, job.reference.config, job.head, compiled=compiled)
+        score = dev_evaluator(job.task, job.tokenizer, {split: examples.select(items)}, job.max_length,
+                              batch_size=job.cfg.data.eval_batch_size, doc_stride=job.cfg.data.doc_stride)(runner)
+        return float(score[metric]), [list(compiled(inputs_of(i)).values()) for i in items]
+
+    record = {"split": split, "metric": metric, "examples": len(examples), "max_drop": job.cfg.max_drop}
+    try:
+        model = nncf.quantize_with_accuracy_control(
+            converted.model, calibration, nncf.Dataset(list(range(len(examples))), inputs_of), validate,
+            max_drop=job.cfg.max_drop, drop_type=nncf.DropType.ABSOLUTE,  # metrics are in points
+            advanced_quantization_parameters=weights,
+            advanced_accuracy_restorer_parameters=nncf.AdvancedAccuracyRestorerParameters(num_ranking_workers=1),
+            **settings,
+        )
+    except Exception as err:  # the API refused this model or task: the guard still applies
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        model = nncf.quantize(converted.model, calibration, advanced_parameters=weights, **settings)
+        return model, {**record, "used": False, "reason": f"{type(err).__name__}: {reason}"}
+    return model, {**record, "used": True}
+
+
+@contextmanager
+def quiet_nncf() -> Iterator[None]:
+    """NNCF without usage telemetry, with errors only (it logs each step at INFO on stdout), and its
+    progress bars (rich, on stdout) on stderr where ours would show, nowhere otherwise."""
+    with no_telemetry():
+        # deferred: a heavy import, paid only where it is used
+        import nncf  # noqa: F401  (decides about telemetry and resets its log level when first imported)
+
+        nncf_logger = logging.getLogger("nncf")
+        level = nncf_logger.level
+        nncf_logger.setLevel(logging.ERROR)
+        try:
+            with redirect_stdout(sys.stderr if show_bars() else io.StringIO()):
+                yield
+        finally:
+            nncf_logger.setLevel(level)
+
+
 BACKENDS.register("torch", Backend(("dynamic",), "torch-int8-dynamic", ("torch",), _quantize_torch))
 BACKENDS.register("onnxruntime", Backend(
     ("dynamic", "static"), "onnx", ("torch", "onnx", "onnxruntime"), _quantize_onnxruntime,
@@ -419,6 +573,10 @@ BACKENDS.register("onnxruntime", Backend(
 BACKENDS.register("inc", Backend(
     ("static", "qat"), "inc-pt2e", ("torch", "neural-compressor-pt", "torchao"), _quantize_inc,
     heads=("sequence-classification", "question-answering", "base", "masked-lm"),
+))
+BACKENDS.register("openvino", Backend(
+    ("static",), OPENVINO, ("torch", "openvino", "nncf"), _quantize_openvino,
+    needs_torch=False, heads=("sequence-classification", "question-answering", "base", "masked-lm"),
 ))
 
 
@@ -571,7 +729,7 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
     dev = _dev_splits(task, cfg.data) if task else None
 
     with output_dir(out, overwrite) as tmp:
-        extra = backend.run(Job(model_dir, tmp, cfg, head, reference, calibration))
+        extra = backend.run(Job(model_dir, tmp, cfg, head, reference, calibration, task, tokenizer, dev, max_length))
         copy_sentence_files(model_dir, tmp)  # a sentence-transformers folder keeps its pooling and normalisation
         record = _record(model_dir, cfg, backend, head, reference, calibration, extra)
         write_json_atomic(tmp / COMPRESSION_FILE, record)  # the loader reads format and structure from it
@@ -649,14 +807,16 @@ def _accuracy_guard(reference, quantized, task: Task, tokenizer, dev, max_length
     metric = task.primary_metric
     drop = before[metric] - after[metric]  # in points: metrics are percentages
     passed = cfg.max_drop is None or drop <= cfg.max_drop
-    for entry in split_records(task, dev, after, data=cfg.data.describe(), max_length=max_length):
+    batch_size = cfg.data.eval_batch_size  # scores of dynamic int8 move with batch composition: recorded
+    for entry in split_records(task, dev, after, data=cfg.data.describe(), max_length=max_length, batch_size=batch_size):
         append_metrics(tmp, entry)
     summary = {
         "kind": "quantize", "task": task.name, "metric": metric, "parent": before[metric], "quantized": after[metric],
-        "drop": drop, "max_drop": cfg.max_drop, "passed": passed, "parent_metrics": before, "quantized_metrics": after,
+        "drop": drop, "max_drop": cfg.max_drop, "passed": passed, "batch_size": batch_size, "check": record.get("check"),
+        "parent_metrics": before, "quantized_metrics": after,
     }
     append_metrics(tmp, summary)
-    record["accuracy"] = {k: summary[k] for k in ("task", "metric", "parent", "quantized", "drop", "max_drop", "passed")}
+    record["accuracy"] = {k: summary[k] for k in ("task", "metric", "parent", "quantized", "drop", "max_drop", "passed", "batch_size")}
     if passed:
         return None
     return (
@@ -666,14 +826,34 @@ def _accuracy_guard(reference, quantized, task: Task, tokenizer, dev, max_length
 
 
 def summarize(out: Path, cfg: QuantizeConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
-    """What ``compress quantize`` prints: backend, scheme and weights on disk before and after, then dev results."""
+    """What ``compress quantize`` prints: backend, scheme and weights on disk before and after, the dev results,
+    the fp32 and int8 scores with the drop, and the output check (all as recorded in metrics.json / compression.json)."""
     record = read_compression(out)
     before, after = size_on_disk(inputs["model"]), size_on_disk(out)
-    lines = [f"{record.get('backend')} {record.get('scheme')} int8: weights {before / 2**20:.1f} MB -> {after / 2**20:.1f} MB"]
-    evals = [r for r in read_metrics(out) if r.get("kind") == "eval"]
+    lines = [f"{record.get('backend')} {record.get('scheme')} int8: weights {megabytes(before):.1f} MB -> {megabytes(after):.1f} MB"]
+    results = read_metrics(out)
+    evals = [r for r in results if r.get("kind") == "eval"]
     if evals:
         lines.append(format_table(evals))
+    summary = next((r for r in reversed(results) if r.get("kind") == "quantize"), None)
+    if summary:
+        lines.append(f"{summary['task']} dev {summary['metric']}: fp32 {summary['parent']:.2f} -> int8 {summary['quantized']:.2f}, "
+                     f"drop {summary['drop']:.2f} points (eval batch size {summary.get('batch_size')})")
+    else:
+        lines.append("dev score: not measured (no --task); the output check is the only test of the int8 model")
+    check = (summary or {}).get("check") or record.get("check")
+    if check:
+        lines.append(format_check(check))
     return "\n".join(lines), []
+
+
+def format_check(check: dict[str, Any]) -> str:
+    """The output check (:func:`check_outputs`) as one line."""
+    line = (f"output check on {check['examples']} examples: max |int8 - fp32| {check['max_abs_diff']:.4f} "
+            f"(fp32 max |output| {check['fp32_max_abs']:.4f})")
+    if check.get("argmax_agreement") is not None:
+        line += f", argmax agreement {100 * check['argmax_agreement']:.1f}%"
+    return line
 
 
 def rejected_path(out: Path) -> Path:

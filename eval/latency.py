@@ -19,15 +19,19 @@ A latency backend (``BACKENDS``) loads one model directory into a :class:`Sessio
 whose ``run(batch, seq)`` returns the seconds of each timed forward pass. ``auto`` (the
 default) picks by the directory's format: ``torch`` (fp32 eager), ``torch-int8``
 (dynamic int8 Linears), ``onnxruntime`` (an ONNX directory, or an fp32 PyTorch one
-exported inside the worker), ``inc`` (Neural Compressor PT2E, inductor-compiled);
-``torch-bf16`` casts an fp32 model to bfloat16. All load through
-``compress.core.runtime``, as evaluation does; each row names the backend that ran.
+exported inside the worker), ``inc`` (Neural Compressor PT2E, inductor-compiled),
+``openvino`` (an OpenVINO IR, or an fp32 PyTorch / ONNX directory converted inside the
+worker; f32, PERFORMANCE_HINT=LATENCY); ``torch-bf16`` casts an fp32 model to bfloat16 and
+``openvino-bf16`` asks OpenVINO for bf16. All load through ``compress.core.runtime``, as
+evaluation does; each row names the backend that ran, and an OpenVINO row's note the
+precision the compiled model reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -39,7 +43,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from compress.core.artifacts import (
     append_metrics,
@@ -47,6 +50,7 @@ from compress.core.artifacts import (
     is_quantized,
     load_config,
     require_model_dir,
+    saved_head,
     utc_now,
     write_json_atomic,
     write_text_atomic,
@@ -55,9 +59,13 @@ from compress.core.config import from_dict, option
 from compress.core.errors import CompressError
 from compress.core.export import export_onnx
 from compress.core.hardware import cpu_info, hardware, package_versions
+from compress.core.logs import progress
+from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner, export_openvino, layer_precisions
 from compress.core.registry import Registry
 from compress.core.runtime import load_model, parameter_count, structure_of
 from compress.core.structure import count_parameters, describe, flops_per_sequence, model_inputs
+
+log = logging.getLogger(__name__)
 
 REPORT_JSON = "latency.json"
 REPORT_MD = "latency.md"
@@ -86,7 +94,8 @@ class LatencyConfig:
     repeats: int = option(30, "timed forward passes per (batch, seq)")
     min_seconds: float = option(0.0, "keep repeating until the timed passes add up to at least this long")
     threads: int | None = option(None, "intra-op threads (default: usable physical cores)")
-    backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc")
+    backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc, openvino, openvino-bf16",
+                          choices=lambda: [name for name, _ in BACKENDS.items()])
     peak: bool = option(True, "also measure the fp32 GEMM peak and report each model's % of it")
     record: bool = option(True, "append the results to each model's metrics.json")
     out: str | None = option(None, "directory for latency.json and latency.md", metavar="DIR")
@@ -158,7 +167,8 @@ def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
 
 
 # The backend ``auto`` picks for each directory format (compression.json "format").
-AUTO_BACKENDS = {"torch": "torch", "torch-int8-dynamic": "torch-int8", "onnx": "onnxruntime", "inc-pt2e": "inc"}
+AUTO_BACKENDS = {"torch": "torch", "torch-int8-dynamic": "torch-int8", "onnx": "onnxruntime", "inc-pt2e": "inc",
+                 OPENVINO: "openvino"}
 
 
 @BACKENDS.register("auto")
@@ -237,6 +247,39 @@ def inc_session(model_dir: Path, cfg: LatencyConfig) -> Session:
     return runtime_session(load_model(model_dir), model_dir, cfg, "inc-int8")
 
 
+@BACKENDS.register("openvino")
+def openvino_session(model_dir: Path, cfg: LatencyConfig, precision: str = OPENVINO_PRECISION) -> Session:
+    """An OpenVINO compiled model (the worker's threads, PERFORMANCE_HINT=LATENCY, f32 unless ``precision``).
+
+    An fp32 PyTorch or ONNX directory is converted first, in this worker. The row's backend
+    names int8 and any precision other than f32 (``openvino-int8``, ``openvino-bf16``); its
+    note gives the precision the compiled model reports and what its matrix multiplications run in.
+    """
+    fmt = artifact_format(model_dir)
+    name = "openvino" if precision == OPENVINO_PRECISION else f"openvino-{precision}"
+    if fmt == OPENVINO:
+        model = OpenVINORunner(model_dir, load_config(model_dir), saved_head(model_dir), threads=cfg.threads, precision=precision)
+    elif fmt in ("torch", "onnx"):
+        with tempfile.TemporaryDirectory(prefix="compress-openvino-") as tmp:
+            # The compiled model holds its weights: the IR can go right after.
+            ir = export_openvino(model_dir, Path(tmp) / "openvino")
+            model = OpenVINORunner(ir, load_config(ir), saved_head(ir), threads=cfg.threads, precision=precision)
+    else:
+        raise CompressError(f"the {name} latency backend runs OpenVINO, ONNX or fp32 PyTorch directories; {model_dir} is {fmt} "
+                            "(use --backend auto)")
+    ran = layer_precisions(model.compiled)
+    backend = "openvino" + ("-int8" if is_quantized(model_dir) else "") + ("" if model.precision == "f32" else f"-{model.precision}")
+    note = (f"{model_dir.name}: OpenVINO inference precision {model.precision} (asked: {precision}); matrix multiplications in "
+            + ", ".join(f"{kind} x{count}" for kind, count in sorted(ran.items())))
+    return runtime_session(model, model_dir, cfg, backend, note)
+
+
+@BACKENDS.register("openvino-bf16")
+def openvino_bf16_session(model_dir: Path, cfg: LatencyConfig) -> Session:
+    """The ``openvino`` backend with INFERENCE_PRECISION_HINT=bf16 (what the CPU plugin picks by itself where bf16 exists)."""
+    return openvino_session(model_dir, cfg, precision="bf16")
+
+
 def random_input_ids(vocab_size: int, batch: int, seq: int):
     """Token ids in [1, vocab) of shape (batch, seq), int64; 0 is [PAD] in BERT vocabularies."""
     rng = np.random.default_rng(INPUT_SEED)
@@ -266,6 +309,14 @@ def size_on_disk(model_dir: Path | str) -> int:
         for p in Path(model_dir).iterdir()
         if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)
     )
+
+
+MB = 10**6  # the one size unit of every table and summary (latency, quantize, leaderboard): decimal MB, not MiB
+
+
+def megabytes(n_bytes: int) -> float:
+    """``n_bytes`` in MB (10^6 bytes)."""
+    return n_bytes / MB
 
 
 def default_threads() -> int:
@@ -352,17 +403,17 @@ def run_all(
 
     total = len(paths) * len(cfg.grid()) + (1 if cfg.peak else 0)
     peak, results = None, []
-    # The bar is on stderr (hidden when not a terminal); one line per model is always written.
-    with tqdm(total=total, desc="latency", unit="point", file=sys.stderr, disable=None) as bar:
+    # The bar is on stderr (hidden when not a terminal); one log line per model.
+    with progress(total=total, desc="latency", unit="point", file=sys.stderr) as bar:
         if cfg.peak:
             peak = run_worker({"mode": "peak", "sizes": list(PEAK_SIZES)}, threads, "GEMM peak", bar)["gflops"]
-            bar.write(f"GEMM peak: {peak:.1f} GFLOP/s fp32 on {threads} threads", file=sys.stderr)
+            log.info(f"GEMM peak: {peak:.1f} GFLOP/s fp32 on {threads} threads")
         for path, name in zip(paths, names):
             job = {"mode": "model", "model": str(path), "config": worker_config(cfg, threads)}
             results.append(run_worker(job, threads, name, bar))
             first = results[-1]["points"][0]
             p50 = percentile_stats(first["seconds"])["p50_ms"]
-            bar.write(f"{name}: p50 {p50:.2f} ms at batch {first['batch']} seq {first['seq']}", file=sys.stderr)
+            log.info(f"{name}: p50 {p50:.2f} ms at batch {first['batch']} seq {first['seq']}")
     return peak, results
 
 
@@ -384,7 +435,7 @@ def build_rows(
     """One row per model x (batch, seq), with the speed-up against the first model's p50."""
     rows = []
     for path, name, result in zip(paths, names, results):
-        size_mb = size_on_disk(path) / 1e6
+        size_mb = megabytes(size_on_disk(path))
         for point in result["points"]:
             batch, seq = point["batch"], point["seq"]
             stats = percentile_stats(point["seconds"])
@@ -404,6 +455,7 @@ def build_rows(
                 "gflops_per_seq": flops / 1e9,
                 "achieved_gflops": achieved,
                 "pct_peak": 100.0 * achieved / peak if peak else None,
+                **({"note": result["note"]} if result.get("note") else {}),  # e.g. OpenVINO's inference precision
             })
     first = {(r["batch"], r["seq"]): r["p50_ms"] for r in rows[: len(results[0]["points"])]}
     for row in rows:

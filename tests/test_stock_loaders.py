@@ -17,6 +17,7 @@ from compress.core.artifacts import INT8_WEIGHTS_FILE, WEIGHTS_FILE, read_compre
 from compress.core.compat import HAS_OPTIMUM_ONNX, STOCK_PRUNED_HEADS
 from compress.core.export import export_onnx
 from compress.core.runtime import load_model
+from compress.export import ExportConfig, export
 from compress.quantize import QuantizeConfig, quantize
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
@@ -41,6 +42,7 @@ def build_kinds(tmp_path, tokenizer) -> dict:
     kinds["torch-int8"] = quantize(kinds["fp32"], tmp_path / "torch-int8", QuantizeConfig(backend="torch"))
     kinds["onnx"] = export_onnx(kinds["heads-pruned"], tmp_path / "onnx")
     kinds["onnx-int8"] = quantize(kinds["fp32"], tmp_path / "onnx-int8", QuantizeConfig(backend="onnxruntime"))
+    kinds["openvino"] = export(kinds["heads-pruned"], tmp_path / "openvino", ExportConfig(format="openvino"))
     return kinds
 
 
@@ -88,7 +90,7 @@ def onnx_session(path, tokenizer):
     return session.run(["logits"], {n: enc[n].astype(np.int64) for n in names})[0]
 
 
-@pytest.mark.parametrize("kind", ["fp32", "heads-pruned", "ffn-global", "ffn-uniform", "torch-int8", "onnx", "onnx-int8"])
+@pytest.mark.parametrize("kind", ["fp32", "heads-pruned", "ffn-global", "ffn-uniform", "torch-int8", "onnx", "onnx-int8", "openvino"])
 @pytest.mark.parametrize("loader", [stock_transformers, stock_pipeline])
 def test_stock_transformers_reproduces_or_refuses(kinds, kind, loader, tmp_path):
     tokenizer = make_tokenizer(tmp_path / "tok")
@@ -96,14 +98,14 @@ def test_stock_transformers_reproduces_or_refuses(kinds, kind, loader, tmp_path)
     outcome = reproduces_or_raises(lambda: loader(path, tokenizer), ours(path, tokenizer))
     expected = {
         "fp32": "exact", "ffn-uniform": "exact", "ffn-global": "refused", "torch-int8": "refused",
-        "onnx": "refused", "onnx-int8": "refused",
+        "onnx": "refused", "onnx-int8": "refused", "openvino": "refused",
         "heads-pruned": "exact" if STOCK_PRUNED_HEADS else "refused",
     }[kind]
     assert outcome == expected
     # The card says what the stock loader does.
     card = (path / "README.md").read_text()
     assert ("reproduces these outputs" in card) == (outcome == "exact")
-    if outcome == "refused" and kind != "onnx" and kind != "onnx-int8":
+    if outcome == "refused" and kind not in ("onnx", "onnx-int8", "openvino"):
         assert "compress export" in card or "compress quantize --backend" in card
 
 
@@ -111,6 +113,20 @@ def test_stock_transformers_reproduces_or_refuses(kinds, kind, loader, tmp_path)
 def test_onnx_folders_run_exactly_in_a_bare_session(kinds, kind, tmp_path):
     tokenizer = make_tokenizer(tmp_path / "tok")
     assert reproduces_or_raises(lambda: onnx_session(kinds[kind], tokenizer), ours(kinds[kind], tokenizer)) == "exact"
+
+
+def test_an_openvino_folder_runs_exactly_in_openvino(kinds, tmp_path):
+    import openvino
+
+    tokenizer = make_tokenizer(tmp_path / "tok")
+
+    def run():
+        compiled = openvino.Core().compile_model(str(kinds["openvino"] / "openvino_model.xml"), "CPU",
+                                                 {"INFERENCE_PRECISION_HINT": "f32"})
+        enc = tokenizer(TEXTS, padding=True, return_tensors="np")
+        return compiled({p.get_any_name(): enc[p.get_any_name()].astype(np.int64) for p in compiled.inputs})[compiled.output("logits")]
+
+    assert reproduces_or_raises(run, ours(kinds["openvino"], tokenizer)) == "exact"
 
 
 @pytest.mark.skipif(not HAS_OPTIMUM_ONNX, reason="Optimum's ONNX Runtime integration exists for transformers < 4.58 only")

@@ -48,6 +48,7 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 LEGACY_WEIGHTS = "pytorch_model.bin"
 ONNX_FILE = "model.onnx"
+OPENVINO_FILE = "openvino_model.xml"  # OpenVINO IR (graph); its weights are openvino_model.bin beside it
 CARD_FILE = "README.md"
 # int8 PyTorch weights: a name no stock loader looks for, so transformers, pipeline and
 # SentenceTransformer refuse the folder (no model.safetensors) instead of loading the fp32
@@ -59,6 +60,7 @@ TORCH = "torch"
 TORCH_INT8 = "torch-int8-dynamic"
 ONNX = "onnx"
 INC_PT2E = "inc-pt2e"
+OPENVINO = "openvino"
 INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its precision says so
 
 # Architectures the loader builds, by the name in config.json's "architectures", for
@@ -224,7 +226,7 @@ def dir_hash(path: Path | str) -> str:
     names = sorted(
         p.name
         for p in path.iterdir()
-        if p.is_file() and (p.suffix in {".safetensors", ".onnx", ".bin", ".data", ".pt2"} or p.name == "config.json")
+        if p.is_file() and (p.suffix in {".safetensors", ".onnx", ".bin", ".data", ".pt2"} or p.name in ("config.json", OPENVINO_FILE))
     )
     for name in names:
         digest.update(name.encode())
@@ -399,15 +401,17 @@ def require_model_dir(path: Path | str) -> Path:
 
 
 def model_format(path: Path | str) -> str:
-    """``torch`` (safetensors / .bin weights) or ``onnx`` (model.onnx), from the files present."""
+    """``torch`` (safetensors / .bin weights), ``onnx`` (model.onnx) or ``openvino`` (openvino_model.xml), from the files present."""
     path = Path(path)
     if (path / ONNX_FILE).is_file() and not (path / WEIGHTS_FILE).is_file():
         return "onnx"
+    if (path / OPENVINO_FILE).is_file() and not (path / WEIGHTS_FILE).is_file():
+        return OPENVINO
     return "torch"
 
 
 def artifact_format(path: Path | str) -> str:
-    """The directory's format: compression.json's ``format``, else ``onnx``/``torch`` from its files."""
+    """The directory's format: compression.json's ``format``, else ``onnx``/``openvino``/``torch`` from its files."""
     return read_compression(path).get("format") or model_format(path)
 
 

@@ -20,7 +20,7 @@ INTERESTING_FLAGS = (
 
 PACKAGES = (
     "torch", "transformers", "tokenizers", "datasets", "accelerate", "optimum", "optimum-onnx",
-    "onnxruntime", "onnx", "neural-compressor-pt", "torch-pruning", "safetensors", "numpy",
+    "onnxruntime", "onnx", "openvino", "nncf", "neural-compressor-pt", "torch-pruning", "safetensors", "numpy",
 )
 
 

@@ -13,6 +13,9 @@ format                 weights file        runs as
 ``onnx``               model.onnx          an ONNX Runtime session (fp32 or int8 graph)
 ``inc-pt2e``           model.pt2           a ``torch.export`` program quantized by Neural
                                            Compressor (PT2E), compiled by inductor
+``openvino``           openvino_model.xml  an OpenVINO compiled model on the CPU (fp32 or
+                       + .bin              NNCF int8 IR), f32 unless another precision is
+                                           asked for (``compress.core.openvino`` writes it)
 =====================  ==================  ============================================
 
 :func:`load_model` returns, for every format, an object the evaluation code uses
@@ -59,6 +62,8 @@ from compress.core.artifacts import (  # noqa: F401  (re-exported)
     INT8_WEIGHTS_FILE,
     ONNX,
     ONNX_FILE,
+    OPENVINO,
+    OPENVINO_FILE,
     TORCH,
     TORCH_INT8,
     WEIGHTS_FILE,
@@ -80,6 +85,7 @@ from compress.core.tasks import Task
 PT2_FILE = "model.pt2"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order exported graphs take (those of them the family has)
 NO_COMPILE_ENV = "COMPRESS_NO_COMPILE"  # "1": run INC programs eagerly (tests; no C++ compiler)
+MAX_COMPILED_SHAPES = 64  # graphs compiled per INC program before dynamo falls back to eager
 
 # Suffixes of the int8 Linear tensors in the torch-int8 safetensors file.
 INT8_WEIGHT, INT8_SCALE, INT8_ZERO = ".weight_int8", ".weight_scale", ".weight_zero_point"
@@ -119,7 +125,7 @@ def load_model(
     ``masked-lm``, ``pretraining`` (default: the saved one; see
     ``artifacts.load_torch_model`` for new heads and ``with_info``); a non-torch format refuses
     those that would need new weights (another head, another ``num_labels``).
-    ``threads`` sets ONNX Runtime's intra-op pool (default: torch's thread count);
+    ``threads`` sets ONNX Runtime's intra-op pool and OpenVINO's CPU threads (default: torch's thread count);
     ``device`` places a runner (PyTorch models move with ``.to()`` as usual);
     ``compile`` (default: on unless ``COMPRESS_NO_COMPILE=1``) compiles INC programs;
     ``fmt`` overrides the format compression.json states.
@@ -339,11 +345,29 @@ class OnnxRunner(Runner):
         return [torch.from_numpy(out) for out in self.session.run(list(self.output_names), feeds)]
 
 
+def padded_shape(batch: int, seq: int, max_seq: int) -> tuple[int, int]:
+    """The (batch, seq) an INC program runs compiled at: the batch rounded up to a power of two,
+    the length to a multiple of 32 tokens (of 64 beyond 128), at most ``max_seq``.
+
+    Inductor compiles one graph per input shape (tens of seconds each for a 6-layer model on
+    2 cores), and the dynamic-shape graph it falls back to ran 2.3x slower than a static one
+    (batch 32, seq 64, 6 layers x 384); so inputs are padded to these few shapes (1, 2, 4, ...
+    x 32, 64, 96, 128, 192, ...), which keep the usual latency points (batch 1/8/32, seq
+    128/384) exact. Padded positions are masked and padding rows dropped: the outputs are the
+    unpadded ones up to int8 rounding steps that sums in another order can flip.
+    """
+    step = 32 if seq <= 128 else 64
+    return 1 << (batch - 1).bit_length(), max(seq, min(max_seq, -(-seq // step) * step))
+
+
 class ExportedRunner(Runner):
-    """A ``torch.export`` program (INC PT2E int8), compiled by inductor with freezing on first call.
+    """A ``torch.export`` program (INC PT2E int8), compiled by inductor with freezing, one graph per padded shape.
 
     Freezing turns the graph's dequantize(int8 weight) -> linear patterns into packed
     int8 GEMMs; without it the program runs the q/dq graph in fp32 (correct, not fast).
+    Compiled, every batch is padded to :func:`padded_shape` (extra rows repeat the first,
+    extra positions are masked out) and the outputs are cut back, so an evaluation compiles
+    a handful of static graphs rather than one per (batch, length) it meets.
     """
 
     format = INC_PT2E
@@ -357,20 +381,41 @@ class ExportedRunner(Runner):
 
     def _callable(self):
         if self.compiled is None:
-            object.__setattr__(self, "compiled", torch.compile(self.program) if self.compile else self.program)
+            # Static graphs only: padded_shape bounds how many there are.
+            object.__setattr__(self, "compiled", torch.compile(self.program, dynamic=False) if self.compile else self.program)
         return self.compiled
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         # deferred: a heavy import, paid only where it is used
+        import torch._dynamo.config as dynamo_config
+
+        # deferred: a heavy import, paid only where it is used
         import torch._inductor.config as inductor_config
 
-        args = tuple(inputs[name].to(torch.long) for name in input_names(self))  # positional, as exported
+        names = input_names(self)
+        args = tuple(inputs[name].to(torch.long) for name in names)  # positional, as exported: (batch, seq) each
+        batch, seq = args[0].shape
+        if self.compile:
+            args = self._padded(args, names, *padded_shape(batch, seq, self.config.max_position_embeddings))
         # Inference mode: freezing applies only without autograd, and one grad mode means no recompiles.
-        with torch.inference_mode(), inductor_config.patch(freezing=True), warnings.catch_warnings():
+        with torch.inference_mode(), inductor_config.patch(freezing=True), warnings.catch_warnings(), \
+                dynamo_config.patch(recompile_limit=MAX_COMPILED_SHAPES):
             # Inductor's int8 lowering copies zero points with torch.tensor(tensor) and warns once per GEMM.
             warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
             out = self._callable()(*args)
-        return list(out) if isinstance(out, (tuple, list)) else [out]
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        # Padding rows go; per-token outputs (batch, seq[, width]) lose the padded positions too.
+        per_token = self.head != "sequence-classification"
+        return [o[:batch, :seq] if per_token and o.dim() >= 2 and o.shape[1] == args[0].shape[1] else o[:batch] for o in out]
+
+    def _padded(self, args: tuple[torch.Tensor, ...], names: tuple[str, ...], batch: int, seq: int) -> tuple[torch.Tensor, ...]:
+        """``args`` padded to (batch, seq): masked pad tokens on the right, copies of the first row below."""
+        fill = {"input_ids": self.config.pad_token_id or 0}  # attention_mask and token_type_ids: 0
+        padded = []
+        for name, t in zip(names, args):
+            t = torch.nn.functional.pad(t, (0, seq - t.shape[1]), value=fill.get(name, 0))
+            padded.append(torch.cat([t, t[:1].expand(batch - t.shape[0], -1)]))
+        return tuple(padded)
 
 
 @FORMATS.register(ONNX)
@@ -396,6 +441,113 @@ def _load_inc(path: Path, options: dict[str, Any]):
     if options.get("device") is not None:
         runner.to(options["device"])
     return _info(runner, saved, structure_of(path), INC_PT2E, options)
+
+
+# ---------------------------------------------------------------------------- OpenVINO
+
+# INFERENCE_PRECISION_HINT unless asked otherwise: left to itself, OpenVINO's CPU plugin runs
+# floating-point layers in bf16 wherever the CPU has bf16 kernels, i.e. not the model as stored.
+OPENVINO_PRECISION = "f32"
+MATMUL_LAYERS = ("FullyConnected", "MatMul")  # layer types of the compiled graph that multiply matrices
+
+
+def compile_openvino(model, *, threads: int | None = None, precision: str | None = OPENVINO_PRECISION):
+    """An OpenVINO model (an ``openvino.Model`` or the path of an IR) compiled for the CPU, one request at a time.
+
+    ``precision`` is the ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``, ``f16``; None: the
+    plugin's own choice); int8 layers of an int8 IR run in int8 whatever it is, it decides the
+    rest (attention, softmax, LayerNorm, fp32 layers). ``threads``: CPU threads (default torch's).
+    """
+    # deferred: a heavy import, paid only where it is used
+    import openvino as ov
+
+    properties = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads or torch.get_num_threads()}
+    if precision:
+        properties["INFERENCE_PRECISION_HINT"] = precision
+    what = model if isinstance(model, (str, Path)) else "the model"
+    try:
+        return ov.Core().compile_model(str(model) if isinstance(model, Path) else model, "CPU", properties)
+    except Exception as err:  # RuntimeError from the plugin: a corrupt IR, an unsupported precision
+        raise CompressError(f"OpenVINO cannot compile {what}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
+
+
+def inference_precision(compiled) -> str:
+    """The precision a compiled model runs its floating-point layers in (``f32``, ``bf16``, ``f16``)."""
+    return compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+
+
+def layer_precisions(compiled) -> dict[str, int]:
+    """How many matrix-multiply layers the compiled model runs in each precision, e.g. ``{"u8": 12, "i8": 2}``.
+
+    Read from the plugin's runtime graph: what executes, not what the IR stores (an int8 IR
+    whose integer ops the plugin only emulates shows ``f32`` here).
+    """
+    counts: dict[str, int] = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if info["layerType"].astype(str) in MATMUL_LAYERS:
+            precision = info["runtimePrecision"].astype(str).lower()
+            counts[precision] = counts.get(precision, 0) + 1
+    return counts
+
+
+class OpenVINORunner(Runner):
+    """An OpenVINO IR compiled for the CPU (:func:`compile_openvino`); ``precision`` is what it runs in.
+
+    ``compiled`` runs an already compiled model instead of reading ``path`` (NNCF hands its
+    candidates to validation functions that way).
+    """
+
+    format = OPENVINO
+
+    def __init__(self, path: Path, config, head: str, *, threads: int | None = None,
+                 precision: str | None = OPENVINO_PRECISION, compiled=None):
+        super().__init__(path, config, head, ())
+        if compiled is None:
+            compiled = compile_openvino(self.path / OPENVINO_FILE, threads=threads, precision=precision)
+        # Hidden from nn.Module's registry: neither is a submodule.
+        object.__setattr__(self, "compiled", compiled)
+        object.__setattr__(self, "request", compiled.create_infer_request())
+        self.precision = inference_precision(compiled)
+        unnamed = [i for i, port in enumerate(compiled.outputs) if not port.get_names()]
+        if unnamed:
+            raise CompressError(f"{self.path}/{OPENVINO_FILE}: output {unnamed[0]} has no name; name the outputs "
+                                "(logits, start_logits/end_logits or last_hidden_state) when converting")
+        self.input_names = [_port_name(port, INPUTS) for port in compiled.inputs]
+        self.input_types = [port.get_element_type().to_dtype() for port in compiled.inputs]
+        self.output_names = tuple(_port_name(port, OUTPUT_FIELDS) for port in compiled.outputs)
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        # Only the inputs the IR declares (no token_type_ids for DistilBERT, ModernBERT), in its integer type.
+        feeds = {name: inputs[name].detach().cpu().numpy().astype(dtype, copy=False)
+                 for name, dtype in zip(self.input_names, self.input_types)}
+        results = self.request.infer(feeds)  # the outputs are copied out of the request's buffers
+        return [torch.from_numpy(results[port]) for port in self.compiled.outputs]
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, precision={self.precision}"
+
+
+# Output names the Hugging Face output classes use, preferred when an IR tensor has several names.
+OUTPUT_FIELDS = ("logits", "start_logits", "end_logits", "last_hidden_state", "prediction_logits", "seq_relationship_logits")
+
+
+def _port_name(port, known: tuple[str, ...]) -> str:
+    """The name of an IR input/output: a known one when it has several (converters add internal names)."""
+    names = port.get_names()
+    return next((name for name in known if name in names), port.get_any_name())
+
+
+@FORMATS.register(OPENVINO)
+def _load_openvino(path: Path, options: dict[str, Any]):
+    if not (path / OPENVINO_FILE).is_file():
+        raise CompressError(f"{path} has no {OPENVINO_FILE}; is the directory complete?")
+    config, saved = load_config(path), saved_head(path)
+    _check_options(path, OPENVINO, config, saved, options)
+    runner = OpenVINORunner(path, config, saved, threads=options.get("threads"))
+    if options.get("device") is not None:
+        runner.to(options["device"])
+    return _info(runner, saved, structure_of(path), OPENVINO, options)
 
 
 # ---------------------------------------------------------------------------- torch.export archives

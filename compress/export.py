@@ -1,0 +1,188 @@
+"""`compress export`: any model directory the toolkit makes, as a file another runtime loads.
+
+``export(model_dir, out, cfg)`` writes ONNX (``model.onnx``, ONNX Runtime / Optimum) or
+OpenVINO IR (``openvino_model.xml`` + ``.bin``) for
+
+======================  ===========================  ======================================
+source format           --format onnx                --format openvino
+======================  ===========================  ======================================
+torch (any structure)   torch.onnx export            OpenVINO conversion
+onnx (fp32 or int8)     copied (it is ONNX already)  OpenVINO conversion of the graph
+openvino                refused                      copied
+torch-int8-dynamic      refused: quantize the fp32 parent with --backend onnxruntime/openvino
+inc-pt2e                refused: the same
+======================  ===========================  ======================================
+
+Every export is checked: the exported model and the source run on the same sentences and
+the largest absolute output difference is recorded (``compression.json``'s ``check``) and
+printed; a difference above ``cfg.tolerance`` removes the output and fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import torch
+
+from compress.core.artifacts import (
+    COMPRESSION_FILE,
+    METRICS_FILE,
+    ONNX,
+    TORCH,
+    artifact_format,
+    compression_record,
+    is_quantized,
+    load_tokenizer,
+    output_dir,
+    read_compression,
+    require_model_dir,
+    saved_head,
+    write_json_atomic,
+)
+from compress.core.config import option
+from compress.core.errors import CompressError
+from compress.core.export import OUTPUTS, export_onnx
+from compress.core.openvino import export_openvino
+from compress.core.registry import Registry
+from compress.core.runtime import load_model
+from compress.core.structure import model_inputs
+
+# Sentences both models run on for the check: short and long, with a pair (token types).
+CHECK_TEXTS = (
+    ("the film was a delight from start to finish .", None),
+    ("a dull , plodding mess that never finds its footing", "the plot made no sense at all ."),
+    ("It rained all day in Paris, so the museums were full.", "Were the museums busy?"),
+    ("no", None),
+)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    format: Literal["onnx", "openvino"] = option("onnx", "target format: onnx (ONNX Runtime, Optimum) or openvino (OpenVINO IR)")
+    opset: int = option(17, "ONNX opset of a torch -> ONNX export")
+    tolerance: float | None = option(None, "largest output difference accepted by the check (default: 1e-3 for fp32 "
+                                           "sources, 0.5 for int8 ones, whose graphs a converter may re-fuse)")
+
+Exporter = Callable[[Path, Path, ExportConfig], None]  # (source, staged output dir, cfg) -> files written
+EXPORTERS: Registry[dict[str, Exporter]] = Registry("export format")
+
+
+def _refuse(source_fmt: str) -> Exporter:
+    def refuse(source: Path, tmp: Path, cfg: ExportConfig) -> None:
+        parent = (read_compression(source).get("parent") or {}).get("path") or "FP32_PARENT"
+        raise CompressError(
+            f"{source} is {source_fmt} int8, which has no {cfg.format} form; quantize its fp32 parent for that runtime "
+            f"instead: compress quantize --model {parent} --backend {'onnxruntime' if cfg.format == 'onnx' else 'openvino'} "
+            f"--out DIR"
+        )
+    return refuse
+
+
+def _copy(source: Path, tmp: Path, cfg: ExportConfig) -> None:
+    tmp.mkdir()
+    for item in source.iterdir():
+        if item.name not in (COMPRESSION_FILE, METRICS_FILE, "README.md"):
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+
+
+def _torch_to_onnx(source: Path, tmp: Path, cfg: ExportConfig) -> None:
+    export_onnx(source, tmp, opset=cfg.opset, overwrite=True)
+
+
+def _to_openvino(source: Path, tmp: Path, cfg: ExportConfig) -> None:
+    export_openvino(source, tmp, overwrite=True)
+
+
+def _refuse_openvino_to_onnx(source: Path, tmp: Path, cfg: ExportConfig) -> None:
+    raise CompressError(f"{source} is an OpenVINO IR, which has no ONNX export; export its parent (the PyTorch or ONNX "
+                        "directory it was made from) with --format onnx")
+
+
+EXPORTERS.register("onnx", {
+    TORCH: _torch_to_onnx, ONNX: _copy, "openvino": _refuse_openvino_to_onnx,
+    "torch-int8-dynamic": _refuse("torch dynamic"), "inc-pt2e": _refuse("Neural Compressor PT2E"),
+})
+EXPORTERS.register("openvino", {
+    TORCH: _to_openvino, ONNX: _to_openvino, "openvino": _copy,
+    "torch-int8-dynamic": _refuse("torch dynamic"), "inc-pt2e": _refuse("Neural Compressor PT2E"),
+})
+
+
+def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwrite: bool = False) -> Path:
+    """Write ``model_dir`` as ``cfg.format`` to ``out`` and check its outputs against the source's."""
+    source = require_model_dir(model_dir)
+    fmt = artifact_format(source)
+    exporter = EXPORTERS.get(cfg.format).get(fmt)
+    if exporter is None:
+        raise CompressError(f"{source} has format {fmt}, which compress export does not know; "
+                            f"it exports {', '.join(EXPORTERS.get(cfg.format))}")
+    head = saved_head(source)
+    if head not in OUTPUTS:
+        raise CompressError(f"export supports {', '.join(OUTPUTS)} models; {source} is a {head} model")
+    tolerance = cfg.tolerance if cfg.tolerance is not None else (0.5 if is_quantized(source) else 1e-3)
+    with output_dir(out, overwrite) as tmp:
+        staged = tmp / "model"  # the exporters write a complete directory of their own
+        exporter(source, staged, cfg)
+        for item in staged.iterdir():
+            item.rename(tmp / item.name)
+        staged.rmdir()
+        check = compare_outputs(source, tmp, OUTPUTS[head])
+        if check["max_abs_diff"] > tolerance:
+            raise CompressError(
+                f"the {cfg.format} export of {source} differs from it by {check['max_abs_diff']:.3g} "
+                f"(tolerance {tolerance:g}); nothing was written"
+            )
+        before = read_compression(source)
+        written = read_compression(tmp)
+        record = compression_record(
+            stage="export", method=cfg.format, config=cfg, parent=source, structure=before.get("structure"),
+            extra={**{k: before[k] for k in ("head", "task", "precision", "backend", "scheme") if k in before},
+                   **{k: written[k] for k in ("format", "backend", "precision", "inference_precision") if k in written},
+                   "format": written.get("format") or fmt, "source_format": fmt, "check": {**check, "tolerance": tolerance}},
+        )
+        write_json_atomic(tmp / COMPRESSION_FILE, record)
+        write_json_atomic(tmp / METRICS_FILE, {"results": []})
+    return Path(out)
+
+
+def compare_outputs(source: Path, exported: Path, names: tuple[str, ...]) -> dict[str, Any]:
+    """Largest absolute difference of every output between two directories on :data:`CHECK_TEXTS`."""
+    tokenizer = load_tokenizer(source)
+    first, second = zip(*CHECK_TEXTS)
+    pairs = [(a, b) for a, b in CHECK_TEXTS if b is not None]
+    batches = [
+        tokenizer(list(first[:1]), return_tensors="pt"),  # batch 1, no padding
+        tokenizer([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt"),  # pairs, padded
+        tokenizer(list(first), padding=True, return_tensors="pt"),  # padded to the longest
+    ]
+    diffs, agree, total = [], 0, 0
+    models = [load_model(source), load_model(exported)]
+    with torch.no_grad():
+        for batch in batches:
+            a, b = (m(**model_inputs(m, dict(batch))) for m in models)
+            mask = batch["attention_mask"].bool()
+            for name in names:
+                x, y = getattr(a, name).float(), getattr(b, name).float()
+                if x.dim() >= 2 and x.shape[:2] == mask.shape:
+                    x, y = x[mask], y[mask]  # padded positions are not outputs
+                diffs.append(float((x - y).abs().max()))
+                if name == "logits" and x.dim() == 2:
+                    agree += int((x.argmax(-1) == y.argmax(-1)).sum())
+                    total += x.shape[0]
+    check = {"max_abs_diff": max(diffs), "examples": sum(len(b["input_ids"]) for b in batches)}
+    if total:
+        check["argmax_agreement"] = agree / total
+    return check
+
+
+def summarize(out: Path, cfg: ExportConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    record = read_compression(out)
+    check = record["check"]
+    text = (f"exported {record['source_format']} -> {record['format']}: largest output difference "
+            f"{check['max_abs_diff']:.2e} (tolerance {check['tolerance']:g}) on {check['examples']} sentences")
+    if "argmax_agreement" in check:
+        text += f", argmax agreement {100 * check['argmax_agreement']:.0f}%"
+    return text + "\n", []

@@ -1,0 +1,262 @@
+"""OpenVINO: IR export of any structure, NNCF int8, evaluation and latency of IR folders, clear refusals.
+
+Tolerances, as measured on these tiny models: an fp32 IR (f32 inference precision) gives
+the torch logits to ~3e-9, so 1e-4 is asserted; an int8 IR stays within a tenth of the
+logits' scale (measured ~3%) and agrees on the argmax of nearly every example.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from compress.core import synthetic
+from compress.core.artifacts import artifact_format, load_tokenizer, read_compression, read_metrics
+from compress.core.config import from_dict
+from compress.core.errors import CompressError
+from compress.core.hardware import cpu_info
+from compress.core.openvino import OPENVINO_FILE, OPENVINO_WEIGHTS, OpenVINORunner, export_openvino, int8_weights
+from compress.core.runtime import layer_precisions, load_model
+from compress.core.sentence import SentenceSpec, encode, read_spec, write_sentence_files
+from compress.core.structure import Shape, describe, prune_heads, resize_ffn
+from compress.eval.latency import AUTO_BACKENDS, LatencyConfig, measure_latency
+from compress.quantize import QuantizeConfig, quantize
+from tests.conftest import make_tiny_model, save_tiny
+
+openvino = pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+FP32_TOLERANCE = 1e-4  # absolute, on logits / hidden states of magnitude ~0.1-1
+TEXTS = ["the movie was good", "a bad , boring film . really not fun at all", "paris", "what a great story !"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> SimpleNamespace:
+    """Tiny fp32 models (uniform; heads pruned + per-layer FFN widths), an SST-2 classifier with data, its int8 IR."""
+    from compress.teacher.create import create_model
+
+    from tests.conftest import make_tokenizer
+
+    root = tmp_path_factory.mktemp("openvino")
+    tokenizer = make_tokenizer(root / "tok")
+    pruned = make_tiny_model(seed=3)
+    prune_heads(pruned, {0: [1], 1: [0, 2]})  # 3 and 2 heads
+    resize_ffn(pruned, 1, range(20))  # FFN widths 37 and 20: no stock config expresses this
+    synthetic.write_sst2_layout(root / "glue", n_train=64, n_dev=32, n_test=8)
+    # Hidden 256: weights, not graph metadata, dominate the files (for the size check).
+    parent = create_model(Shape(2, 256, 4, 1024), root / "sst2", tokenizer=synthetic.write_vocab(root / "vocab.txt"),
+                          task="sst2", max_positions=64)
+    env = SimpleNamespace(root=root, tokenizer=tokenizer, data=root / "glue", parent=parent,
+                          uniform=save_tiny(make_tiny_model(seed=2), tokenizer, root / "uniform"),
+                          pruned=save_tiny(pruned, tokenizer, root / "pruned"))
+    env.int8 = quantize(parent, root / "int8", qconfig(env))
+    return env
+
+
+def qconfig(env, **changes) -> QuantizeConfig:
+    base = {"backend": "openvino", "scheme": "static", "task": "sst2", "data_dir": str(env.data), "calibration_examples": 16}
+    return from_dict(QuantizeConfig, {**base, **changes})
+
+
+def outputs(model_dir: Path, texts=TEXTS, name: str = "logits") -> np.ndarray:
+    """The model's ``name`` output on ``texts`` (one padded batch), as loaded by ``load_model``."""
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir)
+    batch = dict(tokenizer(list(texts), padding=True, return_tensors="pt"))
+    with torch.inference_mode():
+        return getattr(model(**batch), name).float().numpy()
+
+
+# ---------------------------------------------------------------------------- fp32 export
+
+
+@pytest.mark.parametrize("kind", ["uniform", "pruned"])
+def test_export_gives_the_torch_outputs(env, kind, tmp_path):
+    source = getattr(env, kind)
+    out = export_openvino(source, tmp_path / "ov")
+    assert (out / OPENVINO_FILE).is_file() and (out / OPENVINO_WEIGHTS).is_file() and artifact_format(out) == "openvino"
+    record = read_compression(out)
+    assert record["stage"] == "export" and record["format"] == "openvino" and record["precision"] == "fp32"
+    assert record["inference_precision"] == "f32" and record["source_format"] == "torch"
+    assert record["structure"] == describe(load_model(source))
+    model = load_model(out)
+    assert isinstance(model, OpenVINORunner) and model.precision == "f32"
+    # Padded batches of 4 and a batch of 1 of another length: batch and sequence are dynamic.
+    for texts in (TEXTS, TEXTS[1:2]):
+        np.testing.assert_allclose(outputs(out, texts), outputs(source, texts), atol=FP32_TOLERANCE, rtol=0)
+    if kind == "pruned":
+        assert describe(load_model(source))["heads"] == [3, 2] and describe(load_model(source))["ffn"] == [37, 20]
+
+
+def test_export_of_a_sentence_folder_keeps_its_pooling_and_embeddings(env, tmp_path):
+    folder = save_tiny(make_tiny_model("base", seed=4), env.tokenizer, tmp_path / "st")
+    write_sentence_files(folder, SentenceSpec(pooling="mean", normalize=True), 32)
+    out = export_openvino(folder, tmp_path / "ov")
+    assert read_spec(out) == read_spec(folder) and read_compression(out)["outputs"] == ["last_hidden_state"]
+    want = encode(load_model(folder, head="base"), env.tokenizer, TEXTS, read_spec(folder))
+    got = encode(load_model(out, head="base"), env.tokenizer, TEXTS, read_spec(out))
+    np.testing.assert_allclose(got, want, atol=FP32_TOLERANCE, rtol=0)
+
+
+def test_an_onnx_runtime_static_int8_graph_converts_and_runs_in_int8(env, tmp_path):
+    ort = quantize(env.parent, tmp_path / "ort", from_dict(QuantizeConfig, {
+        "backend": "onnxruntime", "scheme": "static", "task": "sst2", "data_dir": str(env.data), "calibration_examples": 16}))
+    out = export_openvino(ort, tmp_path / "ov")
+    record = read_compression(out)
+    assert record["precision"] == "int8" and record["source_format"] == "onnx"
+    assert record["layer_precisions"].get("u8", 0) + record["layer_precisions"].get("i8", 0) >= 12
+    reference = outputs(ort)
+    # The same QDQ graph on another runtime's int8 kernels (measured: ~1e-8 apart).
+    np.testing.assert_allclose(outputs(out), reference, atol=0.02 * np.abs(reference).max(), rtol=0)
+
+
+@pytest.mark.parametrize("backend, match", [
+    ("onnxruntime", "only emulates in f32 .*compress quantize --backend openvino"),  # dynamic: MatMulInteger
+    ("torch", "torch-int8-dynamic int8 model, which OpenVINO cannot read; .*compress quantize --backend openvino"),
+])
+def test_int8_models_openvino_would_not_run_in_int8_are_refused_in_one_line(env, tmp_path, backend, match):
+    int8 = quantize(env.uniform, tmp_path / "int8", QuantizeConfig(backend=backend))
+    with pytest.raises(CompressError, match=match) as err:
+        export_openvino(int8, tmp_path / "ov")
+    assert "\n" not in str(err.value) and not (tmp_path / "ov").exists()
+
+
+# ---------------------------------------------------------------------------- NNCF int8
+
+
+def test_int8_is_stored_and_run_as_int8(env, tmp_path):
+    record = read_compression(env.int8)
+    assert record["format"] == "openvino" and record["backend"] == "openvino" and record["precision"] == "int8"
+    assert record["scheme"] == "static" and record["inference_precision"] == "f32"
+    assert {"openvino", "nncf"} <= set(record["packages"])
+    # 2 layers x 6 Linear weights + pooler + classifier, stored as int8 ...
+    assert int8_weights(openvino.Core().read_model(str(env.int8 / OPENVINO_FILE))) >= 14
+    assert record["openvino_quantization"]["int8_weight_matrices"] >= 14
+    fp32 = export_openvino(env.parent, tmp_path / "fp32")
+    # ... so the weights file is ~4x smaller than the fp32 IR's (measured 3.9x): embeddings stay fp32.
+    assert (env.int8 / OPENVINO_WEIGHTS).stat().st_size < 0.3 * (fp32 / OPENVINO_WEIGHTS).stat().st_size
+    # ... and run as int8: every matrix multiplication of the compiled graph, in the plugin's own words.
+    ran = layer_precisions(load_model(env.int8).compiled)
+    assert ran.get("u8", 0) + ran.get("i8", 0) >= 14 and not ran.get("f32") and ran == record["layer_precisions"]
+
+
+def test_int8_outputs_are_close_to_fp32(env):
+    check = read_compression(env.int8)["check"]  # quantize's own check on 16 training examples
+    assert check["max_abs_diff"] <= 0.1 * check["fp32_max_abs"] and check["argmax_agreement"] >= 0.9
+    texts = [text for text, _ in synthetic.examples(24, seed=11)]  # calibration-like inputs it has not seen
+    reference, got = outputs(env.parent, texts), outputs(env.int8, texts)
+    assert np.abs(got - reference).max() <= 0.1 * np.abs(reference).max()
+    assert (got.argmax(1) == reference.argmax(1)).mean() >= 0.9
+    assert got.std(axis=0).max() > 0  # still depends on the input
+
+
+def test_an_fp32_onnx_directory_quantizes_with_openvino_too(env, tmp_path):
+    from compress.core.export import export_onnx
+
+    out = quantize(export_onnx(env.parent, tmp_path / "onnx"), tmp_path / "int8", qconfig(env))
+    record = read_compression(out)
+    assert record["source_format"] == "onnx" and record["structure"] == read_compression(env.int8)["structure"]
+    assert record["layer_precisions"].get("u8", 0) + record["layer_precisions"].get("i8", 0) >= 14
+    assert record["check"]["max_abs_diff"] <= 0.1 * record["check"]["fp32_max_abs"]
+
+
+def test_accuracy_control_runs_and_falls_back_to_the_guard(env, tmp_path, monkeypatch):
+    out = quantize(env.parent, tmp_path / "ac", qconfig(env, max_drop=5.0))
+    control = read_compression(out)["openvino_quantization"]["accuracy_control"]
+    assert control == {"split": "dev", "metric": "accuracy", "examples": 32, "max_drop": 5.0, "used": True}
+    assert read_compression(out)["accuracy"]["passed"] is True
+
+    import nncf
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("not for this model")
+
+    monkeypatch.setattr(nncf, "quantize_with_accuracy_control", refuse)
+    out = quantize(env.parent, tmp_path / "fallback", qconfig(env, max_drop=5.0))
+    record = read_compression(out)
+    assert record["openvino_quantization"]["accuracy_control"]["used"] is False
+    assert "not for this model" in record["openvino_quantization"]["accuracy_control"]["reason"]
+    assert record["accuracy"]["max_drop"] == 5.0 and [r["kind"] for r in read_metrics(out)] == ["eval", "quantize"]
+
+
+def test_degenerate_int8_outputs_abort_and_leave_nothing(env, tmp_path, monkeypatch):
+    from tests.test_quantize import break_runtime
+
+    break_runtime(monkeypatch, "zeros")
+    with pytest.raises(CompressError, match="the openvino backend produced all-zero outputs"):
+        quantize(env.parent, tmp_path / "int8", qconfig(env))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- eval and latency
+
+
+def test_compress_eval_runs_on_the_openvino_folder(env):
+    from compress.eval.evaluate import EvalConfig, evaluate
+
+    (record,) = evaluate(env.int8, EvalConfig(task="sst2", data_dir=str(env.data), record=False))
+    # Same dev split, length and runner as quantize's own scoring: the same number.
+    assert record["metrics"]["accuracy"] == pytest.approx(read_compression(env.int8)["accuracy"]["quantized"])
+
+
+def test_latency_runs_openvino_and_reports_the_precision(env):
+    assert AUTO_BACKENDS[artifact_format(env.int8)] == "openvino"
+    cfg = from_dict(LatencyConfig, {"backend": "openvino", "warmup": 1, "repeats": 2, "seq": (16,), "threads": 1,
+                                    "peak": False, "record": False})
+    report = measure_latency([env.parent, env.int8], cfg)  # the fp32 PyTorch parent is converted in its worker
+    assert [r["backend"] for r in report["rows"]] == ["openvino", "openvino-int8"]
+    assert all(r["p50_ms"] > 0 and "inference precision f32" in r["note"] for r in report["rows"])
+    assert "u8" in report["rows"][1]["note"] or "i8" in report["rows"][1]["note"]
+
+
+def test_asking_for_bf16_is_honoured_where_the_cpu_has_it(env):
+    from compress.core.artifacts import load_config, saved_head
+
+    runner = OpenVINORunner(env.int8, load_config(env.int8), saved_head(env.int8), threads=1, precision="bf16")
+    native = bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]))
+    assert runner.precision == ("bf16" if native else "f32")  # the precision reported is the one that runs
+
+
+# ---------------------------------------------------------------------------- bad requests
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"scheme": "dynamic"}, "the openvino backend does not do dynamic quantization; it does static"),
+    ({"task": ""}, "static quantization needs a task's training examples to calibrate on; pass --task"),
+    ({"preset": "avx2"}, "--preset chooses ONNX Runtime kernels; the openvino backend has none"),
+])
+def test_bad_quantize_requests_are_one_line_errors(env, changes, match):
+    with pytest.raises(CompressError, match=match) as err:
+        qconfig(env, **changes)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_load_and_export_requests_are_one_line_errors(env, tmp_path):
+    for call, match in [
+        (lambda: export_openvino(env.int8, tmp_path / "again"), "is an OpenVINO IR already"),
+        (lambda: load_model(env.int8, head="question-answering"), "cannot be given a question-answering head"),
+        (lambda: load_model(env.int8).to(torch.bfloat16), "cannot be cast"),
+        (lambda: export_openvino(env.uniform, env.int8), "not empty; pass --overwrite"),
+    ]:
+        with pytest.raises(CompressError, match=match) as err:
+            call()
+        assert "\n" not in str(err.value)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in env.int8.iterdir():
+        (broken / item.name).write_bytes(item.read_bytes()[:100] if item.name == OPENVINO_FILE else item.read_bytes())
+    with pytest.raises(CompressError, match="OpenVINO cannot compile") as err:
+        load_model(broken)
+    assert "\n" not in str(err.value)
+
+
+def test_the_record_of_a_quantized_ir_is_complete(env):
+    record = read_compression(env.int8)
+    assert record["parent"]["path"] == str(env.parent.resolve()) and record["parent"]["hash"].startswith("sha256:")
+    assert record["structure"] == describe(load_model(env.parent)) and record["outputs"] == ["logits"]
+    assert record["calibration"] == {**record["calibration"], "task": "sst2", "split": "train", "examples": 16}
+    assert record["config"]["backend"] == "openvino" and record["config"]["scheme"] == "static"
