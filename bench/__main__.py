@@ -46,9 +46,9 @@ def recipe(minilm: Path, glue: Path) -> dict:
          "config": {**sst2, "student": "4L-312", "init": "random", "losses": ["kd", "hard"], "epochs": 4,
                     "lr": 3e-4, "batch_size": 32}},
         {"name": "teacher-sst2-heads50", "run": "prune", "model": "${teacher-sst2}",
-         "config": {**sst2, "heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
+         "config": {**sst2, "remove_heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
         {"name": "student-3L-384-heads50", "run": "prune", "model": "${student-3L-384}",
-         "config": {**sst2, "heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
+         "config": {**sst2, "remove_heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
     ]
     for name, task in (("teacher-sst2", "sst2"), ("teacher-mrpc", "mrpc"), ("teacher-stsb", "stsb"),
                        ("student-3L-384", "sst2"), ("student-4L-312", "sst2"), ("student-3L-384-heads50", "sst2")):

@@ -38,7 +38,7 @@ from compress.core.config import from_dict
 from compress.core.hardware import cpu_info, package_versions
 from compress.distill import EmbeddingDistillConfig, distill_embedding
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.eval.latency import LatencyConfig, format_markdown, measure_latency, size_on_disk
+from compress.eval.latency import LatencyConfig, format_markdown, measure_latency, megabytes, size_on_disk
 from compress.quantize import QuantizeConfig, quantize
 
 GLUE_SENTENCES = ("stsb", "mrpc", "rte", "sst2", "cola", "wnli")  # the GLUE training files on this machine
@@ -60,7 +60,7 @@ def scores(model_dir: Path, glue: Path) -> dict:
     """STS-B and MRPC dev embedding scores (appended to the model's metrics.json too)."""
     out = {}
     for task in SCORED:
-        (record,) = evaluate(model_dir, EvalConfig(task=task, embedding=True, data_dir=str(glue), batch_size=64))
+        (record,) = evaluate(model_dir, EvalConfig(task=task, embedding=True, data_dir=str(glue), eval_batch_size=64))
         out[task] = {**record["metrics"], "n": record["n"], "max_length": record["max_length"], **record["embedding"]}
     return out
 
@@ -91,7 +91,7 @@ def int8(model_dir: Path, out: Path) -> dict:
         quantize(model_dir, out, QuantizeConfig(backend="onnxruntime", scheme="dynamic"), overwrite=True)
     record = read_compression(out)
     return {"model_dir": str(out), "backend": record["backend"], "scheme": record["scheme"], "preset": record.get("preset"),
-            "check": record.get("check"), "mb_before": size_on_disk(model_dir) / 2**20, "mb_after": size_on_disk(out) / 2**20}
+            "check": record.get("check"), "mb_before": megabytes(size_on_disk(model_dir)), "mb_after": megabytes(size_on_disk(out))}
 
 
 def main(argv=None) -> int:

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
                         help="the headline benchmark's work dir (teacher-sst2 and its pruned version are reused)")
     parser.add_argument("--models", type=Path, default=Path("runs/prune"))
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--heads", type=float, default=0.5)
+    parser.add_argument("--remove-heads", type=float, default=0.5, help="fraction of heads removed")
     parser.add_argument("--recovery-epochs", type=int, default=1)
     parser.add_argument("--skip-heads-analysis", action="store_true")
     parser.add_argument("--redo-heads-analysis", action="store_true",
@@ -42,13 +42,13 @@ def main(argv=None) -> int:
     teacher = args.teachers / "teacher-sst2"
     args.models.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    pruned = args.teachers / f"teacher-sst2-heads{int(args.heads * 100)}"  # the headline benchmark's, if present
+    pruned = args.teachers / f"teacher-sst2-heads{int(args.remove_heads * 100)}"  # the headline benchmark's, if present
     if not (pruned / "config.json").is_file():
-        pruned = args.models / f"teacher-sst2-heads{int(args.heads * 100)}"
+        pruned = args.models / f"teacher-sst2-heads{int(args.remove_heads * 100)}"
     if not (pruned / "config.json").is_file():
         cfg = from_dict(PruneConfig, {
             "task": "sst2", "data_dir": str(args.data / "glue"), "max_length": 64, "max_train_examples": 20000,
-            "heads": args.heads,
+            "remove_heads": args.remove_heads,
             "head_criterion": "gradient", "importance_examples": 2048, "recovery": "distill",
             "epochs": args.recovery_epochs, "lr": 5e-5, "batch_size": 32,
         })
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     elif (heads / "summary.md").is_file() and not args.redo_heads_analysis:
         print(f"reusing the head analysis in {heads}", flush=True)
     else:
-        hcfg = from_dict(HeadsConfig, {"task": "sst2", "data_dir": str(args.data / "glue"), "max_examples": 256,
+        hcfg = from_dict(HeadsConfig, {"task": "sst2", "data_dir": str(args.data / "glue"), "attention_examples": 256,
                                        "max_length": 64, "importance_examples": 512})
         heads = analyze_heads(teacher, args.out / "heads-sst2-teacher", hcfg, overwrite=True)
 

@@ -31,6 +31,7 @@ folder) on unlabelled sentences: MSE + cosine between pooled sentence embeddings
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import shutil
 import time
@@ -48,14 +49,16 @@ from compress.core.artifacts import (
     check_output,
     compression_record,
     dir_hash,
+    load_config,
     load_tokenizer,
+    read_compression,
     read_metrics,
     require_torch_weights,
     save_model_dir,
     saved_head,
     utc_now,
 )
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.data import DataSource, TaskData, check_max_length, collate, load_split, load_task_data
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
@@ -71,7 +74,7 @@ from compress.core.structure import (
     model_inputs,
     value_projection,
 )
-from compress.core.tasks import GLUE_TASKS, TaskKind, get_task
+from compress.core.tasks import GLUE_TASKS, TaskKind, get_task, task_choices
 from compress.core.train import (
     Phase,
     TrainConfig,
@@ -87,9 +90,10 @@ from compress.core.train import (
 from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embedding_record, embedding_scorer
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records
+from compress.eval.metrics import chance_check
 from compress.students.init import init_student
 from compress.students.layer_map import parse_layer_map
-from compress.students.presets import resolve_shape
+from compress.students.presets import STUDENT_SHAPES, resolve_shape
 from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
 from compress.teacher.presets import resolve_model
 from compress.teacher_cache import load_or_build
@@ -99,6 +103,8 @@ MLM = "mlm"  # the kind of a general-distillation batch with masked-LM targets
 ENCODER = "encoder"  # the kind of a general-distillation batch without targets (MiniLM-style terms)
 Kind = TaskKind | str  # what a batch is: the task's TaskKind, or MLM / ENCODER in general distillation
 INTERMEDIATE_TERMS = ("hidden", "embedding", "attention", "cosine", "minilm")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -128,14 +134,15 @@ def _distill_defaults() -> TrainConfig:
     return TrainConfig(lr=1e-4, epochs=3, batch_size=32, warmup_ratio=0.1)
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class DistillConfig:
-    task: str = option("", "task to distil on (cola, sst2, mrpc, stsb, ..., squad)")
-    student: str = option("6L-384", "student shape: 6L-768, 4L-312, 6L-384, 3L-384, 2L-128 or LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "student attention heads (overrides the shape's)")
-    layers: int | None = option(None, "student layers (overrides the shape's)")
-    hidden: int | None = option(None, "student hidden width (overrides the shape's; FFN then defaults to 4x)")
-    ffn: int | None = option(None, "student FFN width (overrides the shape's)")
+    task: str = option("", "task to distil on", choices=task_choices)
+    student: str = option("6L-384", "student shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
+    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
+    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
+    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
+    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
     init: str = option("teacher-layers", "student initialisation: teacher-layers, random, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm", metavar="TERM[,...]")
@@ -525,13 +532,16 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     wrapper = Distiller(student.model, make_projections(student.model, teach.model, cfg.losses))
     evaluate = dev_evaluator(task, teach.tokenizer, data.dev, data.max_length, batch_size=cfg.data.eval_batch_size,
                              doc_stride=cfg.data.doc_stride)
+    # The teacher's dev score, before any training: a teacher that is not fine-tuned for the task is said now.
+    teacher_dev = _teacher_dev(teach, task, data.dev, evaluate) if is_main_process() else {}
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
     trained = _train_stages(cfg, task, teach, student, wrapper, data, evaluate, work, device)
     if not is_main_process():
         return out
-    metrics = _task_metrics(task, data, trained, teach, evaluate, cfg)
+    metrics = _task_metrics(task, data, trained, teacher_dev, cfg)
     record = _record("distill", cfg, teach, student, task=task.name, losses=list(cfg.losses), best=trained.best,
-                     cache=trained.cache)
+                     cache=trained.cache, teacher_check=teacher_dev["check"],
+                     teacher_at_chance=teacher_dev["check"]["at_chance"])
     return _write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work)
 
 
@@ -539,10 +549,80 @@ def summarize(out: Path, cfg: DistillConfig, inputs: dict[str, Any]) -> tuple[st
     """What ``compress distill`` prints: the dev results, then how much of the teacher's score the student keeps."""
     results = read_metrics(out)
     lines = [format_table([r for r in results if r.get("kind") == "eval"])]
+    notes = []
     for r in results:
         if r.get("kind") == "retention" and r.get("ratio") is not None:
-            lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['metric']}")
-    return "\n".join(lines), []
+            lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['metric']}"
+                         + teacher_flag(r))
+        if r.get("kind") == "retention" and r.get("teacher_warning"):
+            notes.append(f"warning: {r['teacher_warning']}")
+    return "\n".join(lines), notes
+
+
+def teacher_flag(record: dict) -> str:
+    """What follows a score compared with a teacher that is not fine-tuned for the task ("" when it is)."""
+    if record.get("teacher_at_chance"):
+        return " -- TEACHER AT CHANCE: this ratio means nothing"
+    return " -- TEACHER NOT FINE-TUNED FOR THE TASK" if record.get("teacher_warning") else ""
+
+
+def teacher_problems(model_dir: Path, task) -> list[str]:
+    """Signs in its files that ``model_dir`` is not fine-tuned for ``task``: no head for the task
+    (a bare encoder, a sentence-transformers folder), a classifier of another width, another task recorded."""
+    saved, head = saved_head(model_dir), task.behaviour.head
+    problems = []
+    if saved != head:
+        what = "a sentence-transformers folder" if (model_dir / "modules.json").is_file() else f"a {saved} model"
+        problems.append(f"it has no {head} head ({what}), so its head is random")
+    elif task.behaviour.problem_type is not None and load_config(model_dir).num_labels != task.num_labels:
+        problems.append(f"its classifier has {load_config(model_dir).num_labels} outputs, not {task.num_labels}, so a new random one is used")
+    recorded = read_compression(model_dir).get("task")
+    if recorded and _task_name(recorded) != task.name:
+        problems.append(f"its compression.json says it was made for {recorded}")
+    return problems
+
+
+def _task_name(name: str) -> str:
+    try:
+        return get_task(name).name
+    except CompressError:
+        return name
+
+
+def check_teacher_fit(model_dir: Path, task, metrics: dict | None, labels, *, role: str, advice: str) -> dict:
+    """Whether ``model_dir`` looks fine-tuned for ``task`` (:func:`teacher_problems`, and its dev ``metrics``
+    against :func:`compress.eval.metrics.chance_check` with the dev ``labels``); one warning line when not.
+
+    Returns what the output records: ``{"task", "at_chance", "chance", "problems", "warning"}``.
+    """
+    problems = teacher_problems(model_dir, task)
+    chance = chance_check(task, metrics, labels) if metrics else None
+    if chance and chance["at_chance"]:
+        problems.append(f"its dev {chance['metric']} {chance['value']:.2f} is at chance ({chance['rule']})")
+    warning = None
+    if problems:
+        warning = f"{role} {model_dir} does not look fine-tuned for {task.display}: {'; '.join(problems)}. {advice}"
+        log.warning(warning)
+    return {"task": task.name, "at_chance": bool(chance and chance["at_chance"]), "chance": chance,
+            "problems": problems, "warning": warning}
+
+
+def dev_labels(dev: dict):
+    """The gold labels of the first dev split (None for SQuAD, whose examples carry answers)."""
+    ds = next(iter(dev.values()))
+    return ds["label"] if "label" in ds.column_names else None
+
+
+def _teacher_dev(teacher: _Teacher, task, dev: dict, evaluate) -> dict:
+    """The teacher's dev metrics (recorded in its metrics.json, else measured now) and the check of its fitness."""
+    metrics = _teacher_metrics(task, read_metrics(teacher.dir))
+    source = "metrics.json"
+    if metrics is None:
+        metrics, source = evaluate(teacher.model), "measured"
+    check = check_teacher_fit(teacher.dir, task, metrics, dev_labels(dev), role="teacher", advice=(
+        f"The student learns little from it and its retention means nothing; distil from a model fine-tuned on "
+        f"{task.display} (compress teacher finetune)."))
+    return {"metrics": metrics, "source": source, "check": check}
 
 
 def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
@@ -633,16 +713,18 @@ def _collate_with_cache(pad):
     return collate_step
 
 
-def _task_metrics(task, data: _TaskData, trained: _Trained, teacher: _Teacher, evaluate, cfg: DistillConfig) -> list[dict]:
+def _task_metrics(task, data: _TaskData, trained: _Trained, teacher_dev: dict, cfg: DistillConfig) -> list[dict]:
     """metrics.json records of the student: dev scores, retention of the teacher's score, the training log."""
-    teacher_metric = _teacher_score(teacher.dir, task, read_metrics(teacher.dir), evaluate, teacher.model)
+    teacher_metric = teacher_dev["metrics"].get(task.primary_metric)
     best = trained.best or {}
-    records = split_records(task, data.dev, best, data=cfg.data.describe(), max_length=data.max_length)
+    records = split_records(task, data.dev, best, data=cfg.data.describe(), max_length=data.max_length,
+                            batch_size=cfg.data.eval_batch_size)
     primary = best.get(task.primary_metric)
     retention = {
         "kind": "retention", "task": task.name, "metric": task.primary_metric, "student": primary,
         "teacher": teacher_metric, "ratio": (primary / teacher_metric) if primary is not None and teacher_metric else None,
-        "when": utc_now(),
+        "teacher_source": teacher_dev["source"], "teacher_at_chance": teacher_dev["check"]["at_chance"],
+        "teacher_warning": teacher_dev["check"]["warning"], "when": utc_now(),
     }
     training = {
         "kind": "training", "stage": "distill", "task": task.name, "seconds": round(trained.seconds, 1),
@@ -652,14 +734,14 @@ def _task_metrics(task, data: _TaskData, trained: _Trained, teacher: _Teacher, e
     return [*records, retention, training]
 
 
-def _teacher_score(teacher_dir: Path, task, results: list[dict], evaluate, teacher_model) -> float | None:
-    """The teacher's dev score: from its metrics.json when recorded on this task, else measured now."""
+def _teacher_metrics(task, results: list[dict]) -> dict[str, float] | None:
+    """The teacher's latest dev metrics on ``task`` recorded in its metrics.json (those of the primary split), or None."""
     for r in reversed(results):
         if r.get("kind") == "eval" and r.get("task") == task.name and r.get("split") in ("dev", "dev_matched"):
-            value = (r.get("metrics") or {}).get(task.primary_metric)
-            if value is not None:
-                return float(value)
-    return evaluate(teacher_model).get(task.primary_metric)
+            metrics = r.get("metrics") or {}
+            if metrics.get(task.primary_metric) is not None:
+                return dict(metrics)
+    return None
 
 
 # ---------------------------------------------------------------------------- general distillation
@@ -669,16 +751,17 @@ def _general_defaults() -> TrainConfig:
     return TrainConfig(lr=5e-4, batch_size=64, max_steps=1000, warmup_ratio=0.05, log_every=10, save_every=200)
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class GeneralDistillConfig:
     corpus: tuple[str, ...] = option(
         (), "text files or folders of *.txt (documents separated by blank lines), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
         metavar="PATH[,...]")
-    student: str = option("4L-312", "student shape: 6L-768, 4L-312, 6L-384, 3L-384, 2L-128 or LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "student attention heads (overrides the shape's)")
-    layers: int | None = option(None, "student layers (overrides the shape's)")
-    hidden: int | None = option(None, "student hidden width (overrides the shape's; FFN then defaults to 4x)")
-    ffn: int | None = option(None, "student FFN width (overrides the shape's)")
+    student: str = option("4L-312", "student shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
+    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
+    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
+    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
+    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
     init: str = option("random", "student initialisation: random, teacher-layers, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
     losses: tuple[str, ...] = option(
@@ -804,6 +887,7 @@ def _embedding_defaults() -> TrainConfig:
     return TrainConfig(lr=1e-4, epochs=1, batch_size=64, warmup_ratio=0.05, log_every=20)
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class EmbeddingDistillConfig:
     corpus: tuple[str, ...] = option(
@@ -816,11 +900,12 @@ class EmbeddingDistillConfig:
     max_sentences: int | None = option(None, "train on a seeded random sample of N sentences (say so when reporting)")
     min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
     heldout_sentences: int = option(500, "sentences held out (at most a tenth) to report, and keep the best checkpoint by, the loss")
-    student: str = option("3L-384", "student shape: 6L-384, 3L-384, ... or LAYERSL-HIDDEN[-FFN]; its width must be the teacher's")
-    heads: int | None = option(None, "student attention heads (overrides the shape's)")
-    layers: int | None = option(None, "student layers (overrides the shape's)")
-    hidden: int | None = option(None, "student hidden width (overrides the shape's; must equal the teacher's)")
-    ffn: int | None = option(None, "student FFN width (overrides the shape's)")
+    student: str = option("3L-384", "student shape: a preset or LAYERSL-HIDDEN[-FFN]; its width must be the teacher's",
+                          choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
+    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
+    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
+    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; must equal the teacher's)")
+    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
     init: str = option("teacher-layers", "student initialisation: teacher-layers, random, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")

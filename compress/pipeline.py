@@ -5,7 +5,7 @@
     stages:
       - {name: teacher, run: finetune, model: bert-base, config: {epochs: 3}}
       - {name: student, run: distill, teacher: "${teacher}", config: {student: 6L-384}}
-      - {name: pruned, run: prune, model: "${student}", config: {heads: 0.5}}
+      - {name: pruned, run: prune, model: "${student}", config: {remove_heads: 0.5}}
       - {name: int8, run: quantize, model: "${pruned}", config: {backend: onnxruntime}}
       - {name: latency, run: latency, models: ["${teacher}", "${student}", "${pruned}", "${int8}"]}
 
@@ -15,8 +15,8 @@ reported with the stage's name), then runs the stages in order, each into
 ``run_dir/<name>/``. ``manifest.json`` records a hash of each stage's kind, resolved
 config and inputs (input directories hashed by content): a re-run skips stages whose
 hash is unchanged and re-runs a changed stage and, through the hashes, everything that
-depends on it. The leaderboard report of every model produced lands at the top of the
-run directory.
+depends on it. The leaderboard report of every model produced, titled with the recipe's
+name and listing its stages, lands at the top of the run directory.
 """
 
 from __future__ import annotations
@@ -206,9 +206,12 @@ def stage_hash(stage: Stage, inputs_digest: Any) -> str:
 
 def run_recipe(
     recipe: Recipe | str | Path | dict, run_dir: str | Path, *, variables: dict[str, str] | None = None,
-    force: bool = False, say=print,
+    overwrite: bool = False, say=print,
 ) -> Path:
-    """Run ``recipe`` into ``run_dir``: skip unchanged stages, re-run changed ones and what follows."""
+    """Run ``recipe`` into ``run_dir``: skip unchanged stages, re-run changed ones and what follows.
+
+    ``overwrite`` re-runs every stage, replacing its output, even when unchanged.
+    """
     run_dir = Path(run_dir).absolute()
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, variables={"run_dir": str(run_dir), **(variables or {})})
@@ -221,6 +224,7 @@ def run_recipe(
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST
     previous = json.loads(manifest_path.read_text())["stages"] if manifest_path.is_file() else {}
+    outcome: dict[str, str] = {}  # stage name -> what this run did with it, for the report
     for stage in recipe.stages:
         inputs = {k: _resolve(v, run_dir) for k, v in stage.inputs.items()}
         for key, value in inputs.items():
@@ -229,8 +233,9 @@ def run_recipe(
         digest = stage_hash(stage, {k: _input_digest(v, run_dir, previous) for k, v in stage.inputs.items()})
         out = run_dir / stage.name
         done = previous.get(stage.name, {})
-        if not force and done.get("hash") == digest and done.get("status") == "done" and out.exists():
+        if not overwrite and done.get("hash") == digest and done.get("status") == "done" and out.exists():
             say(f"[{stage.name}] unchanged, skipped")
+            outcome[stage.name] = "unchanged, skipped"
             continue
         say(f"[{stage.name}] running {stage.kind}")
         start = time.monotonic()
@@ -240,13 +245,15 @@ def run_recipe(
             shutil.rmtree(out)
         STAGES.get(stage.kind).run_in_recipe(inputs, stage.config, out)
         previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1)}
+        outcome[stage.name] = f"ran ({previous[stage.name]['seconds']:g} s)"
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
     models = [run_dir / s.name for s in recipe.stages if STAGES.get(s.kind).produces_model]
     if recipe.report and models:
         # The table's latency column is read at the point the recipe's own latency stage measured.
         timed = next((s.config for s in recipe.stages if s.kind == "latency"), None)
         point = {"batch": timed.batch[0], "seq": timed.seq[0]} if timed else {}
-        leaderboard(models, run_dir / "report", LeaderboardConfig(**point), overwrite=True)
+        leaderboard(models, run_dir / "report", LeaderboardConfig(**point), overwrite=True,
+                    title=f"Recipe {recipe.name}", sections=[("Stages", stage_list(recipe, outcome))])
         # A copy at the top of the run; the HTML inlines its images, the Markdown's links now point into report/.
         if (run_dir / "report" / "report.html").is_file():
             shutil.copy2(run_dir / "report" / "report.html", run_dir / "report.html")
@@ -255,6 +262,19 @@ def run_recipe(
             text = text.replace(f"]({image.name})", f"](report/{image.name})")
         write_text_atomic(run_dir / "report.md", text)
     return run_dir
+
+
+def stage_list(recipe: Recipe, outcome: dict[str, str]) -> str:
+    """The recipe's stages as a Markdown table: name, kind, inputs and what this run did."""
+    def shown(value: Any) -> str:
+        values = value if isinstance(value, list) else [value]
+        return ", ".join(f"`{v}`" for v in values)
+
+    lines = ["| stage | run | inputs | this run |", "|---|---|---|---|"]
+    for stage in recipe.stages:
+        inputs = "; ".join(f"{key}: {shown(value)}" for key, value in stage.inputs.items()) or "—"
+        lines.append(f"| {stage.name} | {stage.kind} | {inputs} | {outcome.get(stage.name, 'not run')} |")
+    return "\n".join(lines)
 
 
 def _check_exists(path: Any, stage: Stage, key: str) -> None:

@@ -37,7 +37,7 @@ from compress.core.artifacts import (
     save_model_dir,
     utc_now,
 )
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, check_max_length, collate, load_task_data
 from compress.core.errors import CompressError
 from compress.core.graph_pruning import prune_ffn_neurons
@@ -57,11 +57,13 @@ from compress.core.registry import Registry
 from compress.core.runtime import load_model, load_model_for_task
 from compress.core.sentence import SentenceSpec, finish, pooled, pooled_embeddings, read_spec, staged_sentence_files, tokenize
 from compress.core.structure import heads_per_layer
-from compress.core.tasks import get_task
+from compress.core.tasks import get_task, task_choices
 from compress.core.train import TrainConfig
 from compress.distill import (
     DistillConfig,
     EmbeddingDistillConfig,
+    check_teacher_fit,
+    dev_labels,
     distill,
     distill_embedding,
     embedding_scorers,
@@ -82,27 +84,27 @@ def _recovery_defaults() -> TrainConfig:
 class PrunePlan:
     """What to remove and how to choose it: shared by task pruning and sentence-embedding pruning."""
 
-    heads: float | None = option(None, "heads to remove: a fraction (0.5) or a count (48)")
+    remove_heads: float | None = option(None, "attention heads to remove: a fraction of them (0.5) or a count (48)")
     head_scope: Literal["global", "layer"] = option("global", "rank heads across all layers, or the same share in each layer")
     head_criterion: Literal["gradient", "magnitude", "entropy", "random"] = option("gradient", "head importance: Michel's gate gradient, weight magnitude, attention entropy, random")
     normalize: bool = option(True, "normalise gradient importance per layer (Michel et al.)")
     iterations: int = option(1, "prune the heads in this many equal steps, re-scoring (and recovering, if set) in between")
-    until: float | None = option(None, "instead of --heads: mask heads 10% at a time while the dev metric stays above this fraction of the start (e.g. 0.99)")
+    until: float | None = option(None, "instead of --remove-heads: mask heads 10% at a time while the dev metric stays above this fraction of the start (e.g. 0.99)")
     until_step: float = option(0.1, "with --until: fraction of the original heads masked per step")
-    layers: str | None = option(None, "layers to drop: top:N, bottom:N, alternate, importance:N, or 0-based ids 1,3,5")
-    ffn: float | None = option(None, "fraction of FFN neurons to remove")
+    remove_layers: str | None = option(None, "layers to remove: top:N, bottom:N, alternate, importance:N, or 0-based ids 1,3,5")
+    remove_ffn: float | None = option(None, "FFN neurons to remove: a fraction of them (0.3)")
     ffn_criterion: Literal["taylor", "magnitude"] = option("taylor", "FFN neuron importance: activation x gradient, or weight magnitude")
     ffn_scope: Literal["uniform", "global"] = option("uniform", "uniform: the same width in every layer (loads with stock from_pretrained); global: rank all neurons")
 
     def validate_plan(self) -> None:
-        if self.heads is None and self.until is None and self.layers is None and self.ffn is None:
-            raise CompressError("nothing to prune; pass --heads, --until, --layers and/or --ffn")
-        if self.heads is not None and self.until is not None:
-            raise CompressError("pass either --heads or --until, not both")
-        if self.heads is not None and (self.heads <= 0 or (self.heads >= 1 and self.heads != int(self.heads))):
-            raise CompressError(f"--heads must be a fraction in (0, 1) or a whole number of heads, got {self.heads}")
-        if self.ffn is not None and not 0 < self.ffn < 1:
-            raise CompressError(f"--ffn must be a fraction in (0, 1), got {self.ffn}")
+        if self.remove_heads is None and self.until is None and self.remove_layers is None and self.remove_ffn is None:
+            raise CompressError("nothing to prune; pass --remove-heads, --until, --remove-layers and/or --remove-ffn")
+        if self.remove_heads is not None and self.until is not None:
+            raise CompressError("pass either --remove-heads or --until, not both")
+        if self.remove_heads is not None and (self.remove_heads <= 0 or (self.remove_heads >= 1 and self.remove_heads != int(self.remove_heads))):
+            raise CompressError(f"--remove-heads must be a fraction in (0, 1) or a whole number of heads, got {self.remove_heads}")
+        if self.remove_ffn is not None and not 0 < self.remove_ffn < 1:
+            raise CompressError(f"--remove-ffn must be a fraction in (0, 1), got {self.remove_ffn}")
         if self.until is not None and not 0 < self.until <= 1:
             raise CompressError(f"--until must be a fraction of the starting metric in (0, 1], got {self.until}")
         if self.iterations < 1:
@@ -111,9 +113,10 @@ class PrunePlan:
             raise CompressError(f"--until-step must be in (0, 1), got {self.until_step}")
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class PruneConfig(PrunePlan):
-    task: str = option("", "task the model is fine-tuned on (scores use its loss, checks use its dev metric)")
+    task: str = option("", "task the model is fine-tuned on (scores use its loss, checks use its dev metric)", choices=task_choices)
     recovery: Literal["none", "finetune", "distill"] = option("none", "after pruning: fine-tune on the task, or distil from the unpruned model")
     importance_examples: int = option(512, "training examples used to score units")
     data: TaskData = field(default_factory=TaskData)
@@ -130,6 +133,7 @@ def _embedding_recovery_defaults() -> TrainConfig:
     return TrainConfig(epochs=1, lr=1e-4, batch_size=64, warmup_ratio=0.05, log_every=20)
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class EmbeddingPruneConfig(PrunePlan):
     corpus: tuple[str, ...] = option(
@@ -175,16 +179,16 @@ def head_count(total: int, spec: float) -> int:
 
 
 def layers_to_keep(spec: str, n_layers: int, importance: Sequence[float] | None = None) -> list[int]:
-    """Layer ids to keep for a --layers strategy (Sajjad et al., "Poor Man's BERT", 2020)."""
+    """Layer ids to keep for a --remove-layers strategy (Sajjad et al., "Poor Man's BERT", 2020)."""
     spec = spec.strip().lower()
     name, _, arg = spec.partition(":")
     if name in ("top", "bottom", "importance"):
         try:
             k = int(arg)
         except ValueError:
-            raise CompressError(f"--layers {spec!r}: write {name}:N with N the number of layers to drop") from None
+            raise CompressError(f"--remove-layers {spec!r}: write {name}:N with N the number of layers to drop") from None
         if not 0 < k < n_layers:
-            raise CompressError(f"--layers {spec!r}: can drop 1 to {n_layers - 1} of {n_layers} layers")
+            raise CompressError(f"--remove-layers {spec!r}: can drop 1 to {n_layers - 1} of {n_layers} layers")
         if name == "top":
             return list(range(n_layers - k))
         if name == "bottom":
@@ -197,12 +201,12 @@ def layers_to_keep(spec: str, n_layers: int, importance: Sequence[float] | None 
     try:
         drop = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError:
-        raise CompressError(f"--layers {spec!r}: use top:N, bottom:N, alternate, importance:N or ids like 1,3,5") from None
+        raise CompressError(f"--remove-layers {spec!r}: use top:N, bottom:N, alternate, importance:N or ids like 1,3,5") from None
     if not drop or drop[-1] >= n_layers or drop[0] < 0:
-        raise CompressError(f"--layers {spec!r}: layer ids must be in 0..{n_layers - 1}")
+        raise CompressError(f"--remove-layers {spec!r}: layer ids must be in 0..{n_layers - 1}")
     keep = [i for i in range(n_layers) if i not in drop]
     if not keep:
-        raise CompressError("--layers would drop every layer; keep at least one")
+        raise CompressError("--remove-layers would drop every layer; keep at least one")
     return keep
 
 
@@ -294,40 +298,40 @@ def embedding_sensitivity_loss(spec: SentenceSpec, seed: int = 0) -> LossFn:
 
 def run_plan(model, ctx: PruneContext) -> None:
     """Drop layers, remove heads (a count, or Michel's --until), remove FFN neurons: in that order, in place."""
-    if ctx.cfg.layers:
+    if ctx.cfg.remove_layers:
         _prune_layers(model, ctx)
-    if ctx.cfg.heads is not None:
+    if ctx.cfg.remove_heads is not None:
         _prune_heads(model, ctx)
     elif ctx.cfg.until is not None:
         _prune_heads_until(model, ctx, ctx.log[0]["dev"][ctx.primary])
-    if ctx.cfg.ffn is not None:
+    if ctx.cfg.remove_ffn is not None:
         _prune_ffn(model, ctx)
 
 
 def _check_plan(model, cfg: PrunePlan) -> None:
     """Refuse removing every head or layer up front (the steps check again as they go)."""
     n_layers = len(st.encoder_layers(model))
-    if cfg.layers and "importance" not in cfg.layers:
-        n_layers = len(layers_to_keep(cfg.layers, n_layers))
-    elif cfg.layers:
-        layers_to_keep(cfg.layers, n_layers, [0.0] * n_layers)  # validates the count
-    if cfg.heads is not None:
+    if cfg.remove_layers and "importance" not in cfg.remove_layers:
+        n_layers = len(layers_to_keep(cfg.remove_layers, n_layers))
+    elif cfg.remove_layers:
+        layers_to_keep(cfg.remove_layers, n_layers, [0.0] * n_layers)  # validates the count
+    if cfg.remove_heads is not None:
         heads = sum(st.heads_per_layer(model)) * n_layers // len(st.encoder_layers(model))
-        target = head_count(heads, cfg.heads)
+        target = head_count(heads, cfg.remove_heads)
         if target > heads - n_layers:
             raise CompressError(
-                f"--heads {cfg.heads:g} would remove {target} of {heads} heads, but every one of the {n_layers} "
-                f"layers keeps at least one; remove at most {heads - n_layers} or drop layers with --layers"
+                f"--remove-heads {cfg.remove_heads:g} would remove {target} of {heads} heads, but every one of the {n_layers} "
+                f"layers keeps at least one; remove at most {heads - n_layers} or drop layers with --remove-layers"
             )
 
 
 def _method(cfg: PrunePlan, recovery: str) -> str:
     parts = []
-    if cfg.layers:
-        parts.append(f"layers:{cfg.layers}")
-    if cfg.heads is not None or cfg.until is not None:
+    if cfg.remove_layers:
+        parts.append(f"layers:{cfg.remove_layers}")
+    if cfg.remove_heads is not None or cfg.until is not None:
         parts.append(f"heads:{cfg.head_criterion}")
-    if cfg.ffn is not None:
+    if cfg.remove_ffn is not None:
         parts.append(f"ffn:{cfg.ffn_criterion}")
     if recovery != "none":
         parts.append(f"recovery:{recovery}")
@@ -336,17 +340,17 @@ def _method(cfg: PrunePlan, recovery: str) -> str:
 
 def _prune_layers(model, ctx: PruneContext) -> None:
     n = len(st.encoder_layers(model))
-    importance = layer_importance_gradient(model, ctx.batches, loss_fn=ctx.loss_fn).tolist() if "importance" in ctx.cfg.layers else None
-    keep = layers_to_keep(ctx.cfg.layers, n, importance)
+    importance = layer_importance_gradient(model, ctx.batches, loss_fn=ctx.loss_fn).tolist() if "importance" in ctx.cfg.remove_layers else None
+    keep = layers_to_keep(ctx.cfg.remove_layers, n, importance)
     st.drop_layers(model, keep)
     ctx.log.append({"step": "layers", "kept": keep, "importance": importance, "dev": ctx.evaluate(model)})
 
 
 def _prune_heads(model, ctx: PruneContext) -> None:
     total = sum(st.heads_per_layer(model))
-    target = head_count(total, ctx.cfg.heads)
+    target = head_count(total, ctx.cfg.remove_heads)
     if target >= total:
-        raise CompressError(f"--heads {ctx.cfg.heads} would remove all {total} heads; keep at least one per layer")
+        raise CompressError(f"--remove-heads {ctx.cfg.remove_heads} would remove all {total} heads; keep at least one per layer")
     done = 0
     for it in range(ctx.cfg.iterations):
         # equal steps; the last one takes the remainder
@@ -395,7 +399,7 @@ def _prune_ffn(model, ctx: PruneContext) -> None:
         scores = ffn_importance_taylor(model, ctx.batches, loss_fn=ctx.loss_fn)
     else:
         scores = ffn_importance_magnitude(model)
-    keep = ffn_to_keep([s.tolist() for s in scores], ctx.cfg.ffn, ctx.cfg.ffn_scope)
+    keep = ffn_to_keep([s.tolist() for s in scores], ctx.cfg.remove_ffn, ctx.cfg.ffn_scope)
     prune_ffn_neurons(model, keep)  # torch-pruning's dependency graph finds the coupled weights
     ctx.log.append({"step": "ffn", "widths": st.ffn_widths(model), "dev": ctx.evaluate(model)})
 
@@ -458,14 +462,20 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     ctx = PruneContext(cfg, _batches(features, tokenizer), model_loss, evaluate, task.primary_metric,
                        recover if cfg.recovery != "none" else None, random.Random(cfg.train.seed))
     before = {"params": st.count_parameters(model), "structure": st.describe(model), "dev": evaluate(model)}
+    # Said before any pruning: scores and cuts of a model that is not fine-tuned for the task mean nothing.
+    fit = check_teacher_fit(model_dir, task, before["dev"], dev_labels(dev), role="the model to prune", advice=(
+        f"Its importance scores and the dev metric that checks each cut mean nothing; prune a model fine-tuned on "
+        f"{task.display} (compress teacher finetune)."))
     ctx.log.append({"step": "start", "params": before["params"], "dev": before["dev"]})
     model, after_prune, recovered, summary = _prune_and_recover(model, ctx, cfg.recovery)
-    summary["task"] = task.name
+    summary.update(task=task.name, teacher_at_chance=fit["at_chance"], teacher_warning=fit["warning"])
     record = compression_record(
         stage="prune", method=_method(cfg, cfg.recovery), config=cfg, parent=model_dir, seed=cfg.train.seed,
-        extra={"task": task.name, "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"}},
+        extra={"task": task.name, "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"},
+               "teacher_check": fit, "teacher_at_chance": fit["at_chance"]},
     )
-    records = split_records(task, dev, recovered or after_prune, data=cfg.data.describe(), max_length=max_length)
+    records = split_records(task, dev, recovered or after_prune, data=cfg.data.describe(), max_length=max_length,
+                            batch_size=cfg.data.eval_batch_size)
     return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite, metrics=[*records, summary])
 
 
@@ -478,7 +488,11 @@ def summarize(out: Path, cfg: PrunePlan, inputs: dict[str, Any]) -> tuple[str, l
     if summary.get("after_recovery") is not None:
         rows.append(("recovered", f"{summary['params_after'] / 1e6:.2f}M", f"{summary['after_recovery']:.2f}"))
     width = max(10, len(summary["metric"]))
-    return "\n".join(f"{r[0]:<10} {r[1]:>10} {r[2]:>{width}}" for r in rows), []
+    table = "\n".join(f"{r[0]:<10} {r[1]:>10} {r[2]:>{width}}" for r in rows)
+    if not summary.get("teacher_warning"):
+        return table, []
+    what = "AT CHANCE" if summary.get("teacher_at_chance") else "NOT FINE-TUNED FOR THE TASK"
+    return f"{table}\nTHE MODEL BEFORE PRUNING WAS {what}: these numbers mean nothing", [f"warning: {summary['teacher_warning']}"]
 
 
 def _recover_task(model, model_dir: Path, tokenizer, task, cfg: PruneConfig):

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.tasks import TASKS
+from compress.core.tasks import TASKS, task_choices
 
 SEVERAL = ("models", "runs")  # input names that take several directories; "model", "teacher" take one
 
@@ -153,13 +153,15 @@ register(Command("tasks", "list the tasks, their splits, labels and metrics", "c
 
 
 def _init_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", required=True, help="base, large, 2L-128, 4L-256, 4L-512, 8L-512, 6L-768, 4L-312, 6L-384, 3L-384, or LAYERSL-HIDDEN[-FFN]")
+    shapes = [*load("compress.teacher.presets:TEACHER_SHAPES").names(), *load("compress.students.presets:STUDENT_SHAPES").names()]
+    p.add_argument("--shape", required=True, metavar="{" + ",".join(dict.fromkeys(shapes)) + "}|LAYERSL-HIDDEN[-FFN]",
+                   help="a named teacher or student shape, or an explicit one")
     p.add_argument("--tokenizer", required=True, metavar="PATH", help="model directory, tokenizer folder or vocab.txt whose vocabulary sizes the embedding")
-    p.add_argument("--task", help="give the model this task's head and label names (e.g. sst2, stsb, squad)")
+    p.add_argument("--task", choices=task_choices(), help="give the model this task's head and label names")
     p.add_argument("--head", choices=["base", "sequence-classification", "question-answering", "masked-lm", "pretraining"], help="head without a task (default: base)")
     p.add_argument("--max-positions", type=int, default=512, help="position embeddings (default: 512)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output model directory")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
 
@@ -193,7 +195,8 @@ register(Stage(
   compress eval --model models/sst2 --task sst2                       # hub data
   compress eval --model models/all-minilm --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no head
   compress eval --model models/all-minilm-int8 --task mrpc --embedding --data-dir ~/glue_data  # retrieval: recall@1, MRR
-  compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data --max-examples 500
+  compress eval --model models/sst2 --data-dir ~/glue_data --max-eval-examples 500   # task from compression.json
+  compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data --no-record     # writes nothing into models/sst2
   compress eval --model models/mnli --task mnli --data-dir ~/glue_data  # matched + mismatched
   compress eval --model models/qa --task squad --data-file dev-v1.1.json
   compress eval --model models/sst2 --task sst2 --data-file reviews.csv --columns sentence=text,label=stars
@@ -305,12 +308,13 @@ register(Stage(
     "prune", "prune",
     "remove attention heads, whole layers and FFN neurons (physically: smaller and faster), then optionally recover",
     """\
-  compress prune --model models/sst2 --task sst2 --data-dir ~/glue_data --heads 0.5 --out models/sst2-h50
-  compress prune --model models/sst2 --task sst2 --heads 0.5 --iterations 5 --recovery distill --out models/sst2-h50r
+  compress prune --model models/sst2 --task sst2 --data-dir ~/glue_data --remove-heads 0.5 --out models/sst2-h50
+  compress prune --model models/sst2 --task sst2 --remove-heads 0.5 --iterations 5 --recovery distill --out models/sst2-h50r
   compress prune --model models/mnli --task mnli --until 0.99 --out models/mnli-michel      # Michel et al. threshold
-  compress prune --model models/sst2 --task sst2 --layers top:4 --out models/sst2-8L        # Poor Man's BERT
-  compress prune --model models/sst2 --task sst2 --ffn 0.3 --ffn-scope uniform --out models/sst2-ffn70
-  compress prune --model models/sst2 --task sst2 --heads 48 --head-criterion magnitude --layers alternate --out m/""",
+  compress prune --model models/sst2 --task sst2 --remove-layers top:4 --out models/sst2-8L        # Poor Man's BERT
+  compress prune --model models/sst2 --task sst2 --remove-ffn 0.3 --ffn-scope uniform --out models/sst2-ffn70
+  compress prune --model models/sst2 --task sst2 --remove-heads 48 --head-criterion magnitude --remove-layers alternate --out m/
+the --remove-* flags say how much to take away (a fraction or a count); sizes such as distill's --heads say how many the built model has""",
     "compress.prune:PruneConfig", "compress.prune:prune",
     (Input("model", "--model", "fine-tuned model directory"),),
     out_help="output model directory",
@@ -322,9 +326,9 @@ register(Stage(
     "prune a sentence-embedding model (sentence-transformers folder): units scored by how far they move the embeddings",
     """\
   compress prune-embedding --model models/all-minilm --sentences-from stsb,sst2 --data-dir ~/glue_data \\
-      --heads 0.5 --ffn 0.3 --eval-tasks stsb --recovery distill --out models/minilm-pruned
+      --remove-heads 0.5 --remove-ffn 0.3 --eval-tasks stsb --recovery distill --out models/minilm-pruned
   compress prune-embedding --model models/all-minilm --corpus wiki/ --until 0.99 --out models/minilm-michel  # cosine check
-  compress prune-embedding --model models/all-minilm --corpus wiki/ --layers importance:2 --out models/minilm-4L""",
+  compress prune-embedding --model models/all-minilm --corpus wiki/ --remove-layers importance:2 --out models/minilm-4L""",
     "compress.prune:EmbeddingPruneConfig", "compress.prune:prune_embedding",
     (Input("model", "--model", "sentence-embedding model: a sentence-transformers folder, or any encoder (mean pooling)", "MODEL"),),
     out_help="output sentence-transformers folder (SentenceTransformer(DIR) loads it)",
@@ -336,7 +340,7 @@ register(Stage(
     "analyse attention heads: what they attend to (Clark et al.), importance and the pruning curve (Michel et al.)",
     """\
   compress heads --model models/sst2 --task sst2 --data-dir ~/glue_data --out reports/heads-sst2
-  compress heads --model models/mrpc --task mrpc --data-dir ~/glue_data --max-examples 128 --no-curve --out reports/h
+  compress heads --model models/mrpc --task mrpc --data-dir ~/glue_data --attention-examples 128 --no-curve --out reports/h
   compress heads --model models/encoder --text sentences.txt --max-length 256 --out reports/heads-encoder""",
     "compress.eval.heads:HeadsConfig", "compress.eval.heads:analyze_heads",
     (Input("model", "--model", "model directory (a fine-tuned one with --task)"),),
@@ -364,11 +368,27 @@ register(Stage(
 ))
 
 register(Stage(
+    "export", "export",
+    "write any model directory as ONNX or OpenVINO IR (pruned shapes and int8 where the format allows), checked",
+    """\
+  compress export --model models/sst2-h50 --format onnx --out models/sst2-h50-onnx     # any pruned structure
+  compress export --model models/sst2-h50 --format openvino --out models/sst2-h50-ov
+  compress export --model models/sst2-int8 --format openvino --out models/sst2-int8-ov  # an ONNX Runtime int8 graph
+  compress export --model models/minilm-3L --format onnx --out models/minilm-3L-onnx    # stays a sentence model""",
+    "compress.export:ExportConfig", "compress.export:export",
+    (Input("model", "--model", "model directory (any format compress writes)"),),
+    out_help="output directory (model.onnx, or openvino_model.xml + .bin, with config, tokenizer and records)",
+    report="compress.export:summarize",
+))
+
+register(Stage(
     "leaderboard", "leaderboard",
     "compare model directories with each other and with published results: tables, Pareto plots, report",
     """\
   compress leaderboard --runs runs/sst2 --out reports/sst2                    # every model dir under runs/sst2
-  compress leaderboard --runs models/teacher models/student models/int8 --teacher models/teacher --out report/
+  compress leaderboard --runs models/teacher models/student models/int8 --out report/   # vs each chain's teacher
+  compress leaderboard --runs runs/sst2 --compare-with parent --out report/    # vs each model's nearest ancestor
+  compress leaderboard --runs models/ --baseline models/distilbert --out report/   # every model vs one baseline
   compress leaderboard --runs runs/ --reference-model models/bert-base-random --batch 1 --seq 128 --out report/""",
     "compress.eval.leaderboard:LeaderboardConfig", "compress.eval.report:leaderboard",
     (Input("runs", "--runs", "model directories, or folders holding them"),),
@@ -384,7 +404,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="YAML or JSON recipe file")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory: one folder per stage + manifest.json + report")
     p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="value for {{NAME}} in the recipe (repeatable)")
-    p.add_argument("--force", action="store_true", help="re-run every stage even when unchanged")
+    p.add_argument("--overwrite", action="store_true", help="re-run every stage even when unchanged, replacing its output")
 
 
 def _run(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
@@ -395,17 +415,17 @@ def _run(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
             raise CompressError(f"--var expects NAME=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         variables[key.strip()] = value
-    out = load("compress.pipeline:run_recipe")(v["recipe"], v["out"], variables=variables, force=v["force"], say=say)
+    out = load("compress.pipeline:run_recipe")(v["recipe"], v["out"], variables=variables, overwrite=v["overwrite"], say=say)
     report = out / "report.md"
     return "", [f"run directory: {out}" + (f"; report: {report}" if report.is_file() else "")]
 
 
 register(Command(
-    "run", "run a recipe: stages (pretrain, finetune, distill, distill-general, distill-embedding, prune, prune-embedding, quantize, eval, latency, heads, leaderboard) chained",
+    "run", "run a recipe: stages (pretrain, finetune, distill, distill-general, distill-embedding, prune, prune-embedding, quantize, export, eval, latency, heads, leaderboard) chained",
     """\
   compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
   compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped
-  compress run my.yaml --out runs/x --force                      # re-run every stage
+  compress run my.yaml --out runs/x --overwrite                  # re-run every stage
 recipe format (YAML or JSON):
   name: sst2-study
   defaults: {task: sst2, data_dir: "{{glue}}"}        # {{var}} comes from --var; {{run_dir}} is the run directory
@@ -422,7 +442,7 @@ def _demo_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="run directory (default: runs/demo)")
     p.add_argument("--data-dir", metavar="DIR", help="a real GLUE folder with SST-2/ (default: generate the data)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated task and corpus (default: 0; unused with --data-dir)")
 
 
 def _demo(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:

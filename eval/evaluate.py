@@ -16,16 +16,32 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from compress.core.artifacts import append_metrics, atomic_path, load_tokenizer, require_model_dir, utc_now, write_text_atomic
+from compress.core.artifacts import (
+    append_metrics,
+    atomic_path,
+    load_tokenizer,
+    read_compression,
+    require_model_dir,
+    utc_now,
+    write_text_atomic,
+)
 from compress.core.config import option
-from compress.core.data import DataSource, check_max_length, collate, load_split, squad_eval_features, tokenize_classification
+from compress.core.data import (
+    EVAL_BATCH_SIZE,
+    DataSource,
+    check_max_length,
+    collate,
+    load_split,
+    squad_eval_features,
+    tokenize_classification,
+)
 from compress.core.errors import CompressError
+from compress.core.logs import progress
 from compress.core.runtime import load_model, model_device
 from compress.core.sentence import read_spec
 from compress.core.structure import input_names
-from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, Split, Task, get_task
+from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, Split, Task, get_task, task_choices
 from compress.eval.embeddings import check_embedding_task, embedding_record, embedding_scorer
 from compress.eval.metrics import glue_metrics
 from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
@@ -33,30 +49,31 @@ from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_
 
 @dataclass(frozen=True)
 class EvalConfig:
-    task: str = option("", "task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, ax, squad, squad_v2")
+    task: str = option("", "task to evaluate on (default: the task the model's compression.json names)", choices=task_choices)
     embedding: bool = option(False, "score sentence embeddings (cosine, no fine-tuning; pooling as a sentence-transformers folder says): "
                                     "stsb Pearson/Spearman, or retrieval on a pair task such as mrpc (recall@1, MRR)")
     split: str = option("dev", "dev, test, train, or an exact split such as dev_mismatched (MNLI)")
     data_dir: str | None = option(None, "local GLUE root / task folder / folder of SQuAD JSON files (default: the hub)", metavar="DIR")
     data_file: str | None = option(None, "one csv/tsv/json/jsonl/parquet/SQuAD JSON file holding the split", metavar="FILE")
     columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping --data-file columns to task fields, e.g. sentence=text,label=stars", metavar="FIELD=COL[,...]")
-    max_examples: int | None = option(None, "evaluate on the first N examples only")
-    batch_size: int = option(32, "sequences per forward pass")
+    max_eval_examples: int | None = option(None, "evaluate on the first N examples only")
+    eval_batch_size: int = option(EVAL_BATCH_SIZE, "sequences per forward pass when evaluating")
     max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD, the folder's max_seq_length with --embedding)")
     doc_stride: int = option(128, "SQuAD: overlap between windows of a long context, in tokens")
     n_best: int = option(20, "SQuAD: start/end candidates considered per window")
     max_answer_length: int = option(30, "SQuAD: longest answer span, in tokens")
     null_threshold: float = option(0.0, "SQuAD v2.0: predict no answer when null score - best span score exceeds this")
     submission: str | None = option(None, "directory for GLUE server files (test split): TSVs + submission.zip", metavar="DIR")
-    predictions: str | None = option(None, "directory for prediction files (default: MODEL/predictions)", metavar="DIR")
-    record: bool = option(True, "append the results to the model's metrics.json")
+    predictions: str | None = option(None, "directory for prediction files (default: MODEL/predictions; none with --no-record)", metavar="DIR")
+    record: bool = option(True, "append the results to the model's metrics.json and write predictions to MODEL/predictions; "
+                                "--no-record writes nothing into the model directory")
     device: str = option("auto", "auto, cpu, cuda, cuda:1, mps")
 
     def validate(self) -> None:
-        if self.batch_size < 1:
-            raise CompressError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.max_examples is not None and self.max_examples < 1:
-            raise CompressError(f"--max-examples must be at least 1, got {self.max_examples}")
+        if self.eval_batch_size < 1:
+            raise CompressError(f"--eval-batch-size must be at least 1, got {self.eval_batch_size}")
+        if self.max_eval_examples is not None and self.max_eval_examples < 1:
+            raise CompressError(f"--max-eval-examples must be at least 1, got {self.max_eval_examples}")
         for pair in self.columns:
             if "=" not in pair:
                 raise CompressError(f"--columns expects FIELD=COLUMN pairs, got {pair!r}")
@@ -137,7 +154,7 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
     model.to(device)
     model.eval()
     with torch.inference_mode():
-        for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", leave=False):
+        for start in progress(range(0, len(order), batch_size), desc=desc, unit="batch", leave=False):
             index = order[start : start + batch_size]
             batch = collator([rows[int(i)] for i in index])
             batch = {k: v.to(device) for k, v in batch.items() if k in model_inputs}
@@ -155,11 +172,9 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
 
 
 def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
-    """Evaluate ``model_dir`` on ``cfg.task``; one result record per split evaluated."""
+    """Evaluate ``model_dir`` on ``cfg.task`` (default: the model's own task); one result record per split evaluated."""
     model_dir = require_model_dir(model_dir)
-    task = get_task(cfg.task) if cfg.task else None
-    if task is None:
-        raise CompressError("no task given; pass --task, e.g. --task sst2")
+    task = get_task(cfg.task or model_task(model_dir))
     splits = task.resolve_splits(cfg.split)
     if cfg.submission and any(s.submission_file is None for s in splits):
         raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
@@ -207,8 +222,8 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
     device = resolve_device(cfg.device)
     records = []
     for split in splits:
-        ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
-        score = embedding_scorer(tokenizer, task, ds, spec, batch_size=cfg.batch_size, max_length=max_length, device=device)
+        ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
+        score = embedding_scorer(tokenizer, task, ds, spec, batch_size=cfg.eval_batch_size, max_length=max_length, device=device)
         metrics, details = score(model)
         record = embedding_record(task, split.name, len(ds), metrics, details, spec,
                                   data=data_source(cfg).description, max_length=max_length)
@@ -216,6 +231,23 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
             append_metrics(model_dir, record)
         records.append(record)
     return records
+
+
+def model_task(model_dir: Path) -> str:
+    """The task a model directory was made for: its compression.json's, else its parents' (a quantized copy
+    of a fine-tuned model); a CompressError when none names one."""
+    seen: set[Path] = set()
+    current: Path | None = Path(model_dir)
+    while current is not None and current.is_dir() and current.resolve() not in seen:
+        seen.add(current.resolve())
+        record = read_compression(current)
+        task = record.get("task") or (record.get("config") or {}).get("task")
+        if task:
+            return str(task)
+        parent = (record.get("parent") or {}).get("path")
+        current = Path(parent) if parent else None
+    raise CompressError(f"no --task given and {Path(model_dir) / 'compression.json'} names no task; "
+                        "pass --task, e.g. --task sst2")
 
 
 def check_vocab(tokenizer, config, model_dir) -> None:
@@ -265,7 +297,7 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
 
 def squad_scorer(
     tokenizer, task: Task, ds, *, max_length: int, doc_stride: int = 128, n_best: int = 20,
-    max_answer_length: int = 30, null_threshold: float = 0.0, batch_size: int = 32, device=None,
+    max_answer_length: int = 30, null_threshold: float = 0.0, batch_size: int = EVAL_BATCH_SIZE, device=None,
 ):
     """Build SQuAD windows once; return ``score(model) -> (metrics, (predictions, null_odds))``."""
 
@@ -303,21 +335,21 @@ def make_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, dev
 
 
 def _glue_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device):
-    return glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.batch_size, device=device)
+    return glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.eval_batch_size, device=device)
 
 
 def _squad_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device):
     return squad_scorer(
         tokenizer, task, ds, max_length=max_length, doc_stride=cfg.doc_stride, n_best=cfg.n_best,
         max_answer_length=cfg.max_answer_length, null_threshold=cfg.null_threshold,
-        batch_size=cfg.batch_size, device=device,
+        batch_size=cfg.eval_batch_size, device=device,
     )
 
 
-def dev_evaluator(task: Task, tokenizer, dev: dict, max_length: int, *, batch_size: int = 64, doc_stride: int = 128):
+def dev_evaluator(task: Task, tokenizer, dev: dict, max_length: int, *, batch_size: int = EVAL_BATCH_SIZE, doc_stride: int = 128):
     """``evaluate(model) -> metrics`` over the dev split(s): the first split's metrics as
     they are, the others prefixed (``dev_mismatched/accuracy`` for MNLI)."""
-    cfg = EvalConfig(task=task.name, batch_size=batch_size, doc_stride=doc_stride)
+    cfg = EvalConfig(task=task.name, eval_batch_size=batch_size, doc_stride=doc_stride)
     scorers = {name: make_scorer(tokenizer, task, ds, cfg, max_length) for name, ds in dev.items()}
     first = next(iter(scorers))
 
@@ -345,8 +377,8 @@ def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> 
 
 
 def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
-    ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
-    metrics, preds = glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.batch_size, device=device)(model)
+    ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
+    metrics, preds = glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.eval_batch_size, device=device)(model)
     record: dict[str, Any] = {
         "kind": "eval",
         "task": task.name,
@@ -354,24 +386,25 @@ def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, 
         "n": len(ds),
         "data": data_source(cfg).description,
         "max_length": max_length,
+        "batch_size": cfg.eval_batch_size,
     }
     if metrics is not None:
         record["metrics"] = metrics
     elif split.labelled:
         raise CompressError(f"{task.display} {split.name} has examples without labels; check the data file")
-    out = Path(cfg.predictions) if cfg.predictions else Path(model_dir) / "predictions"
-    record["predictions"] = str(write_glue_predictions(out, task, split, ds["idx"], preds))
+    out = predictions_dir(cfg, model_dir)
+    if out is not None:
+        record["predictions"] = str(write_glue_predictions(out, task, split, ds["idx"], preds))
     if cfg.submission and split.submission_file:
         record["submission"] = str(write_submission(Path(cfg.submission), task, split, ds["idx"], preds))
     return record
 
 
 def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
-    ds = load_split(task, split.name, data_source(cfg), cfg.max_examples)
+    ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
     scorer = make_scorer(tokenizer, task, ds, cfg, max_length, device)
     metrics, (preds, null_odds) = scorer(model)
-    out = Path(cfg.predictions) if cfg.predictions else Path(model_dir) / "predictions"
-    pred_file = write_predictions(out / f"{task.name}_{split.name}.json", preds)
+    out = predictions_dir(cfg, model_dir)
     record = {
         "kind": "eval",
         "task": task.name,
@@ -381,12 +414,21 @@ def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig,
         "data": data_source(cfg).description,
         "max_length": max_length,
         "doc_stride": cfg.doc_stride,
+        "batch_size": cfg.eval_batch_size,
         "metrics": metrics,
-        "predictions": str(pred_file),
     }
-    if task.unanswerable:
-        record["null_odds"] = str(write_null_odds(out / f"{task.name}_{split.name}_null_odds.json", null_odds))
+    if out is not None:
+        record["predictions"] = str(write_predictions(out / f"{task.name}_{split.name}.json", preds))
+        if task.unanswerable:
+            record["null_odds"] = str(write_null_odds(out / f"{task.name}_{split.name}_null_odds.json", null_odds))
     return record
+
+
+def predictions_dir(cfg: EvalConfig, model_dir: Path) -> Path | None:
+    """Where prediction files go: --predictions, else MODEL/predictions, or nowhere with --no-record and no --predictions."""
+    if cfg.predictions:
+        return Path(cfg.predictions)
+    return Path(model_dir) / "predictions" if cfg.record else None
 
 
 # ---------------------------------------------------------------------------- output files

@@ -37,16 +37,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 from sklearn.manifold import MDS
-from tqdm.auto import tqdm
 
 from compress.core import structure as st
 from compress.core.artifacts import check_output, load_tokenizer, output_dir, require_model_dir, utc_now, write_json_atomic
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, check_max_length, collate, load_split, load_task_data
 from compress.core.errors import CompressError
 from compress.core.importance import head_importance_gradient, head_importance_magnitude, heads_to_remove, masked_heads
+from compress.core.logs import progress
 from compress.core.runtime import load_model, load_model_for_task
-from compress.core.tasks import get_task
+from compress.core.tasks import get_task, task_choices
 from compress.eval.evaluate import dev_evaluator
 from compress.eval.plots import _pyplot, save_figure
 
@@ -54,13 +54,15 @@ PUNCTUATION = frozenset(string.punctuation)
 DEFAULT_TEXT_LENGTH = 128  # tokens per input with --text when --max-length is not given
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class HeadsConfig:
-    task: str | None = option(None, "task whose dev inputs are analysed; adds gradient importance and the pruning curve")
+    task: str | None = option(None, "task whose dev inputs are analysed; adds gradient importance and the pruning curve",
+                              choices=task_choices)
     text: str | None = option(None, "instead of --task: a text file, one input per line (a tab separates a sentence pair)", metavar="FILE")
-    max_examples: int = option(256, "inputs used for the attention statistics")
+    attention_examples: int = option(256, "inputs used for the attention statistics")
     js_examples: int = option(32, "of those, inputs used for the head-to-head Jensen-Shannon distances")
-    batch_size: int = option(16, "sequences per forward pass for the statistics and the importance scores")
+    attention_batch_size: int = option(16, "sequences per forward pass for the attention statistics and the importance scores")
     importance_examples: int = option(256, "with --task: training examples used to score head importance")
     curve: bool = option(True, "with --task: dev metric as heads are masked by importance vs at random (Michel et al.)")
     curve_steps: int = option(10, "pruning-curve points: fractions 0, 1/N, ..., (N-1)/N of the heads masked")
@@ -85,7 +87,7 @@ class HeadsConfig:
                 raise CompressError("--data-dir/--train-file/--dev-file read task data; with --text they are not used")
         if self.data.max_train_examples is not None:
             raise CompressError("use --importance-examples to choose how many training examples score the heads")
-        for name in ("max_examples", "js_examples", "batch_size", "importance_examples"):
+        for name in ("attention_examples", "js_examples", "attention_batch_size", "importance_examples"):
             if getattr(self, name) < 1:
                 raise CompressError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.curve_steps < 2:
@@ -345,7 +347,7 @@ def attention_statistics(model, tokenizer, encodings: Sequence[dict], *, batch_s
     order = sorted(range(len(encodings)), key=lambda i: len(encodings[i]["input_ids"]))
     model.eval()
     with torch.inference_mode():
-        for start in tqdm(range(0, len(order), batch_size), desc="attention statistics", unit="batch", leave=False):
+        for start in progress(range(0, len(order), batch_size), desc="attention statistics", unit="batch", leave=False):
             index = order[start : start + batch_size]
             batch = {k: v.to(device) for k, v in pad([encodings[i] for i in index]).items()}
             attentions = model(**st.model_inputs(model, batch), output_attentions=True).attentions  # per layer (batch, heads, seq, seq)
@@ -402,7 +404,7 @@ def pruning_curve(model, evaluate, metric: str, scores: Sequence[Sequence[float]
               "random": [[rng.random() for _ in range(n)] for n in sizes]}
     base = evaluate(model)[metric]
     rows: list[dict[str, Any]] = []
-    for k in tqdm(range(steps), desc="pruning curve", unit="point", leave=False):
+    for k in progress(range(steps), desc="pruning curve", unit="point", leave=False):
         count = min(int(round(total * k / steps)), removable)
         row: dict[str, Any] = {"fraction": count / total, "removed": count, "requested": k / steps}
         if rows and rows[-1]["removed"] == count:  # capped: the same heads as the previous point
@@ -436,8 +438,8 @@ def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
     features, dev, _ = load_task_data(task, tokenizer, data, max_length, seed=cfg.seed)
     pad = collate(tokenizer)
     rows = [features[i] for i in range(len(features))]
-    batches = [pad(rows[i : i + cfg.batch_size]) for i in range(0, len(rows), cfg.batch_size)]
-    scores = head_importance_gradient(model, tqdm(batches, desc="head importance", unit="batch", leave=False))
+    batches = [pad(rows[i : i + cfg.attention_batch_size]) for i in range(0, len(rows), cfg.attention_batch_size)]
+    scores = head_importance_gradient(model, progress(batches, desc="head importance", unit="batch", leave=False))
     criterion = (f"Michel et al.'s gate gradient |dL/dg| summed over {len(rows)} {task.display} training examples "
                  "(seeded sample), normalised per layer")
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size,
@@ -464,14 +466,14 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
         max_length = cfg.data.max_length or min(DEFAULT_TEXT_LENGTH, model_max)
         check_max_length(max_length, model_max)
     if task is not None:
-        texts, source = _task_inputs(task, cfg.data, cfg.max_examples)
+        texts, source = _task_inputs(task, cfg.data, cfg.attention_examples)
     else:
-        texts, source = read_text_inputs(Path(cfg.text), cfg.max_examples), str(cfg.text)
+        texts, source = read_text_inputs(Path(cfg.text), cfg.attention_examples), str(cfg.text)
     encodings = encode_inputs(tokenizer, texts, max_length)
 
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
-    stats = attention_statistics(model, tokenizer, encodings, batch_size=cfg.batch_size, js_examples=cfg.js_examples)
+    stats = attention_statistics(model, tokenizer, encodings, batch_size=cfg.attention_batch_size, js_examples=cfg.js_examples)
     timing["statistics"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     scores, method, criterion, dev, evaluate = _importance(model, task, tokenizer, cfg, max_length)

@@ -18,13 +18,16 @@ How the numbers are put together:
   results was evaluated on, so all averages in one table cover the same tasks. Published
   rows get the same average only when they publish all of those tasks.
 * retention: a model's metric / its teacher's (per task; for the average, the ratio of
-  the averages), in percent. The teacher is ``cfg.teacher``, else the model's nearest
-  ancestor (``compression.json`` parent links) among the models shown, else the first
-  model of the table (rows keep the order of the runs, except that ancestors move up
-  before their descendants, so the first row is never a student of another row).
+  the averages), in percent. The teacher is the teacher of the model's chain: its oldest
+  ancestor (``compression.json`` parent links) among the models shown that has a dev
+  score; with ``compare_with="parent"`` its nearest ancestor shown; with ``baseline``
+  that one model for every row; a model with no ancestor shown is compared with the
+  first row (rows keep the order of the runs, except that ancestors move up before
+  their descendants, so the first row is never a student of another row).
 * speed-up: the teacher's p50 / the model's p50 at one (batch, seq) point. Latencies are
   only comparable within one ``compress latency`` run (one machine state, one set-up), so
-  the latest run that measured both is used; a ratio across runs is marked ``*``.
+  the latest run that measured both is used; a ratio across runs is marked ``*``. A run
+  is one ``compress latency`` call, whatever backend each of its models ran on.
 
 Published rows (``compress.eval.references``) are carried separately, flagged ``published``, and
 never enter a measured column, an average of measured rows, or a ratio.
@@ -36,14 +39,14 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from compress.core.artifacts import is_model_dir, read_compression, read_json, read_metrics, utc_now
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.tasks import GLUE_TASKS, TASKS, get_task
-from compress.eval.latency import display_names, size_on_disk
-from compress.eval.plots import _pyplot, save_figure
+from compress.eval.latency import display_names, megabytes, size_on_disk
+from compress.eval.plots import _pyplot, label_hlines, place_legend, save_figure
 from compress.eval.references import GLUE_DEV, SQUAD_DEV
 
 CROSS_RUN = "*"  # marks a speed-up whose two p50s come from different latency runs
@@ -55,9 +58,11 @@ METRIC_LABELS = {"accuracy": "acc", "f1": "F1", "pearson": "Pearson", "matthews_
 
 @dataclass(frozen=True)
 class LeaderboardConfig:
-    teacher: str | None = option(None, "model directory every model is compared with (retention, speed-up); "
-                                 "default: each model's nearest ancestor among the runs, else the first run",
-                                 metavar="DIR")
+    baseline: str | None = option(None, "model directory every model is compared with (retention, speed-up) "
+                                  "instead of its teacher", metavar="DIR")
+    compare_with: Literal["teacher", "parent"] = option(
+        "teacher", "without --baseline, compare each model with the teacher of its chain (its oldest ancestor shown "
+        "that has a dev score) or with its parent (its nearest ancestor shown); a model with neither: the first row")
     speed_reference: str | None = option(None, "model directory for an extra speed-up column, e.g. a BERT-base-shaped model",
                                          flag="--reference-model", metavar="DIR")
     batch: int = option(1, "batch size of the latency point shown in the table")
@@ -214,8 +219,9 @@ def latency_runs(records: list[dict[str, Any]], batch: int, seq: int) -> tuple[d
     for _, record in sorted(enumerate(records), key=_order):
         if record.get("kind") != "latency":
             continue
-        # measure_latency writes one "when" and one "speedup_vs" into every model's record of a run.
-        run = f"{record.get('when')}|{record.get('speedup_vs')}|{record.get('backend')}"
+        # measure_latency writes one "when" and one "speedup_vs" into every model's record of a run; the
+        # backend is the model's own (torch for one, onnxruntime-int8 for another) and so not part of the run.
+        run = f"{record.get('when')}|{record.get('speedup_vs')}"
         for row in record.get("rows") or []:
             if "batch" not in row or "seq" not in row:
                 continue  # not a row compress.eval.latency wrote
@@ -269,12 +275,12 @@ def estimate_params(structure: dict[str, Any] | None, config: dict[str, Any]) ->
 
 
 def model_size_mb(path: Path, records: list[dict[str, Any]]) -> float | None:
-    """Weight files' size in MB: from the latest latency row, else measured on disk now."""
+    """Weight files' size in MB (10^6 bytes): from the latest latency row, else measured on disk now."""
     for row in _latency_rows_newest_first(records):
         if row.get("size_mb") is not None:
             return float(row["size_mb"])
     size = size_on_disk(path)
-    return size / 1e6 if size else None
+    return megabytes(size) if size else None
 
 
 def ancestors(path: Path) -> tuple[Path, ...]:
@@ -363,14 +369,19 @@ def lineage_order(rows: Sequence[ModelRow]) -> list[ModelRow]:
 
 
 def teacher_of(row: ModelRow, rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> ModelRow:
-    """The model ``row`` is compared with: cfg.teacher, else its nearest ancestor shown, else the first row."""
+    """The model ``row`` is compared with: cfg.baseline; else the teacher of its chain (the oldest ancestor
+    shown with a dev score, else the oldest shown) or, with compare_with="parent", its nearest ancestor shown;
+    else the first row."""
     by_path = {r.path: r for r in rows}
-    if cfg.teacher:
-        return _find(by_path, cfg.teacher, "--teacher")
-    for ancestor in row.ancestors:
-        if ancestor in by_path:
-            return by_path[ancestor]
-    return rows[0]
+    if cfg.baseline:
+        return _find(by_path, cfg.baseline, "--baseline")
+    shown = [by_path[a] for a in row.ancestors if a in by_path]  # nearest first
+    if not shown:
+        return rows[0]
+    if cfg.compare_with == "parent":
+        return shown[0]
+    scored = [a for a in shown if a.scores]
+    return (scored or shown)[-1]
 
 
 def _find(by_path: dict[Path, ModelRow], path: str, flag: str) -> ModelRow:
@@ -402,7 +413,8 @@ def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> dict[str, A
         "task_names": {t: get_task(t).display for t in tasks},
         "task_metrics": {t: get_task(t).primary_metric for t in tasks},
         "average_tasks": averaged,
-        "teacher": str(Path(cfg.teacher).resolve()) if cfg.teacher else None,
+        "baseline": str(Path(cfg.baseline).resolve()) if cfg.baseline else None,
+        "compared_with": "baseline" if cfg.baseline else cfg.compare_with,
         "speed_reference": reference.name if reference else None,
         "models": models,
         "published": published_entries(tasks, averaged) if cfg.published else [],
@@ -497,12 +509,16 @@ def measured_notes(table: dict[str, Any]) -> list[str]:
                      "MRPC F1, STS-B Pearson, accuracy elsewhere).")
     else:
         notes.append("GLUE avg: not computed; fewer than two GLUE tasks were evaluated on every model with GLUE results.")
-    teacher = ("the --teacher model" if table["teacher"] else
-               "the model's nearest ancestor in this table by compression.json parent links, else the first row")
-    notes.append(f"retention: the model's metric / its teacher's, in percent; for the GLUE avg the ratio of the two "
-                 f"averages. The teacher column names the model compared with: {teacher}.")
+    compared = table["compared_with"]
+    whom = {"baseline": "the --baseline model, for every row",
+            "teacher": "the teacher of the model's chain (its oldest ancestor in this table by compression.json "
+                       "parent links that has a dev score), else the first row",
+            "parent": "the model's parent (its nearest ancestor in this table by compression.json parent links), "
+                      "else the first row"}[compared]
+    notes.append(f"retention: the model's metric / its {compared}'s, in percent; for the GLUE avg the ratio of the two "
+                 f"averages. The {compared} column names the model compared with: {whom}.")
     notes.append(f"p50 ms: median latency at batch {point['batch']}, seq {point['seq']} from the latest latency run "
-                 "of the model; speed-up = the teacher's (or reference's) p50 / this p50, from the latest latency "
+                 f"of the model; speed-up = the {compared}'s (or reference's) p50 / this p50, from the latest latency "
                  "run that timed both.")
     if _cross_run(table):
         notes.append(f"Speed-ups marked {CROSS_RUN}: the two p50s come from different latency runs, so the ratio also carries "
@@ -585,9 +601,10 @@ def measured_table(table: dict[str, Any]) -> list[str]:
     """Markdown lines of the measured models' table."""
     retention_header, retention = _retention_column(table)
     reference = table["speed_reference"]
+    compared = table["compared_with"]
     header = ["model", "stage / method", "params (M)", "size (MB)",
-              *(_metric_header(table, t) for t in table["tasks"]), "GLUE avg", retention_header, "teacher",
-              "p50 ms", "backend", "speed-up vs teacher"] + ([f"speed-up vs {reference}"] if reference else [])
+              *(_metric_header(table, t) for t in table["tasks"]), "GLUE avg", retention_header, compared,
+              "p50 ms", "backend", f"speed-up vs {compared}"] + ([f"speed-up vs {reference}"] if reference else [])
     align = ["---", "---", "--:", "--:", *("--:" for _ in table["tasks"]), "--:", "--:", "---", "--:", "---", "--:"]
     lines = [_row(header), _row(align + (["--:"] if reference else []))]
     for m in table["models"]:
@@ -605,7 +622,7 @@ def measured_table(table: dict[str, Any]) -> list[str]:
 def retention_table(table: dict[str, Any]) -> list[str]:
     """Markdown lines of per-task retention (only worth a table with two tasks or more)."""
     tasks = table["tasks"]
-    lines = [_row(["model", "teacher", *(_metric_header(table, t) for t in tasks)]),
+    lines = [_row(["model", table["compared_with"], *(_metric_header(table, t) for t in tasks)]),
              _row(["---", "---", *("--:" for _ in tasks)])]
     for m in table["models"]:
         lines.append(_row([m["name"], m["teacher"], *(_f(m["retention"].get(t), ".1f") for t in tasks)]))
@@ -634,7 +651,7 @@ def format_markdown(table: dict[str, Any]) -> str:
     lines = [f"## Measured here (dev sets; latency at batch {point['batch']}, seq {point['seq']})", "",
              *measured_table(table), "", *(f"- {n}" for n in table["notes"])]
     if len(table["tasks"]) > 1:
-        lines += ["", "### Retention per task (% of the teacher's metric)", "", *retention_table(table)]
+        lines += ["", f"### Retention per task (% of the {table['compared_with']}'s metric)", "", *retention_table(table)]
     if table["published"]:
         lines += ["", "## Published (not measured here)", "", *published_table(table), "",
                   *(f"- {n}" for n in table["published_notes"])]
@@ -645,10 +662,21 @@ def format_markdown(table: dict[str, Any]) -> str:
 
 
 def plot_pareto(table: dict[str, Any], task: str, path: Path) -> Path | None:
-    """Metric vs p50 latency (log x) for one task: marker size ~ params, the Pareto front joined.
+    """Write :func:`pareto_figure` as a PNG; None (and nothing written) when it has nothing to plot."""
+    fig = pareto_figure(table, task)
+    if fig is None:
+        return None
+    out = save_figure(fig, path)
+    _pyplot().close(fig)
+    return out
 
-    Published results have no latency measured here, so they are dashed horizontal lines.
-    Returns None (and writes nothing) when no model has both the metric and a latency.
+
+def pareto_figure(table: dict[str, Any], task: str):
+    """Metric vs p50 latency (log x) for one task: marker area ~ params, the Pareto front joined; the figure.
+
+    Published results have no latency measured here, so they are dashed horizontal lines,
+    each labelled on the line inside the axes. The legend goes where it covers no point and
+    no label. None when no model has both the metric and a latency.
     """
     models = [m for m in table["models"] if task in m["scores"] and m["p50_ms"]]
     if not models:
@@ -662,12 +690,11 @@ def plot_pareto(table: dict[str, Any], task: str, path: Path) -> Path | None:
     largest = max((m["params"] or 0 for m in models), default=0) or 1
     sizes = [400 * (m["params"] or largest / 4) / largest for m in models]  # area ~ parameters
     ax.scatter(*zip(*points), s=sizes, alpha=0.6, edgecolors="black", zorder=3)
-    for m, (x, y) in zip(models, points):
-        ax.annotate(m["name"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    names = [ax.annotate(m["name"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+             for m, (x, y) in zip(models, points)]
     front = pareto_front(points)
     ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "-", color="tab:red",
             linewidth=1, label="Pareto front", zorder=2)
-    _published_lines(ax, table, task)
     point = table["point"]
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))  # 20, not 2x10^1
@@ -678,23 +705,12 @@ def plot_pareto(table: dict[str, Any], task: str, path: Path) -> Path | None:
     ax.set_ylabel(_metric_header(table, task))
     ax.set_title(f"{table['task_names'][task]}: dev metric vs latency (marker area ~ parameters)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="lower right")
-    out = save_figure(fig, path)
-    plt.close(fig)
-    return out
-
-
-def _published_lines(ax, table: dict[str, Any], task: str) -> None:
-    """Dashed horizontal lines for published scores on ``task``, labelled at the right edge without overlap."""
-    lines = sorted((p["scores"][task], p["model"]) for p in table["published"] if task in p["scores"])
-    for y, _ in lines:
-        ax.axhline(y, linestyle="--", linewidth=0.8, color="grey", zorder=1)
-    low, high = ax.get_ylim()  # final limits: every point and line is drawn
-    gap, previous = 0.035 * (high - low), -float("inf")
-    for y, model in lines:
-        previous = max(y, previous + gap)  # push a label up when it would touch the one below
-        ax.text(1.01, previous, f"{model} (published)", transform=ax.get_yaxis_transform(),
-                fontsize=6, va="center", color="grey")
+    published = [(p["scores"][task], p["model"]) for p in table["published"] if task in p["scores"]]
+    if published:  # the legend's key to the dashed lines; each line carries its own label
+        ax.plot([], [], "--", color="dimgrey", linewidth=0.9, label="published (dev set, not timed here)")
+    labels = label_hlines(ax, published, points, sizes, avoid=names)
+    place_legend(ax, points, sizes, avoid=[*labels, *names], fontsize=7)
+    return fig
 
 
 def plot_all(table: dict[str, Any], directory: Path) -> dict[str, str]:

@@ -17,7 +17,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from compress.core.errors import CompressError
-from compress.core.tasks import UNLABELLED, Task, get_task
+from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, UNLABELLED, Task, get_task
 
 ArrayLike = Union[Sequence[float], np.ndarray]
 
@@ -126,3 +126,65 @@ def _correlation(fn: Callable, predictions: ArrayLike, references: ArrayLike) ->
 def _finite(value: float) -> float:
     value = float(value)
     return value if math.isfinite(value) else 0.0
+
+
+# ---------------------------------------------------------------------------- chance level
+
+CHANCE_MARGIN = 2.0  # points: the least a classifier's accuracy must clear the chance rate by
+CHANCE_SPEARMAN = 10.0  # |Spearman| (percent) below which a regression model ranks pairs at chance
+CHANCE_SPAN_F1 = 10.0  # answer F1 (percent) below which a reading-comprehension model finds no answers
+
+
+def chance_check(task: Task, metrics: dict[str, float], labels: ArrayLike | None = None) -> dict | None:
+    """Whether a dev result (``metrics``, in percent) is no better than chance on ``task``: the one rule.
+
+    * classification: accuracy at most the chance rate plus two standard errors of a
+      classifier at that rate over the dev set (never less than ``CHANCE_MARGIN`` points).
+      The chance rate is the majority-class share of ``labels`` (the dev labels; rows
+      labelled -1 ignored) or 1/num_labels, whichever is larger; without labels, 1/num_labels
+      and a margin of ``CHANCE_MARGIN``.
+    * regression: |Spearman| below ``CHANCE_SPEARMAN`` (0.1 as a correlation).
+    * span (SQuAD): answer F1 below ``CHANCE_SPAN_F1``; on SQuAD v2.0 the F1 on answerable
+      questions (``HasAns_f1``), since answering "no answer" everywhere already scores ~50.
+
+    Returns ``{"at_chance", "metric", "value", "threshold", "rule"}`` (plus ``"chance"``, the
+    rate, for classification), or None when ``metrics`` lack the metric the rule reads.
+    """
+    return _CHANCE_RULES[task.kind](task, metrics, labels)
+
+
+def _classification_chance(task: Task, metrics: dict[str, float], labels: ArrayLike | None) -> dict | None:
+    if "accuracy" not in metrics:
+        return None
+    rate, margin, basis = 1 / task.num_labels, CHANCE_MARGIN, f"1/{task.num_labels} labels"
+    known = np.asarray(labels if labels is not None else [], dtype=float)
+    known = known[known != UNLABELLED]
+    if len(known):
+        majority = float(np.unique(known, return_counts=True)[1].max() / len(known))
+        if majority > rate:
+            rate, basis = majority, f"the majority class of {len(known)} dev examples"
+        margin = max(CHANCE_MARGIN, 200 * math.sqrt(rate * (1 - rate) / len(known)))  # two standard errors, in points
+    value, threshold = float(metrics["accuracy"]), 100 * rate + margin
+    return {"at_chance": value <= threshold, "metric": "accuracy", "value": value, "chance": 100 * rate,
+            "threshold": threshold, "rule": f"accuracy <= {100 * rate:.1f} ({basis}) + {margin:.1f}"}
+
+
+def _regression_chance(task: Task, metrics: dict[str, float], labels: ArrayLike | None) -> dict | None:
+    if "spearmanr" not in metrics:
+        return None
+    value = float(metrics["spearmanr"])
+    return {"at_chance": abs(value) < CHANCE_SPEARMAN, "metric": "spearmanr", "value": value,
+            "threshold": CHANCE_SPEARMAN, "rule": f"|spearmanr| < {CHANCE_SPEARMAN:g}"}
+
+
+def _span_chance(task: Task, metrics: dict[str, float], labels: ArrayLike | None) -> dict | None:
+    metric = "HasAns_f1" if task.unanswerable else "f1"
+    if metric not in metrics:
+        return None
+    value = float(metrics[metric])
+    return {"at_chance": value < CHANCE_SPAN_F1, "metric": metric, "value": value,
+            "threshold": CHANCE_SPAN_F1, "rule": f"{metric} < {CHANCE_SPAN_F1:g}"}
+
+
+# The kind of a task decides what chance means; this table is the module's one dispatch on it.
+_CHANCE_RULES = {CLASSIFICATION: _classification_chance, REGRESSION: _regression_chance, SPAN: _span_chance}

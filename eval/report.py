@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from compress.core.artifacts import check_output, is_model_dir, output_dir, write_json_atomic
+from compress.core.artifacts import check_output, is_model_dir, output_dir, read_compression, write_json_atomic
 from compress.core.errors import CompressError
 from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, expand_runs, format_markdown, plot_all
 
@@ -68,13 +68,17 @@ def compose_markdown(table: dict[str, Any], title: str, figures: Mapping[str, st
                      extra_sections: Sections | None = None) -> str:
     """The whole report as Markdown: title, tables and notes, plots, model paths, extra sections."""
     lines = [f"# {title}", "", f"Generated {table['when']} from the models' metrics.json and compression.json; "
-             "nothing was re-measured.", "", format_markdown(table).rstrip("\n")]
+             "nothing was re-measured.", ""]
+    if table.get("warnings"):
+        lines += ["## Warnings", "", *(f"- {w}" for w in table["warnings"]), ""]
+    lines.append(format_markdown(table).rstrip("\n"))
     if figures:
         lines += ["", "## Accuracy vs latency", ""]
         for task, name in figures.items():
             lines += [f"![{table['task_names'][task]}: metric vs p50 latency]({name})", ""]
         lines.append("Marker area is proportional to parameters; the red line joins the Pareto front "
-                     "(no other model is both faster and better); dashed grey lines are published results.")
+                     "(no other model is both faster and better); the dashed lines, each labelled on the line, are "
+                     "published results (no latency of theirs is comparable with this machine).")
     lines += ["", "## Models", "", *(f"- {m['name']}: `{m['path']}`" for m in table["models"])]
     items = extra_sections.items() if isinstance(extra_sections, Mapping) else (extra_sections or ())
     for heading, body in items:
@@ -170,20 +174,39 @@ def inline(text: str) -> str:
 # ---------------------------------------------------------------------------- entry point
 
 
-def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: LeaderboardConfig, overwrite: bool = False) -> Path:
-    """Collect the models of ``run_dirs``, build the table and write the report to ``out``; the directory."""
+def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: LeaderboardConfig, overwrite: bool = False, *,
+                title: str = "Leaderboard", sections: Sections | None = None) -> Path:
+    """Collect the models of ``run_dirs``, build the table and write the report to ``out``; the directory.
+
+    ``title`` heads the report (a recipe's report is titled with the recipe); ``sections``
+    are (heading, Markdown) pairs added after the tables (a recipe's list of stages).
+    """
     cfg.validate()
     check_output(out, overwrite)  # before reading anything
     paths = expand_runs(run_dirs)
-    for flag, extra in (("--teacher", cfg.teacher), ("--reference-model", cfg.speed_reference)):
+    for flag, extra in (("--baseline", cfg.baseline), ("--reference-model", cfg.speed_reference)):
         if extra and not is_model_dir(extra):
             raise CompressError(f"{flag} {extra} is not a model directory (a folder with config.json)")
-    teacher = [Path(cfg.teacher).resolve()] if cfg.teacher else []
+    baseline = [Path(cfg.baseline).resolve()] if cfg.baseline else []
     reference = [Path(cfg.speed_reference).resolve()] if cfg.speed_reference else []
-    # The teacher leads the table; a speed reference not among the runs closes it.
-    ordered = list(dict.fromkeys([*(p for p in teacher if p not in paths), *paths, *reference]))
+    # A baseline not among the runs leads the table; a speed reference not among them closes it.
+    ordered = list(dict.fromkeys([*(p for p in baseline if p not in paths), *paths, *reference]))
     table = build_table(collect(ordered, batch=cfg.batch, seq=cfg.seq), cfg)
-    return write_report(table, out, title="Leaderboard", overwrite=overwrite)
+    table["warnings"] = teacher_warnings(table["models"])
+    return write_report(table, out, title=title, extra_sections=sections, overwrite=overwrite)
+
+
+def teacher_warnings(models: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line per model distilled from (or pruned as) a model not fine-tuned for its task, as its compression.json's
+    ``teacher_check`` says (a teacher at chance on dev, with no head for the task, made for another task)."""
+    lines = []
+    for m in models:
+        check = read_compression(m["path"]).get("teacher_check") or {}
+        if check.get("problems"):
+            what = "AT CHANCE" if check.get("at_chance") else "NOT FINE-TUNED for its task"
+            lines.append(f"**{m['name']}** was made from a model {what} ({'; '.join(check['problems'])}): "
+                         "its scores and retention mean nothing.")
+    return lines
 
 
 def first_table(markdown: str) -> str:

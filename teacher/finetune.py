@@ -30,12 +30,12 @@ from compress.core.artifacts import (
     utc_now,
     write_json_atomic,
 )
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, collate, load_task_data
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model_for_task
 from compress.core.structure import count_parameters, model_inputs
-from compress.core.tasks import get_task
+from compress.core.tasks import get_task, task_choices
 from compress.core.train import TrainConfig, is_main_process, load_weights, prepare_work_dir, train, work_dir_for
 from compress.eval.evaluate import dev_evaluator, format_table, split_records
 from compress.teacher.presets import resolve_model
@@ -44,9 +44,10 @@ from compress.teacher.presets import resolve_model
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class FinetuneConfig:
-    task: str = option("", "task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, squad, squad_v2")
+    task: str = option("", "task to fine-tune on", choices=task_choices)
     resume: bool = option(False, "continue from the last checkpoint of an interrupted run into the same --out")
     data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from transformers import BertForPreTraining, BertTokenizerFast
 
 from compress.core.artifacts import check_output, compression_record, read_metrics, save_model_dir, utc_now
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
 from compress.core.structure import PretrainingForward, count_parameters, make_config
 from compress.core.train import (
@@ -37,6 +37,7 @@ from compress.core.train import (
 )
 from compress.eval.plots import plot_curves
 from compress.students.presets import resolve_shape
+from compress.teacher.presets import TEACHER_SHAPES
 from compress.teacher.corpus import (
     PretrainCollator,
     _text_files,
@@ -59,6 +60,7 @@ def _pretrain_defaults() -> TrainConfig:
                        weight_decay=0.01, log_every=10, save_every=200)
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class PretrainConfig:
     corpus: tuple[str, ...] = option(
@@ -67,11 +69,11 @@ class PretrainConfig:
     tokenizer: str | None = option(None, "reuse this tokenizer (model dir, tokenizer folder or vocab.txt) instead of training one", metavar="PATH")
     vocab_size: int = option(30522, "WordPiece vocabulary size when training one")
     lowercase: bool = option(True, "lower-case and strip accents (uncased BERT)")
-    shape: str = option("4L-256", "model shape: 2L-128, 4L-256, 4L-512, 8L-512, base, large or LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "attention heads (overrides the shape's)")
-    layers: int | None = option(None, "layers (overrides the shape's)")
-    hidden: int | None = option(None, "hidden width (overrides the shape's; FFN then defaults to 4x)")
-    ffn: int | None = option(None, "FFN width (overrides the shape's)")
+    shape: str = option("4L-256", "model shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=TEACHER_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
+    heads: int | None = option(None, "attention heads per layer of the model (a size; overrides --shape's)")
+    layers: int | None = option(None, "layers of the model (a size; overrides --shape's)")
+    hidden: int | None = option(None, "hidden width of the model (a size; overrides --shape's; FFN then defaults to 4x)")
+    ffn: int | None = option(None, "FFN width of the model (a size; overrides --shape's)")
     max_positions: int = option(512, "position embeddings (at least the phase-2 length)")
     phase1_length: int = option(128, "sequence length of phase 1")
     phase2_length: int = option(512, "sequence length of phase 2")

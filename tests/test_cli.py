@@ -45,7 +45,7 @@ def test_eval_help_documents_every_option(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--task", "--split", "--data-dir", "--data-file", "--columns", "--max-examples", "--submission", "--batch-size", "--doc-stride"):
+    for flag in ("--task", "--split", "--data-dir", "--data-file", "--columns", "--max-eval-examples", "--submission", "--eval-batch-size", "--doc-stride"):
         assert flag in out
 
 
@@ -73,10 +73,10 @@ def test_offline_hub_is_one_line(tiny_model_dir):
 
 
 def test_bad_option_value_is_one_line(tiny_model_dir):
-    line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst2", "--batch-size", "0"))
-    assert "--batch-size must be at least 1" in line
+    line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst2", "--eval-batch-size", "0"))
+    assert "--eval-batch-size must be at least 1" in line
     line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst9"))
-    assert "unknown task 'sst9'" in line
+    assert "invalid choice: 'sst9'" in line and "sst2" in line
 
 
 def test_eval_cli_prints_table_and_appends_metrics(tiny_model_dir, tmp_path, capsys):
@@ -95,12 +95,12 @@ def test_eval_with_config_file(tiny_model_dir, tmp_path, capsys):
     glue.mkdir()
     (glue / "dev.tsv").write_text("sentence\tlabel\nthe movie is good .\t1\n")
     cfg = tmp_path / "eval.yaml"
-    cfg.write_text(f"task: sst2\ndata_dir: {tmp_path}\nbatch_size: 4\n")
+    cfg.write_text(f"task: sst2\ndata_dir: {tmp_path}\neval_batch_size: 4\n")
     assert main(["eval", "--model", str(tiny_model_dir), "--config", str(cfg), "--no-record"]) == 0
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: sst2\nbatchsize: 4\n")
     assert main(["eval", "--model", str(tiny_model_dir), "--config", str(bad)]) == 2
-    assert "unknown option 'batchsize' (did you mean 'batch_size'?)" in capsys.readouterr().err
+    assert "unknown option 'batchsize' (did you mean 'eval_batch_size'?)" in capsys.readouterr().err
 
 
 def test_init_creates_a_loadable_model(tmp_path, tokenizer, capsys):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 
 import pytest
 
@@ -57,6 +59,8 @@ def test_kd_student_matches_teacher_and_beats_hard_label_twin(setting, tmp_path)
     retention = next(r for r in read_metrics(kd) if r["kind"] == "retention")
     assert retention["teacher"] == pytest.approx(teacher_acc)
     assert retention["ratio"] == pytest.approx(_dev(kd) / teacher_acc)
+    assert retention["teacher_at_chance"] is False and retention["teacher_warning"] is None  # a real teacher: no flag
+    assert read_compression(kd)["teacher_at_chance"] is False
 
 
 def test_compression_record_describes_the_run(setting, tmp_path):
@@ -182,8 +186,73 @@ def test_distill_cli(setting, tmp_path, capsys):
                  "--epochs", "1", "--lr", "2e-3", "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "s")])
     assert code == 0
     out = capsys.readouterr().out
-    assert "retention:" in out and "accuracy" in out
+    assert "retention:" in out and "accuracy" in out and "TEACHER" not in out
     assert json.loads((tmp_path / "s" / "compression.json").read_text())["stage"] == "distill"
+
+
+class _Seen(logging.Handler):
+    """Keeps the messages a logger emits."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_a_teacher_at_chance_is_said_before_training_and_flagged(setting, tmp_path, monkeypatch):
+    import compress.distill as D
+
+    root, data, _ = setting
+    vocab = synthetic.write_vocab(tmp_path / "vocab.txt")
+    untrained = create_model(resolve_shape("2L-64"), tmp_path / "untrained", tokenizer=vocab, task="sst2", max_positions=64, seed=3)
+    seen, logger = _Seen(), logging.getLogger("compress.distill")
+    logger.addHandler(seen)
+    monkeypatch.setattr(logger, "level", logging.WARNING)
+    started = []  # what had been logged when training began
+    real_train = D.train_phases
+    monkeypatch.setattr(D, "train_phases", lambda *a, **k: (started.append(list(seen.messages)), real_train(*a, **k))[1])
+    try:
+        out = distill(untrained, tmp_path / "s", _cfg(setting, epochs=1, max_train_examples=64))
+    finally:
+        logger.removeHandler(seen)
+    assert len(started) == 1 and len(started[0]) == 1 and "at chance" in started[0][0]
+    assert f"teacher {untrained} does not look fine-tuned for SST-2" in started[0][0]
+    # the rule by hand: majority share of the dev labels, plus two standard errors over the dev set
+    labels = [int(line.rsplit("\t", 1)[1]) for line in (data / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
+    rate = max(labels.count(0), labels.count(1)) / len(labels)
+    threshold = 100 * rate + max(2.0, 200 * math.sqrt(rate * (1 - rate) / len(labels)))
+    check = read_compression(out)["teacher_check"]
+    assert check["chance"]["threshold"] == pytest.approx(threshold)
+    retention = next(r for r in read_metrics(out) if r["kind"] == "retention")
+    assert retention["teacher"] <= threshold and retention["teacher_source"] == "measured"
+    assert retention["teacher_at_chance"] is True and read_compression(out)["teacher_at_chance"] is True
+    text, notes = D.summarize(out, _cfg(setting), {})
+    lines = [line for line in text.splitlines() if line.startswith("retention:")]
+    assert lines and all(line.endswith("TEACHER AT CHANCE: this ratio means nothing") for line in lines)
+    assert f"{100 * retention['ratio']:.1f}% of the teacher's accuracy" in lines[0]
+    assert notes == [f"warning: {retention['teacher_warning']}"]
+
+
+def test_teacher_problems_read_from_its_files(tmp_path):
+    from compress.core.tasks import get_task
+    from compress.distill import teacher_problems
+    from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
+
+    tok = make_tokenizer(tmp_path / "tok")
+    sst2 = get_task("sst2")
+    fine = save_tiny(make_tiny_model(), tok, tmp_path / "fine", extra={"task": "sst-2"})  # an alias of sst2
+    assert teacher_problems(fine, sst2) == []
+    bare = save_tiny(make_tiny_model("base"), tok, tmp_path / "bare")
+    assert teacher_problems(bare, sst2) == ["it has no sequence-classification head (a base model), so its head is random"]
+    (bare / "modules.json").write_text("[]")
+    assert "(a sentence-transformers folder)" in teacher_problems(bare, sst2)[0]
+    wide = save_tiny(make_tiny_model(num_labels=3), tok, tmp_path / "wide")
+    assert teacher_problems(wide, sst2) == ["its classifier has 3 outputs, not 2, so a new random one is used"]
+    other = save_tiny(make_tiny_model(), tok, tmp_path / "other", extra={"task": "qnli"})
+    assert teacher_problems(other, sst2) == ["its compression.json says it was made for qnli"]
+    assert teacher_problems(other, get_task("squad"))[0].startswith("it has no question-answering head")
 
 
 # ---------------------------------------------------------------------------- general distillation

@@ -209,7 +209,7 @@ def test_eval_errors(tiny_model_dir, tmp_path):
     _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood .\t1\n")
     with pytest.raises(CompressError, match="above the model's maximum of 64 positions"):
         evaluate(tiny_model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path), max_length=512))
-    with pytest.raises(CompressError, match="no task given"):
+    with pytest.raises(CompressError, match="no --task given and .*compression.json names no task; pass --task"):
         evaluate(tiny_model_dir, EvalConfig(data_dir=str(tmp_path)))
     with pytest.raises(CompressError, match="has 2 outputs but MNLI has 3 labels"):
         evaluate(tiny_model_dir, EvalConfig(task="mnli", data_dir=str(tmp_path)))
@@ -221,3 +221,80 @@ def test_vocab_mismatch_is_caught(tmp_path, tokenizer):
     _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood .\t1\n")
     with pytest.raises(CompressError, match="tokens but the model's embedding has 20"):
         evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path)))
+
+
+# ---------------------------------------------------------------------------- the model's own task, --no-record, indices
+
+
+def _tree(folder):
+    """Every file under ``folder`` with its content hash."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_no_record_leaves_the_model_folder_byte_identical(tmp_path, tokenizer):
+    from compress.cli import main
+
+    model_dir = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "m", extra={"task": "sst2"})
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\n" + "".join(f"the movie {i} .\t{i % 2}\n" for i in range(6)))
+    before = _tree(model_dir)
+    (record,) = evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path), record=False))
+    assert record["metrics"]["accuracy"] == 50.0 and "predictions" not in record
+    assert main(["eval", "--model", str(model_dir), "--data-dir", str(tmp_path), "--no-record"]) == 0
+    assert _tree(model_dir) == before
+    # --predictions still writes them, elsewhere; a recording run does change the folder
+    evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path), record=False, predictions=str(tmp_path / "p")))
+    assert (tmp_path / "p" / "sst2_dev.tsv").is_file() and _tree(model_dir) == before
+    evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path)))
+    after = _tree(model_dir)
+    assert "predictions/sst2_dev.tsv" in set(after) - set(before) and after["metrics.json"] != before["metrics.json"]
+
+
+def test_eval_without_task_uses_the_models_compression_json(tmp_path, tokenizer, capsys):
+    from compress.cli import main
+
+    _write(tmp_path / "STS-B" / "dev.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+           + "".join(f"{i}\tg\tf\ty\t0\tn\tn\tthe cat {i}\tthe dog\t{i * 0.9:.1f}\n" for i in range(5)))
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood .\t1\nbad .\t0\n")
+    stsb = save_tiny(make_tiny_model(num_labels=1, problem_type="regression"), tokenizer, tmp_path / "stsb",
+                     extra={"task": "stsb"})
+    (record,) = evaluate(stsb, EvalConfig(data_dir=str(tmp_path), record=False))
+    assert record["task"] == "stsb" and set(record["metrics"]) == {"pearson", "spearmanr", "n"}
+    # A copy whose own record names no task (dynamic int8 needs none) inherits its parent's.
+    parent = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "sst2-parent", config={"task": "sst2"})
+    child = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "child", config={"task": ""}, parent=parent)
+    (record,) = evaluate(child, EvalConfig(data_dir=str(tmp_path), record=False))
+    assert record["task"] == "sst2" and record["n"] == 2
+    # None anywhere: one line, naming the file and --task.
+    orphan = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "orphan")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(orphan), "--data-dir", str(tmp_path)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "compression.json names no task; pass --task" in err[0]
+
+
+def test_prediction_and_submission_files_carry_the_inputs_own_index(tmp_path, tokenizer):
+    model_dir = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "m")
+    own = [17, 3, 42, 8, 100]  # not the row numbers 0..4
+    _write(tmp_path / "SST-2" / "dev.tsv", "index\tsentence\tlabel\n" + "".join(f"{i}\tthe film {i} .\t1\n" for i in own))
+    _write(tmp_path / "SST-2" / "test.tsv", "index\tsentence\n" + "".join(f"{i}\tthe film {i} .\n" for i in reversed(own)))
+    evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path)))
+    lines = (model_dir / "predictions" / "sst2_dev.tsv").read_text().splitlines()
+    assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in own]
+    evaluate(model_dir, EvalConfig(task="sst2", split="test", data_dir=str(tmp_path), submission=str(tmp_path / "sub")))
+    sub = (tmp_path / "sub" / "SST-2.tsv").read_text().splitlines()
+    assert sub[0] == "index\tprediction" and [line.split("\t")[0] for line in sub[1:]] == [str(i) for i in reversed(own)]
+    # a csv given with --data-file keeps its idx column; a file without one is numbered by row
+    csv = _write(tmp_path / "rows.csv", "idx,text,stars\n9,good,1\n4,bad,0\n")
+    (record,) = evaluate(model_dir, EvalConfig(task="sst2", data_file=str(csv), columns=("sentence=text", "label=stars"),
+                                               predictions=str(tmp_path / "p")))
+    assert (tmp_path / "p" / "sst2_dev.tsv").read_text().splitlines()[1:] == ["9\t1", "4\t1"]
+    plain = _write(tmp_path / "plain.csv", "text,stars\ngood,1\nbad,0\n")
+    evaluate(model_dir, EvalConfig(task="sst2", data_file=str(plain), columns=("sentence=text", "label=stars"),
+                                   predictions=str(tmp_path / "q")))
+    assert (tmp_path / "q" / "sst2_dev.tsv").read_text().splitlines()[1:] == ["0\t1", "1\t1"]
+    bad = _write(tmp_path / "SST2bad" / "SST-2" / "dev.tsv", "index\tsentence\tlabel\nx7\tgood .\t1\n")
+    with pytest.raises(CompressError, match="dev.tsv:2: index 'x7' is not an integer"):
+        evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(bad.parent.parent), record=False))
+

@@ -320,5 +320,5 @@ def test_a_bert_tokenizer_beside_a_family_without_token_type_ids(family, tmp_pat
     tuned = finetune(parent, tmp_path / "tuned", from_dict(FinetuneConfig, common))
     student = distill(tuned, tmp_path / "student", from_dict(DistillConfig, {**common, "student": "1L-32-37-4H",
                                                                              "losses": ["kd", "hard", "hidden"]}))
-    pruned = prune(tuned, tmp_path / "pruned", from_dict(PruneConfig, {"task": "sst2", "data_dir": str(glue), "heads": 2}))
+    pruned = prune(tuned, tmp_path / "pruned", from_dict(PruneConfig, {"task": "sst2", "data_dir": str(glue), "remove_heads": 2}))
     assert st.heads_per_layer(load_model(pruned)) != [4, 4] and load_model(student).config.model_type == family

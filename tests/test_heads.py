@@ -149,8 +149,8 @@ TEXT_IMAGES = {"importance.png", "entropy.png", "attention_tokens.png", "attenti
 
 
 def test_analyze_heads_with_task_writes_everything(sst2, tmp_path):
-    cfg = HeadsConfig(task="sst2", data=TaskData(data_dir=str(sst2["data"])), max_examples=16, importance_examples=16,
-                      curve_steps=4, batch_size=8)
+    cfg = HeadsConfig(task="sst2", data=TaskData(data_dir=str(sst2["data"])), attention_examples=16, importance_examples=16,
+                      curve_steps=4, attention_batch_size=8)
     out = analyze_heads(sst2["model"], tmp_path / "out", cfg)
     files = {p.name for p in out.iterdir()}
     assert TEXT_IMAGES | {"pruning_curve.png", "heads.json", "summary.md"} <= files

@@ -19,6 +19,7 @@ from compress.eval.leaderboard import (
     collect,
     expand_runs,
     format_markdown,
+    pareto_figure,
     pareto_front,
 )
 from compress.eval.report import leaderboard
@@ -192,27 +193,66 @@ def test_speedup_prefers_a_shared_latency_run_and_marks_cross_run_ratios(tmp_pat
     assert f"- Speed-ups marked {CROSS_RUN}: the two p50s come from different latency runs" in text
 
 
-def test_speed_reference_and_explicit_teacher(runs, tmp_path):
+def test_the_cross_run_mark_appears_only_for_ratios_across_latency_runs(runs):
+    # One `compress latency` run timed the fp32 teacher and student and an ONNX Runtime int8 model (each row
+    # names its own backend); another run timed a second int8 model alone.
+    student = runs / "student"
+    make_model(runs, "student-int8", [eval_record("sst2", 87.3, RUN_A), latency_record(5.0, backend="onnxruntime-int8")],
+               parent=student, stage="quantize", method="onnxruntime-dynamic")
+    make_model(runs, "later-int8", [eval_record("sst2", 87.0, RUN_B),
+                                    latency_record(4.0, RUN_B, first="later-int8", backend="onnxruntime-int8")],
+               parent=student, stage="quantize", method="onnxruntime-static")
+    models = by_name(table_for([runs], tasks="sst2"))
+    assert models["student-int8"]["speedup_teacher"] == pytest.approx(40.0 / 5.0)
+    assert models["student-int8"]["speedup_teacher_same_run"]  # same run, different backend: comparable
+    assert models["later-int8"]["speedup_teacher"] == pytest.approx(40.0 / 4.0)
+    assert not models["later-int8"]["speedup_teacher_same_run"]
+    lines = format_markdown(table_for([runs], tasks="sst2")).splitlines()
+    cell = {line.split(" | ")[0][2:]: line.rstrip(" |").rsplit(" | ", 1)[1] for line in lines if line.startswith("| ")}
+    assert cell["student-int8"] == "8.00x" and cell["later-int8"] == "10.00x" + CROSS_RUN
+    assert cell["teacher"] == "1.00x" and cell["student"] == "4.00x"
+    # Every model timed in one run (int8 included): no mark and no footnote anywhere.
+    (runs / "later-int8" / "metrics.json").write_text(json.dumps({"results": [
+        eval_record("sst2", 87.0, RUN_B), latency_record(4.0, backend="onnxruntime-int8")]}))
+    text = format_markdown(table_for([runs], tasks="sst2"))
+    assert CROSS_RUN not in text.split("## Published")[0]
+
+
+def test_speed_reference_and_explicit_baseline(runs, tmp_path):
     base = make_model(tmp_path / "ref", "bert-base", [latency_record(80.0)])
-    table = table_for([base, runs], speed_reference=str(base), teacher=str(runs / "student"))
+    table = table_for([base, runs], speed_reference=str(base), baseline=str(runs / "student"))
     models = by_name(table)
     assert table["speed_reference"] == "bert-base"
     assert models["student"]["speedup_reference"] == pytest.approx(80.0 / 10.0)
     assert models["teacher"]["speedup_reference"] == pytest.approx(80.0 / 40.0)
-    # Everything is compared with --teacher: the teacher retains 90/88.2 of the student.
+    # Everything is compared with --baseline: the teacher retains 90/88.2 of the student.
     assert models["teacher"]["teacher"] == "student"
     assert models["teacher"]["retention"]["sst2"] == pytest.approx(100 * 90.0 / 88.2)
     assert models["teacher"]["speedup_teacher"] == pytest.approx(10.0 / 40.0)
-    assert "speed-up vs bert-base" in format_markdown(table)
+    text = format_markdown(table)
+    assert "speed-up vs bert-base" in text and "| speed-up vs baseline |" in text
 
 
-def test_teacher_is_the_nearest_ancestor_among_the_runs(runs):
-    student = runs / "student"
-    make_model(runs / "quantized", "student-int8", [eval_record("sst2", 88.0, RUN_B), latency_record(5.0, RUN_B)],
-               parent=student, stage="quantize", method="onnxruntime-dynamic")
-    models = by_name(table_for([runs]))
-    assert models["student-int8"]["teacher"] == "student"
-    assert models["student-int8"]["retention"]["sst2"] == pytest.approx(100 * 88.0 / 88.2)
+def test_vs_teacher_is_the_teacher_of_the_chain_unless_the_parent_is_asked_for(runs):
+    # teacher (SST-2 90.0, MRPC 80.0, 40 ms) -> student (88.2, 78.4, 10 ms) -> student-int8 (87.3, 77.6, 5 ms),
+    # all three timed in one latency run.
+    make_model(runs / "quantized", "student-int8",
+               [eval_record("sst2", 87.3, RUN_B), eval_record("mrpc", 77.6, RUN_B), latency_record(5.0)],
+               parent=runs / "student", stage="quantize", method="onnxruntime-dynamic")
+    table = table_for([runs])
+    int8 = by_name(table)["student-int8"]
+    assert int8["teacher"] == "teacher"  # the chain's root, not the nearest parent
+    assert int8["retention"] == pytest.approx({"sst2": 100 * 87.3 / 90.0, "mrpc": 100 * 77.6 / 80.0})  # 97.0 each
+    assert int8["retention_avg"] == pytest.approx(100 * ((87.3 + 77.6) / 2) / ((90.0 + 80.0) / 2))  # 82.45 / 85 = 97.0
+    assert int8["speedup_teacher"] == pytest.approx(40.0 / 5.0) and int8["speedup_teacher_same_run"]
+    row = next(line for line in format_markdown(table).splitlines() if line.startswith("| student-int8 |"))
+    assert "| 97.0% | teacher |" in row and row.endswith("| 8.00x |")
+
+    parent = by_name(table_for([runs], compare_with="parent"))["student-int8"]
+    assert parent["teacher"] == "student"
+    assert parent["retention"]["sst2"] == pytest.approx(100 * 87.3 / 88.2)
+    assert parent["speedup_teacher"] == pytest.approx(10.0 / 5.0)
+    assert "| speed-up vs parent |" in format_markdown(table_for([runs], compare_with="parent"))
 
 
 def test_missing_latency_point_lists_the_measured_ones(runs):
@@ -249,6 +289,51 @@ def test_pareto_front_on_a_hand_made_set():
     ]
     assert pareto_front(points) == [0, 1, 6, 3]
     assert pareto_front([]) == []
+
+
+def _circles(ax):
+    """Display centres and radii (pixels) of the scatter markers."""
+    import numpy as np
+
+    collection = ax.collections[0]
+    centres = ax.transData.transform(collection.get_offsets())
+    radii = np.sqrt(collection.get_sizes()) / 2 * ax.figure.dpi / 72  # marker area is in points^2
+    return list(zip(map(tuple, centres), radii))
+
+
+def _touches(box, centre, radius) -> bool:
+    dx = max(box.x0 - centre[0], 0.0, centre[0] - box.x1)
+    dy = max(box.y0 - centre[1], 0.0, centre[1] - box.y1)
+    return dx * dx + dy * dy <= radius * radius
+
+
+def test_pareto_plot_labels_published_lines_inside_the_axes_and_its_legend_covers_no_point(runs):
+    # A slow, weak model sits in the lower right corner, where a fixed legend would cover it.
+    make_model(runs, "slow-weak", [eval_record("sst2", 70.0, RUN_A), latency_record(35.0, params=50_000_000)])
+    make_model(runs, "fast", [eval_record("sst2", 80.0, RUN_A), latency_record(4.0, params=4_000_000)])
+    table = table_for([runs], tasks="sst2")
+    fig = pareto_figure(table, "sst2")
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    published = [(p["model"], p["scores"]["sst2"]) for p in table["published"] if "sst2" in p["scores"]]
+    assert len(published) >= 5
+    for model, score in published:
+        [label] = [t for t in ax.texts if t.get_text().startswith(model + " ")]
+        box = label.get_window_extent(renderer)
+        line_y = ax.transData.transform((1.0, score))[1]
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, model
+        assert box.y0 <= line_y <= box.y1, model  # across its own line
+    assert not [t for t in fig.texts if "published" in t.get_text()]  # nothing stacked outside the axes
+    legend = ax.get_legend()
+    box = legend.get_window_extent(renderer)
+    circles = _circles(ax)
+    assert len(circles) == 4 and not any(_touches(box, c, r) for c, r in circles)
+    # The check can fail: the corner the legend used to take does cover a point.
+    legend.set_loc("lower right")
+    fig.canvas.draw()
+    assert any(_touches(legend.get_window_extent(renderer), c, r) for c, r in circles)
 
 
 # ---------------------------------------------------------------------------- run discovery and errors
@@ -316,3 +401,19 @@ def test_extra_sections_reach_both_files(runs, tmp_path):
     out = write_report(table, tmp_path / "r", title="Study", extra_sections={"Recipe": "Ran `demo.yaml` **twice**."})
     assert "## Recipe\n\nRan `demo.yaml` **twice**." in (out / "report.md").read_text()
     assert "<h2>Recipe</h2>\n<p>Ran <code>demo.yaml</code> <strong>twice</strong>.</p>" in (out / "report.html").read_text()
+
+
+def test_report_flags_a_model_made_from_a_teacher_at_chance(runs, tmp_path):
+    student = runs / "student"
+    record = json.loads((student / "compression.json").read_text())
+    record["teacher_check"] = {"task": "sst2", "at_chance": True, "problems": ["its dev accuracy 50.92 is at chance (accuracy <= 50.9 + 3.4)"]}
+    (student / "compression.json").write_text(json.dumps(record))
+    out = leaderboard([runs], tmp_path / "report", LeaderboardConfig())
+    md = (out / "report.md").read_text()
+    warning = ("- **student** was made from a model AT CHANCE (its dev accuracy 50.92 is at chance (accuracy <= 50.9 + 3.4)): "
+               "its scores and retention mean nothing.")
+    assert f"## Warnings\n\n{warning}\n" in md and md.index("## Warnings") < md.index("| student |")
+    assert json.loads((out / "leaderboard.json").read_text())["warnings"] == [warning[2:]]
+    assert "<h2>Warnings</h2>" in (out / "report.html").read_text()
+    clean = leaderboard([runs / "teacher"], tmp_path / "clean", LeaderboardConfig())  # the teacher itself: no warning
+    assert "Warnings" not in (clean / "report.md").read_text()

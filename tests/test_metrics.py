@@ -10,7 +10,7 @@ import pytest
 
 from compress.core.errors import CompressError
 from compress.core.tasks import get_task
-from compress.eval.metrics import accuracy, f1_binary, glue_metrics, matthews, pearson, spearman
+from compress.eval.metrics import accuracy, chance_check, f1_binary, glue_metrics, matthews, pearson, spearman
 
 # Binary example A:   pred 1 1 0 1 0 0
 #                     gold 1 0 1 1 0 1
@@ -162,3 +162,37 @@ def test_logits_and_span_tasks_are_refused():
         glue_metrics("squad", [0], [0])
     with pytest.raises(CompressError, match="0 examples"):
         glue_metrics("sst2", [], [])
+
+
+# ---------------------------------------------------------------------------- chance level
+
+
+def test_classification_chance_is_the_majority_rate_plus_two_standard_errors():
+    labels = [1] * 30 + [0] * 20 + [-1] * 5  # unlabelled rows are ignored: majority 30/50 = 0.6
+    margin = 200 * math.sqrt(0.6 * 0.4 / 50)  # two standard errors of a 60% classifier over 50 examples, in points
+    assert margin == pytest.approx(13.856, abs=1e-3)
+    below = chance_check(get_task("sst2"), {"accuracy": 73.8}, labels)
+    assert below["at_chance"] is True and below["chance"] == pytest.approx(60.0)
+    assert below["threshold"] == pytest.approx(60.0 + margin)
+    assert "the majority class of 50 dev examples" in below["rule"]
+    assert chance_check(get_task("sst2"), {"accuracy": 73.9}, labels)["at_chance"] is False
+    # a big dev set: the margin never drops below 2 points
+    big = [0] * 5000 + [1] * 5000
+    assert chance_check(get_task("sst2"), {"accuracy": 51.9}, big)["threshold"] == pytest.approx(52.0)
+    # no labels: 1/num_labels (MNLI: 33.3) and the 2-point margin
+    mnli = chance_check(get_task("mnli"), {"accuracy": 35.0})
+    assert mnli["at_chance"] is True and mnli["threshold"] == pytest.approx(100 / 3 + 2)
+    assert chance_check(get_task("mnli"), {"accuracy": 35.4})["at_chance"] is False
+    # a balanced 3-class dev set: 1/3 beats its majority share only when that is lower
+    assert chance_check(get_task("mnli"), {"accuracy": 30.0}, [0, 1, 2] * 100)["chance"] == pytest.approx(100 / 3)
+
+
+def test_regression_and_span_chance():
+    assert chance_check(get_task("stsb"), {"pearson": 5.0, "spearmanr": -9.9})["at_chance"] is True
+    assert chance_check(get_task("stsb"), {"spearmanr": 10.0})["at_chance"] is False
+    assert chance_check(get_task("squad"), {"exact_match": 1.0, "f1": 9.9})["at_chance"] is True
+    assert chance_check(get_task("squad"), {"f1": 10.0})["at_chance"] is False
+    # SQuAD v2.0: "no answer" everywhere scores ~50 F1 overall; the answerable questions decide
+    v2 = chance_check(get_task("squad_v2"), {"f1": 50.1, "HasAns_f1": 2.0})
+    assert v2["at_chance"] is True and v2["metric"] == "HasAns_f1"
+    assert chance_check(get_task("sst2"), {"f1": 80.0}) is None  # the rule's metric is missing: no verdict

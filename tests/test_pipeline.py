@@ -120,3 +120,17 @@ def test_report_lands_at_the_top_of_the_run(inputs, tmp_path):
     assert "latency at batch 1, seq 16" in report
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
     assert images and all((run / link).is_file() for link in images)
+    # titled with the recipe, and its stages listed with what this run did
+    assert report.startswith("# Recipe t\n")
+    stages = report.split("## Stages\n")[1]
+    assert "| teacher | finetune | model: `" in stages and "| student | distill | teacher: `${teacher}` | ran (" in stages
+    assert "| speed | latency | models: `${teacher}`, `${student}` | ran (" in stages
+
+    # run again: every stage is unchanged; with overwrite, every stage runs again
+    said: list[str] = []
+    run_recipe({**_recipe(data, init), "report": True}, run, say=said.append)
+    assert said == ["[teacher] unchanged, skipped", "[student] unchanged, skipped", "[speed] unchanged, skipped"]
+    assert "| student | distill | teacher: `${teacher}` | unchanged, skipped |" in (run / "report.md").read_text()
+    said.clear()
+    run_recipe({**_recipe(data, init), "report": True}, run, overwrite=True, say=said.append)
+    assert said == ["[teacher] running finetune", "[student] running distill", "[speed] running latency"]

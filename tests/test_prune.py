@@ -22,7 +22,7 @@ from compress.core.importance import (
     masked_heads,
 )
 from compress.core.runtime import load_model
-from compress.prune import PruneConfig, ffn_to_keep, head_count, layers_to_keep, prune
+from compress.prune import PruneConfig, ffn_to_keep, head_count, layers_to_keep, prune, summarize
 from tests.conftest import VOCAB, make_tiny_model, save_tiny
 
 
@@ -251,11 +251,13 @@ def _prune_cfg(data, **options):
 
 def test_prune_half_the_heads(trained, tmp_path):
     data, model_dir = trained
-    out = prune(model_dir, tmp_path / "p", _prune_cfg(data, heads=0.5))
+    out = prune(model_dir, tmp_path / "p", _prune_cfg(data, remove_heads=0.5))
     model = load_model(out)
     assert sum(st.heads_per_layer(model)) == 4 and min(st.heads_per_layer(model)) >= 1
     summary = next(r for r in read_metrics(out) if r["kind"] == "prune")
     assert summary["params_after"] <= summary["params_before"]
+    assert summary["teacher_at_chance"] is False and summary["teacher_warning"] is None  # fine-tuned: no flag
+    assert "MEAN NOTHING" not in summarize(out, _prune_cfg(data, remove_heads=0.5), {})[0].upper()
 
 
 def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
@@ -267,7 +269,7 @@ def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
     vocab = synthetic.write_vocab(tmp_path / "vocab.txt")
     init = create_model(resolve_shape("3L-64-128-4H"), tmp_path / "init", tokenizer=vocab, task="sst2", max_positions=64, seed=5)
     base = finetune(init, tmp_path / "base", from_dict(FinetuneConfig, {"task": "sst2", "data_dir": str(data), "epochs": 3, "lr": 2e-3, "seed": 5}))
-    cfg = _prune_cfg(data, heads=0.5, ffn=0.25, layers="top:1", recovery="finetune", epochs=1, lr=1e-3)
+    cfg = _prune_cfg(data, remove_heads=0.5, remove_ffn=0.25, remove_layers="top:1", recovery="finetune", epochs=1, lr=1e-3)
     out = prune(base, tmp_path / "p", cfg)
     model = load_model(out)
     assert model.config.num_hidden_layers == 2
@@ -293,8 +295,8 @@ def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
 
 def test_iterative_heads_with_distillation_recovery_and_layer_importance(trained, tmp_path):
     data, model_dir = trained
-    cfg = _prune_cfg(data, heads=0.5, iterations=2, recovery="distill", head_criterion="entropy",
-                     layers="importance:1", epochs=1, lr=1e-3)
+    cfg = _prune_cfg(data, remove_heads=0.5, iterations=2, recovery="distill", head_criterion="entropy",
+                     remove_layers="importance:1", epochs=1, lr=1e-3)
     out = prune(model_dir, tmp_path / "p", cfg)
     model = load_model(out)
     assert model.config.num_hidden_layers == 1 and sum(st.heads_per_layer(model)) == 2  # 4 heads left, halved
@@ -315,20 +317,32 @@ def test_until_threshold(trained, tmp_path):
     data, model_dir = trained
     vocab = synthetic.write_vocab(tmp_path / "vocab.txt")
     init = create_model(resolve_shape("2L-64-128-8H"), tmp_path / "init", tokenizer=vocab, task="sst2", max_positions=64)
-    out = prune(init, tmp_path / "p", _prune_cfg(data, until=0.0001, until_step=0.25))
-    step = next(s for s in next(r for r in read_metrics(out) if r["kind"] == "prune")["steps"] if s["step"] == "heads (until)")
+    cfg = _prune_cfg(data, until=0.0001, until_step=0.25)
+    out = prune(init, tmp_path / "p", cfg)
+    summary = next(r for r in read_metrics(out) if r["kind"] == "prune")
+    step = next(s for s in summary["steps"] if s["step"] == "heads (until)")
     assert [c["removed"] for c in step["curve"]] == [4, 8, 12]  # 25% of 16 heads per step, 14 removable
     assert st.heads_per_layer(load_model(out)) != [8, 8]
+    # an untrained model: at chance on dev by the rule, computed here by hand; recorded and printed
+    labels = [int(line.rsplit("\t", 1)[1]) for line in (data / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
+    rate = max(labels.count(0), labels.count(1)) / len(labels)
+    threshold = 100 * rate + max(2.0, 200 * (rate * (1 - rate) / len(labels)) ** 0.5)
+    assert summary["before"] <= threshold and summary["teacher_at_chance"] is True
+    check = read_compression(out)["teacher_check"]
+    assert check["chance"]["threshold"] == pytest.approx(threshold) and check["chance"]["value"] == summary["before"]
+    text, notes = summarize(out, cfg, {})
+    assert text.endswith("THE MODEL BEFORE PRUNING WAS AT CHANCE: these numbers mean nothing")
+    assert notes == [f"warning: {summary['teacher_warning']}"] and f"the model to prune {init} does not look" in notes[0]
 
 
 def test_prune_errors(trained, tmp_path):
     data, model_dir = trained
     with pytest.raises(CompressError, match="nothing to prune"):
         _prune_cfg(data)
-    with pytest.raises(CompressError, match="--heads must be a fraction"):
-        _prune_cfg(data, heads=1.5)
-    with pytest.raises(CompressError, match="--ffn must be a fraction in \\(0, 1\\)"):
-        _prune_cfg(data, ffn=1.0)
+    with pytest.raises(CompressError, match="--remove-heads must be a fraction"):
+        _prune_cfg(data, remove_heads=1.5)
+    with pytest.raises(CompressError, match="--remove-ffn must be a fraction in \\(0, 1\\)"):
+        _prune_cfg(data, remove_ffn=1.0)
     with pytest.raises(CompressError, match="would remove 8 of 8 heads, but every one of the 2 layers keeps at least one"):
-        prune(model_dir, tmp_path / "x", _prune_cfg(data, heads=8))
+        prune(model_dir, tmp_path / "x", _prune_cfg(data, remove_heads=8))
     assert not (tmp_path / "x").exists()

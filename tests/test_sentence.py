@@ -336,7 +336,7 @@ def pruned_embedding(tmp_path_factory):
     folder = st_folder(tmp_path, tokenizer, name="teacher", seed=2)
     root, _, _ = glue(tmp_path)
     cfg = from_dict(EmbeddingPruneConfig, {
-        "corpus": [str(corpus(tmp_path / "c.txt"))], "heads": 0.5, "ffn": 0.3, "heldout_sentences": 24,
+        "corpus": [str(corpus(tmp_path / "c.txt"))], "remove_heads": 0.5, "remove_ffn": 0.3, "heldout_sentences": 24,
         "importance_sentences": 64, "max_length": 32, "eval_tasks": ["stsb"], "data_dir": str(root), "seed": 0,
     })
     return folder, prune_embedding(folder, tmp_path / "pruned", cfg), cfg, tokenizer
@@ -390,7 +390,7 @@ def test_prune_embedding_recovers_by_distillation_on_the_command_line(tmp_path, 
 
     folder = st_folder(tmp_path, tokenizer, name="teacher", num_hidden_layers=3, seed=4, initializer_range=0.3)
     args = ["prune-embedding", "--model", str(folder), "--corpus", str(corpus(tmp_path / "c.txt", n=400)),
-            "--layers", "importance:1", "--heads", "2", "--heldout-sentences", "40", "--max-length", "32",
+            "--remove-layers", "importance:1", "--remove-heads", "2", "--heldout-sentences", "40", "--max-length", "32",
             "--recovery", "distill", "--epochs", "4", "--lr", "2e-3", "--batch-size", "16", "--warmup-ratio", "0",
             "--out", str(tmp_path / "pruned")]
     assert main(args) == 0
@@ -403,6 +403,6 @@ def test_prune_embedding_recovers_by_distillation_on_the_command_line(tmp_path, 
         main([*args[:-2], "--recovery", "finetune", "--out", str(tmp_path / "other")])
     assert exit_info.value.code == 2
     assert "invalid choice: 'finetune'" in capsys.readouterr().err
-    assert main(["prune-embedding", "--model", str(folder), "--heads", "2", "--out", str(tmp_path / "x")]) == 2
+    assert main(["prune-embedding", "--model", str(folder), "--remove-heads", "2", "--out", str(tmp_path / "x")]) == 2
     assert "no sentences" in capsys.readouterr().err
     assert not (tmp_path / "other").exists() and not (tmp_path / "x").exists()

@@ -10,7 +10,13 @@ its command line never drift apart::
 
 Values from a file or from flags are type-checked against the annotations (``int``,
 ``float``, ``str``, ``bool``, ``X | None``, ``tuple[int, ...]``, ``Literal[...]``) and
-unknown keys are rejected with the list of valid ones.
+unknown keys are rejected with the list of valid ones. A field whose values are a fixed
+set names them with ``choices=`` (usually a registry's names, read when the flag is
+built), and ``--help`` shows them.
+
+A config that nests others (``data: TaskData``, ``train: TrainConfig``) is decorated with
+:func:`flat_keywords`, so that it is built with the same flat names as its flags and
+recipe keys: ``DistillConfig(task="sst2", data_dir="glue/", epochs=2)``.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar, get_args, get_origin
 
 import yaml
 
@@ -31,12 +38,38 @@ from compress.core.errors import CompressError
 C = TypeVar("C")
 
 
-def option(default: Any, help: str, *, flag: str | None = None, metavar: str | None = None) -> Any:
-    """A dataclass field with its help text (and optional flag name / metavar) attached."""
-    meta = {"help": help, "flag": flag, "metavar": metavar}
+class Choices(list):
+    """The valid values of a flag as ``--help`` lists them; ``accept`` also admits unlisted spellings (aliases)."""
+
+    def __init__(self, names: Iterable[str], accept: Callable[[str], bool] | None = None):
+        super().__init__(names)
+        self.accept = accept
+
+    def __contains__(self, value: object) -> bool:
+        return super().__contains__(value) or (self.accept is not None and self.accept(str(value)))
+
+
+def option(default: Any, help: str, *, flag: str | None = None, metavar: str | None = None,
+           choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, other: str | None = None) -> Any:
+    """A dataclass field with its help text (and optional flag name / metavar / choices) attached.
+
+    ``choices`` are the valid values (or a function returning them, called when the flag is
+    built, so that a registry filled after the class is defined is its source); the command
+    line refuses any other. With ``other`` (e.g. ``"LAYERSL-HIDDEN[-FFN]"``) the set is open:
+    the choices are shown next to that description and not enforced.
+    """
+    meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "other": other}
     if isinstance(default, (list, dict, set)):
         raise TypeError("use tuples for sequence defaults: configs are frozen")
     return dataclasses.field(default=default, metadata=meta)
+
+
+def choices_of(f: dataclasses.Field) -> list[str] | None:
+    """The listed choices of a field (a registry's names, resolved now), or None."""
+    choices = f.metadata.get("choices")
+    if choices is None:
+        return None
+    return choices() if callable(choices) else list(choices)
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
@@ -159,6 +192,40 @@ def field_names(cls) -> list[str]:
     return names
 
 
+def flat_keywords(cls: type[C]) -> type[C]:
+    """Let a config that nests others be built with flat keywords, as on the command line.
+
+    ``PruneConfig(task="sst2", data_dir="glue/", lr=1e-4)`` routes ``data_dir`` into its
+    ``data: TaskData`` and ``lr`` into its ``train: TrainConfig`` (each starting from the
+    field's own default, or from the nested config passed alongside); an unknown name is a
+    TypeError that lists the valid ones. ``dataclasses.replace`` goes through the same path.
+    """
+    init = cls.__init__
+    nested = _nested(cls)
+    own = {f.name for f in dataclasses.fields(cls)}
+    owners = {name: field for field, sub in nested.items() for name in field_names(sub)}
+    defaults = {f.name: f.default_factory for f in dataclasses.fields(cls)
+                if f.name in nested and f.default_factory is not dataclasses.MISSING}
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        routed: dict[str, dict[str, Any]] = {}
+        for key in [k for k in kwargs if k not in own]:
+            if key not in owners:
+                valid = [n for n in own if n not in nested] + list(owners)
+                raise TypeError(f"{cls.__name__}: unknown option {key!r}; valid: {', '.join(valid)}")
+            routed.setdefault(owners[key], {})[key] = kwargs.pop(key)
+        for field, values in routed.items():
+            base = kwargs.get(field)
+            if base is None:
+                base = defaults[field]() if field in defaults else nested[field]()
+            kwargs[field] = dataclasses.replace(base, **values)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
 def from_dict(cls: type[C], data: dict[str, Any], where: str = "config", validate: bool = True) -> C:
     """Build a config from a mapping; keys may use dashes or underscores.
 
@@ -245,13 +312,15 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         help_text += f" (default: {shown})" if default not in (None, "", ()) else ""
         # argparse %-formats help strings: a literal "%" must be doubled.
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text.replace("%", "%%")}
+        choices = choices_of(f)
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif choices is not None and f.metadata.get("other"):  # an open set: show the choices, accept others
+            kwargs["metavar"] = "{" + ",".join(choices) + "}|" + f.metadata["other"]
+        elif choices is not None or get_origin(tp) is Literal:
+            kwargs["choices"] = choices if choices is not None else list(get_args(tp))
         else:
             kwargs["metavar"] = f.metadata.get("metavar") or _metavar(tp)
-            if get_origin(tp) is Literal:
-                kwargs["choices"] = list(get_args(tp))
-                kwargs.pop("metavar")
         group.add_argument(flag_name(f), **kwargs)
 
 

@@ -5,7 +5,8 @@ toolkit never cares where the data came from:
 
 * GLUE tasks: the task's text fields (e.g. ``sentence1``, ``sentence2``), ``label``
   (class index in the task's official label order, a float for STS-B, -1 when the
-  split has no labels) and ``idx`` (0-based row in the source split).
+  split has no labels) and ``idx`` (the source's own ``index``/``idx`` column, as GLUE
+  files and the hub carry it; else the 0-based row in the source split).
 * SQuAD: ``id``, ``title``, ``context``, ``question``,
   ``answers = {"text": [...], "answer_start": [...]}``.
 
@@ -52,6 +53,12 @@ class DataSource:
         return "the Hugging Face hub"
 
 
+# Sequences per forward pass when scoring, for `compress eval` and every stage's dev scores alike:
+# dynamic int8 scores move with batch composition (about 3 in 100 QNLI dev predictions changed
+# between batch 1, 32 and 64), so one default keeps a stage's recorded score and a later eval comparable.
+EVAL_BATCH_SIZE = 32
+
+
 @dataclass(frozen=True)
 class TaskData:
     """Where a training stage's train and dev data come from, and how they are cut."""
@@ -64,7 +71,7 @@ class TaskData:
     max_eval_examples: int | None = option(None, "evaluate on the first N dev examples")
     max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD)")
     doc_stride: int = option(128, "SQuAD: overlap between windows of a long context")
-    eval_batch_size: int = option(64, "sequences per forward pass when evaluating")
+    eval_batch_size: int = option(EVAL_BATCH_SIZE, "sequences per forward pass when evaluating")
 
     def validate(self) -> None:
         if self.data_dir and (self.train_file or self.dev_file):
@@ -287,13 +294,16 @@ def read_glue_tsv(path: Path, task: Task, split: Split):
         label_col = _column_index(header, spec.label) if spec.label is not None else None
         if spec.label is not None and label_col is None and split.labelled:
             raise CompressError(f"{path}: no label column {spec.label!r} in the header ({', '.join(header)})")
+        index_col = _column_index(header, INDEX_COLUMNS)
     else:
         text_cols = list(spec.texts)
         label_col = spec.label
+        index_col = None
 
     needed = max([*text_cols, label_col if label_col is not None else -1]) + 1
     columns: dict[str, list[Any]] = {f: [] for f in task.text_fields}
     labels: list[Any] = []
+    index: list[int] | None = [] if index_col is not None else None
     for offset, row in enumerate(rows):
         line_no = first_line + offset
         if len(row) < needed:
@@ -307,7 +317,9 @@ def read_glue_tsv(path: Path, task: Task, split: Split):
             labels.append(task.behaviour.unlabelled)
         else:
             labels.append(parse_label(task, row[label_col], f"{path}:{line_no}", spec.label_encoding))
-    return _make_dataset(task, columns, labels)
+        if index is not None and index_col is not None:
+            index.append(_parse_index(row[index_col] if index_col < len(row) else None, f"{path}:{line_no}"))
+    return _make_dataset(task, columns, labels, index)
 
 
 def parse_label(task: Task, raw: Any, where: str, encoding: str = "auto") -> int | float:
@@ -344,13 +356,28 @@ def _parse_class(task: Task, raw: Any, where: str, encoding: str) -> int:
     raise CompressError(f"{where}: unknown label {text!r} for {task.display}; valid: {valid}")
 
 
-def _make_dataset(task: Task, columns: dict[str, list[Any]], labels: list[Any]):
+INDEX_COLUMNS = "index|idx"  # the column that numbers a split's examples (GLUE TSVs: index; the hub: idx)
+
+
+def _parse_index(raw: Any, where: str) -> int:
+    """An example's own index (an integer), as its source file numbers it."""
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise CompressError(f"{where}: index {raw!r} is not an integer; the index column numbers the examples")
+    return int(value)
+
+
+def _make_dataset(task: Task, columns: dict[str, list[Any]], labels: list[Any], index: list[int] | None = None):
+    """The hub schema from columns; ``idx`` is the source's own index when it has one, else the row number."""
     # deferred: a heavy import, paid only where it is used
     import datasets
 
     data = dict(columns)
     data["label"] = labels
-    data["idx"] = list(range(len(labels)))
+    data["idx"] = list(range(len(labels))) if index is None else index
     features = datasets.Features(
         {
             **{f: datasets.Value("string") for f in task.text_fields},
@@ -387,7 +414,8 @@ def _sentence_table(ds, task: Task, where: str):
         for i, lab in enumerate(labels)
     ]
     columns = {f: ds[f] for f in task.text_fields}
-    return _make_dataset(task, columns, checked)
+    index = [_parse_index(v, f"{where} row {i}") for i, v in enumerate(ds["idx"])] if "idx" in ds.column_names else None
+    return _make_dataset(task, columns, checked, index)
 
 
 # ---------------------------------------------------------------------------- SQuAD JSON
@@ -492,9 +520,14 @@ def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict
         )
     out: dict[str, list[Any]] = {f: [] for f in task.text_fields}
     labels: list[Any] = []
+    # The file's own index column (not one mapped to a task field) numbers the predictions.
+    index_key = next((k for k in INDEX_COLUMNS.split("|") if records and k in records[0] and k not in mapping.values()), None)
+    index: list[int] | None = [] if index_key else None
     first_line = 2 if fmt == "csv" else 1
     for i, record in enumerate(records):
         where = f"{path}:{i + first_line}" if fmt != "parquet" else f"{path} row {i}"
+        if index is not None:
+            index.append(_parse_index(record.get(index_key), where))
         for f in task.text_fields:
             value = record.get(mapping[f])
             if value is None:
@@ -513,7 +546,7 @@ def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict
             labels.append(task.behaviour.unlabelled)
         else:
             labels.append(parse_label(task, raw, where))
-    return _make_dataset(task, out, labels)
+    return _make_dataset(task, out, labels, index)
 
 
 def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:

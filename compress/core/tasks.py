@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from compress.core.config import Choices
 from compress.core.errors import CompressError
 
 CLASSIFICATION = "classification"
@@ -333,6 +334,11 @@ def register_task(task: Task) -> Task:
 
 for _t in _TASKS:
     register_task(_t)
+
+
+def task_choices() -> Choices:
+    """The registered task names as a flag's choices; any alias get_task accepts is accepted too."""
+    return Choices(TASKS, accept=lambda name: _key(name) in _ALIASES)
 
 
 def get_task(name: str) -> Task:
