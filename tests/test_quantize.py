@@ -565,3 +565,13 @@ def test_onnxruntime_backend_matches_optimums_quantizer(env, scheme, tmp_path):
     inputs = {k: v.numpy() for k, v in sample_inputs(env.parent).items()}
     run = lambda path: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)[0]  # noqa: E731
     np.testing.assert_array_equal(run(ours / "model.onnx"), run(tmp_path / "optimum" / "model_quantized.onnx"))
+
+
+def test_stock_transformers_refuses_every_int8_folder(case, env):
+    """No int8 folder "loads" in stock transformers with its weights re-initialised: each one raises."""
+    import transformers
+
+    with pytest.raises(OSError, match="model.safetensors"):
+        transformers.AutoModelForSequenceClassification.from_pretrained(str(case.out))
+    card = (case.out / "README.md").read_text()
+    assert "Stock transformers refuses this folder" in card or "Stock transformers refuses it" in card
