@@ -21,6 +21,7 @@ from compress.core.train import PROGRESS_FILE, TrainConfig, train
 from compress.students.presets import resolve_shape
 from compress.teacher.create import create_model
 from tests.conftest import make_tiny_model
+from tests.test_train import _collate
 
 ROOT = Path(__file__).resolve().parents[1]
 # step 6/8  loss 0.6931  lr 1.0e-03  812.5 ex/s  (the loss terms a stage logs come after the loss)
@@ -132,11 +133,6 @@ def _toy(n=32):
         ids = torch.randint(11, 60, (8,), generator=g)
         items.append({"input_ids": torch.cat([torch.tensor([2]), ids]), "labels": i % 2})
     return items
-
-
-def _collate(items, step):
-    ids = torch.stack([x["input_ids"] for x in items])
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([x["labels"] for x in items])}
 
 
 def _loss(model, batch):

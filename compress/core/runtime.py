@@ -418,16 +418,21 @@ class ExportedRunner(Runner):
         return tuple(padded)
 
 
-@FORMATS.register(ONNX)
-def _load_onnx(path: Path, options: dict[str, Any]):
-    if not (path / ONNX_FILE).is_file():
-        raise CompressError(f"{path} has no {ONNX_FILE}; is the directory complete?")
+def _load_runner(path: Path, options: dict[str, Any], fmt: str, file: str, runner_class: type):
+    """A runner of a graph file (ONNX Runtime, OpenVINO): the file checked, the options checked, placed."""
+    if not (path / file).is_file():
+        raise CompressError(f"{path} has no {file}; is the directory complete?")
     config, saved = load_config(path), saved_head(path)
-    _check_options(path, ONNX, config, saved, options)
-    runner = OnnxRunner(path, config, saved, threads=options.get("threads"))
+    _check_options(path, fmt, config, saved, options)
+    runner = runner_class(path, config, saved, threads=options.get("threads"))
     if options.get("device") is not None:
         runner.to(options["device"])
-    return _info(runner, saved, structure_of(path), ONNX, options)
+    return _info(runner, saved, structure_of(path), fmt, options)
+
+
+@FORMATS.register(ONNX)
+def _load_onnx(path: Path, options: dict[str, Any]):
+    return _load_runner(path, options, ONNX, ONNX_FILE, OnnxRunner)
 
 
 @FORMATS.register(INC_PT2E)
@@ -540,14 +545,7 @@ def _port_name(port, known: tuple[str, ...]) -> str:
 
 @FORMATS.register(OPENVINO)
 def _load_openvino(path: Path, options: dict[str, Any]):
-    if not (path / OPENVINO_FILE).is_file():
-        raise CompressError(f"{path} has no {OPENVINO_FILE}; is the directory complete?")
-    config, saved = load_config(path), saved_head(path)
-    _check_options(path, OPENVINO, config, saved, options)
-    runner = OpenVINORunner(path, config, saved, threads=options.get("threads"))
-    if options.get("device") is not None:
-        runner.to(options["device"])
-    return _info(runner, saved, structure_of(path), OPENVINO, options)
+    return _load_runner(path, options, OPENVINO, OPENVINO_FILE, OpenVINORunner)
 
 
 # ---------------------------------------------------------------------------- torch.export archives
