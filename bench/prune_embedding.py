@@ -17,7 +17,6 @@ latency run (each in its own process). ``prune-embedding.md`` and ``.json`` go t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

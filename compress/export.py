@@ -37,6 +37,7 @@ from compress.core.artifacts import (
     is_quantized,
     load_tokenizer,
     output_dir,
+    parent_path,
     read_compression,
     require_model_dir,
     saved_head,
@@ -72,7 +73,7 @@ EXPORTERS: Registry[dict[str, Exporter]] = Registry("export format")
 
 def _refuse(source_fmt: str) -> Exporter:
     def refuse(source: Path, tmp: Path, cfg: ExportConfig) -> None:
-        parent = (read_compression(source).get("parent") or {}).get("path") or "FP32_PARENT"
+        parent = parent_path(read_compression(source)) or "FP32_PARENT"
         raise CompressError(
             f"{source} is {source_fmt} int8, which has no {cfg.format} form; quantize its fp32 parent for that runtime "
             f"instead: compress quantize --model {parent} --backend {'onnxruntime' if cfg.format == 'onnx' else 'openvino'} "

@@ -20,8 +20,8 @@ import torch
 from compress.core.artifacts import (
     append_metrics,
     atomic_path,
+    lineage,
     load_tokenizer,
-    read_compression,
     require_model_dir,
     utc_now,
     write_text_atomic,
@@ -236,16 +236,10 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
 def model_task(model_dir: Path) -> str:
     """The task a model directory was made for: its compression.json's, else its parents' (a quantized copy
     of a fine-tuned model); a CompressError when none names one."""
-    seen: set[Path] = set()
-    current: Path | None = Path(model_dir)
-    while current is not None and current.is_dir() and current.resolve() not in seen:
-        seen.add(current.resolve())
-        record = read_compression(current)
+    for _, record in lineage(model_dir):
         task = record.get("task") or (record.get("config") or {}).get("task")
         if task:
             return str(task)
-        parent = (record.get("parent") or {}).get("path")
-        current = Path(parent) if parent else None
     raise CompressError(f"no --task given and {Path(model_dir) / 'compression.json'} names no task; "
                         "pass --task, e.g. --task sst2")
 

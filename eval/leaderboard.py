@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from compress.core.artifacts import is_model_dir, read_compression, read_json, read_metrics, utc_now
+from compress.core.artifacts import is_model_dir, lineage, parent_path, read_compression, read_json, read_metrics, utc_now
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.tasks import GLUE_TASKS, TASKS, get_task
@@ -174,7 +174,7 @@ def read_row(path: Path, name: str, batch: int, seq: int) -> ModelRow:
     latest = max(runs.values(), key=lambda p: p.when, default=None)
     params, source = model_params(path, records, comp)
     scores, evals = dev_scores(records)
-    parent = (comp.get("parent") or {}).get("path")
+    parent = parent_path(comp)
     return ModelRow(
         path=path, name=name, stage=comp.get("stage"), method=comp.get("method"),
         parent=Path(parent) if parent else None, ancestors=ancestors(path),
@@ -286,19 +286,12 @@ def model_size_mb(path: Path, records: list[dict[str, Any]]) -> float | None:
 def ancestors(path: Path) -> tuple[Path, ...]:
     """Parent, grandparent, ... of a model directory through compression.json parent links (resolved paths)."""
     chain: list[Path] = []
-    current = path
-    while len(chain) < MAX_ANCESTORS:
-        try:
-            parent = (read_compression(current).get("parent") or {}).get("path") if current.is_dir() else None
-        except CompressError:
-            break  # an unreadable compression.json ends the chain
-        if not parent:
-            break
-        current = Path(parent).resolve()
-        if current in chain or current == path:
-            break
-        chain.append(current)
-    return tuple(chain)
+    try:
+        for directory, _ in lineage(path, MAX_ANCESTORS):
+            chain.append(directory)
+    except CompressError:
+        pass  # an unreadable compression.json ends the chain
+    return tuple(chain[1:])  # without the directory itself
 
 
 # ---------------------------------------------------------------------------- the table

@@ -236,6 +236,29 @@ def dir_hash(path: Path | str) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def parent_path(record: dict[str, Any]) -> str | None:
+    """The parent directory a ``compression.json`` record names (None for a model made from nothing)."""
+    return (record.get("parent") or {}).get("path")
+
+
+def lineage(path: Path | str, limit: int = 64) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(directory, its compression.json) for ``path``, then its parent, grandparent, ... (resolved paths).
+
+    A parent that no longer exists is yielded with an empty record and ends the chain, as
+    does a directory that names no parent, a cycle, or ``limit`` ancestors; an unreadable
+    compression.json raises as :func:`read_compression` does.
+    """
+    current, seen = Path(path).resolve(), set()
+    while current not in seen and len(seen) <= limit:
+        seen.add(current)
+        record = read_compression(current) if current.is_dir() else {}
+        yield current, record
+        parent = parent_path(record)
+        if not parent:
+            return
+        current = Path(parent).resolve()
+
+
 def read_compression(path: Path | str) -> dict[str, Any]:
     """The directory's ``compression.json`` ({} for a plain Hugging Face folder)."""
     file = Path(path) / COMPRESSION_FILE
@@ -309,7 +332,9 @@ def write_model_card(path: Path | str, name: str | None = None) -> None:
         return
     if file.exists() and not file.read_text(encoding="utf-8", errors="replace").startswith(card.MARKER):
         return
-    text = card.model_card(name or path.name, read_compression(path), read_json(path / "config.json"), read_metrics(path),
+    config, record = read_json(path / "config.json"), read_compression(path)
+    head = record.get("head") or HEADS.get((config.get("architectures") or [""])[0], "base")
+    text = card.model_card(name or path.name, record, config, read_metrics(path), head=head,
                            sentence=(path / "modules.json").is_file())
     write_text_atomic(file, text)
 
@@ -426,7 +451,7 @@ def require_torch_weights(path: Path | str, stage: str) -> Path:
     path = require_model_dir(path)
     fmt = artifact_format(path)
     if fmt != TORCH:
-        parent = (read_compression(path).get("parent") or {}).get("path")
+        parent = parent_path(read_compression(path))
         hint = f" (it was made from {parent})" if parent else ""
         raise CompressError(
             f"{path} is a {fmt} model; {stage} needs PyTorch fp32 weights: use the model it was quantized or exported from{hint}"

@@ -56,12 +56,11 @@ def stock_loader(record: dict[str, Any], config: dict[str, Any]) -> tuple[bool, 
 
 
 def model_card(name: str, record: dict[str, Any], config: dict[str, Any], results: list[dict[str, Any]],
-               sentence: bool = False) -> str:
-    """The Markdown card of a directory called ``name``; ``sentence``: it is a sentence-transformers folder."""
+               head: str = "base", sentence: bool = False) -> str:
+    """The Markdown card of a directory called ``name`` whose model has ``head``; ``sentence``: a sentence-transformers folder."""
     fmt = record.get("format") or "torch"
-    head = record.get("head") or _head_of(config)
     stage, method = record.get("stage", "?"), record.get("method", "?")
-    parent = (record.get("parent") or {}).get("path")
+    parent = (record.get("parent") or {}).get("path")  # (artifacts.parent_path: this module stays below artifacts)
     lines = [MARKER, "", f"# {name}", ""]
     made = f"Produced by `compress {stage}` ({method})"
     if parent:
@@ -78,15 +77,6 @@ def model_card(name: str, record: dict[str, Any], config: dict[str, Any], result
     lines += ["", "## Loading", ""]
     lines += _loading_lines(name, fmt, head, record, config, sentence)
     return "\n".join(lines) + "\n"
-
-
-def _head_of(config: dict[str, Any]) -> str:
-    arch = ((config.get("architectures") or [""])[0])
-    for suffix, head in (("ForSequenceClassification", "sequence-classification"), ("ForQuestionAnswering", "question-answering"),
-                         ("ForMaskedLM", "masked-lm"), ("ForPreTraining", "pretraining")):
-        if arch.endswith(suffix):
-            return head
-    return "base"
 
 
 def _structure_lines(structure: dict[str, Any], config: dict[str, Any]) -> list[str]:

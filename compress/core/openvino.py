@@ -56,6 +56,7 @@ from compress.core.artifacts import (  # noqa: F401  (OPENVINO, OPENVINO_FILE re
     load_config,
     load_tokenizer,
     output_dir,
+    parent_path,
     read_compression,
     require_model_dir,
     save_tokenizer,
@@ -241,7 +242,7 @@ def export_openvino(model_dir: str | Path, out: str | Path, *, overwrite: bool =
 
 def _instead(model_dir: Path) -> str:
     """What to do instead, naming the fp32 parent when compression.json knows it."""
-    parent = (read_compression(model_dir).get("parent") or {}).get("path") or "its fp32 parent"
+    parent = parent_path(read_compression(model_dir)) or "its fp32 parent"
     return f"quantize {parent} for OpenVINO instead: {QUANTIZE_HINT}"
 
 
