@@ -102,8 +102,9 @@ def render(rows: list[dict], header: dict) -> str:
         f"- command: `{header['command']}`",
         "- recipe: AdamW, batch 32, linear warm-up 10% then decay, max length 128 (SST-2 64; SQuAD 384, stride 128), "
         "dev evaluated after every epoch and the best epoch kept.",
-        "- SST-2 trains on a seeded sample of 20,000 of its 67,349 training sentences (a 2-core CPU budget: the full set "
-        "takes 2 hours per epoch under load); every dev set is complete.",
+        "- SST-2 trains on a seeded sample of its 67,349 training sentences (20,000 unless --max-train says less; a 2-core "
+        "CPU budget: the full set takes 2 hours per epoch under load), other tasks on all of theirs up to --max-train "
+        "(the train-examples column); every dev set is complete.",
         "- SQuAD v1.1: trained on the first 36 articles of dev-v1.1.json, evaluated on the other 12 "
         "(train-v1.1 is not available offline), so it is not comparable to a full-train number.",
         "- published column: MiniLM-L6-H384 from microsoft/unilm minilm/README.md — the MLM-distilled MiniLM; "
@@ -134,6 +135,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-train", type=int, default=None, help="subsample training sets (reported)")
     parser.add_argument("--overwrite", action="store_true", help="re-train models that already exist")
     parser.add_argument("--squad-epochs", type=int, default=None, help="SQuAD epochs instead of the recipe's 2 (reported)")
+    parser.add_argument("--epochs", type=int, default=None, help="GLUE epochs instead of the recipe's (reported)")
     args = parser.parse_args(argv)
 
     args.models.mkdir(parents=True, exist_ok=True)
@@ -143,7 +145,7 @@ def main(argv=None) -> int:
     for task in args.tasks.split(","):
         print(f"== {task}", flush=True)
         row = run_task(task, args.data, args.models, max_train=args.max_train, overwrite=args.overwrite,
-                       epochs=args.squad_epochs if task == "squad" else None)
+                       epochs=args.squad_epochs if task == "squad" else args.epochs)
         rows = [r for r in rows if r["task"] != task] + [row]
         rows.sort(key=lambda r: TASKS.index(r["task"]) if r["task"] in TASKS else 99)
         header = {

@@ -39,11 +39,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import datasets
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from compress import losses as L
+from compress.augment import AugmentConfig, EmbeddingNeighbours, MaskedLMCandidates, augmented_rows, transfer_rows
 from compress.core.artifacts import (
     atomic_path,
     check_output,
@@ -59,7 +61,16 @@ from compress.core.artifacts import (
     utc_now,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import DataSource, TaskData, check_max_length, collate, load_split, load_task_data
+from compress.core.data import (
+    DataSource,
+    TaskData,
+    check_max_length,
+    collate,
+    load_dev_splits,
+    load_split,
+    load_train_split,
+    train_features,
+)
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.runtime import load_model
@@ -74,7 +85,7 @@ from compress.core.structure import (
     model_inputs,
     value_projection,
 )
-from compress.core.tasks import GLUE_TASKS, TaskKind, get_task, task_choices
+from compress.core.tasks import GLUE_TASKS, REGRESSION, TaskKind, get_task, task_choices
 from compress.core.train import (
     Phase,
     TrainConfig,
@@ -96,7 +107,7 @@ from compress.students.layer_map import parse_layer_map
 from compress.students.presets import STUDENT_SHAPES, resolve_shape
 from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
 from compress.teacher.presets import resolve_model
-from compress.teacher_cache import load_or_build
+from compress.teacher_cache import default_cache_dir, load_or_build
 
 PREDICTION_TERMS = ("kd", "hard")
 MLM = "mlm"  # the kind of a general-distillation batch with masked-LM targets
@@ -153,13 +164,20 @@ class DistillConfig:
     cache_hidden: bool = option(False, "also cache the mapped teacher hidden states (float16 on disk)")
     cache_dir: str | None = option(None, "where teacher outputs are cached (default: $COMPRESS_CACHE or ~/.cache/compress)", metavar="DIR")
     resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
+    extra_data: AugmentConfig = field(default_factory=AugmentConfig)
     data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=_distill_defaults)
 
     def validate(self) -> None:
         if not self.task:
             raise CompressError("no task given; pass --task (or use general distillation with --corpus)")
-        get_task(self.task)
+        task = get_task(self.task)
+        if self.extra_data.active:
+            if task.behaviour.per_token:
+                raise CompressError(f"--augment/--transfer-text make sentence-task examples; {task.display} answers are spans")
+            if "kd" not in self.losses and not set(self.losses) & set(INTERMEDIATE_TERMS):
+                raise CompressError("augmented and transfer examples have no gold labels, only teacher targets: "
+                                    "add kd (or an intermediate term) to --losses")
         for term in self.losses:
             TERMS.get(term)
         if not self.losses:
@@ -261,7 +279,16 @@ def _kd(step: Step) -> torch.Tensor:
 
 
 def _hard(step: Step) -> torch.Tensor:
-    return HARD_LOSSES.get(_loss_names(step.kind)[1])(step.student.logits, step.batch)
+    """The task loss on the batch's rows with a gold label (augmented / transfer rows have none); 0 when none has."""
+    hard = HARD_LOSSES.get(_loss_names(step.kind)[1])
+    gold = step.batch.get("gold")
+    if gold is None or bool(gold.all()):
+        return hard(step.student.logits, step.batch)
+    if not bool(gold.any()):
+        return sum(v.sum() for v in step.student.logits.values()) * 0.0  # keeps the graph (DDP wants every output used)
+    rows = gold.to(next(iter(step.student.logits.values())).device)
+    logits = {k: v[rows] for k, v in step.student.logits.items()}
+    return hard(logits, {k: v[rows] for k, v in step.batch.items() if torch.is_tensor(v) and v.shape[:1] == gold.shape})
 
 
 def _hidden(step: Step) -> torch.Tensor:
@@ -510,13 +537,22 @@ def _write_student(student: _Student, out: Path, teacher: _Teacher, record: dict
 
 @dataclass
 class _TaskData:
-    """The task's training features and dev splits, as distillation reads them."""
+    """The task's training features and dev splits, as distillation reads them.
 
-    features: object  # tokenised training set (datasets.Dataset) with a cache_index column: its row number
+    ``features`` holds the gold training rows first, then the augmented and transfer
+    rows; its ``cache_index`` column is the row number (the teacher cache's row) and its
+    ``gold`` column is 1 for a row with a gold label, 0 for one with teacher targets only.
+    """
+
+    features: object  # tokenised training set (datasets.Dataset)
     dev: dict  # dev split name -> raw examples
-    n_train: int
+    n_train: int  # gold rows (the first n_train of features)
     max_length: int
     pad: Callable  # pads a list of features into a batch
+    extra: dict = field(default_factory=dict)  # how the augmented / transfer rows were made (compression.json "extra_data")
+
+    def gold_only(self):
+        return self.features.select(range(self.n_train))
 
 
 def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False) -> Path:
@@ -540,7 +576,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
         return out
     metrics = _task_metrics(task, data, trained, teacher_dev, cfg)
     record = _record("distill", cfg, teach, student, task=task.name, losses=list(cfg.losses), best=trained.best,
-                     cache=trained.cache, teacher_check=teacher_dev["check"],
+                     cache=trained.cache, extra_data=data.extra, teacher_check=teacher_dev["check"],
                      teacher_at_chance=teacher_dev["check"]["at_chance"])
     return _write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work)
 
@@ -636,12 +672,102 @@ def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
 
 
 def _task_data(task, teacher: _Teacher, student: _Student, cfg: DistillConfig) -> _TaskData:
-    """Tokenise the task at a length both models take; number the training rows for the teacher cache."""
+    """Tokenise the task (and its augmented / transfer rows) at a length both models take; number the rows."""
     model_max = min(teacher.model.config.max_position_embeddings, student.model.config.max_position_embeddings)
     max_length = cfg.data.resolved_max_length(task, model_max)
-    features, dev, n_train = load_task_data(task, teacher.tokenizer, cfg.data, max_length, seed=cfg.train.seed)
+    train_ds = load_train_split(task, cfg.data, seed=cfg.train.seed)
+    features = train_features(train_ds, task, teacher.tokenizer, cfg.data, max_length)
+    n_gold = len(features)
+    rows, extra = _extra_rows(task, teacher, train_ds, cfg)
+    if rows:
+        # No gold label: -100 (ignored by cross-entropy) or NaN (poisons any MSE that would read it); the
+        # ``gold`` column below is what the hard term actually selects by.
+        label = float("nan") if task.kind == REGRESSION else -100
+        raw = datasets.Dataset.from_list([{**r, "label": label, "idx": -1} for r in rows])
+        more = train_features(raw, task, teacher.tokenizer, cfg.data, max_length)
+        features = datasets.concatenate_datasets([features, more.cast(features.features)])
     features = features.add_column("cache_index", list(range(len(features))))
-    return _TaskData(features, dev, n_train, max_length, collate(teacher.tokenizer))
+    features = features.add_column("gold", [1] * n_gold + [0] * (len(features) - n_gold))
+    return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(teacher.tokenizer), extra)
+
+
+def _extra_rows(task, teacher: _Teacher, train_ds, cfg: DistillConfig) -> tuple[list[dict], dict]:
+    """Augmented copies of the training texts and transfer rows (texts only), and how they were made."""
+    extra_cfg, fields = cfg.extra_data, task.text_fields
+    rows, record = [], {}
+    if extra_cfg.augment:
+        texts = [{f: ex[f] for f in fields} for ex in train_ds]
+        source_dir, make = _candidate_source(teacher, extra_cfg)
+        cache_dir = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()) / "augmented"
+        with main_process_first():  # one process builds the set, the others read it
+            augmented, info = augmented_rows(
+                teacher.tokenizer, texts, fields, make, source_hash=f"{make.__name__}:{dir_hash(source_dir)}",
+                cfg=extra_cfg, seed=cfg.train.seed, cache_dir=cache_dir)
+        rows += [{f: r.get(f, "") for f in fields} for r in augmented]
+        record["augment"] = {"copies": extra_cfg.augment, "prob": extra_cfg.augment_prob, "candidates": extra_cfg.augment_candidates,
+                             "candidate_model": str(source_dir), "rows": len(augmented), **info}
+        log.info("augmented %d training examples into %d more rows (%s%s)", len(texts), len(augmented), info["method"],
+                 ", from the cache" if info["hit"] else "")
+    if extra_cfg.transfer_text:
+        limit = extra_cfg.transfer_examples or len(train_ds)
+        documents, pairs = _transfer_sources(extra_cfg.transfer_text, task, cfg.data)
+        transfer = transfer_rows(documents, fields, limit, cfg.train.seed, pairs)
+        rows += transfer
+        record["transfer"] = {"sources": list(extra_cfg.transfer_text), "rows": len(transfer)}
+        log.info("added %d transfer rows from %s (teacher targets only)", len(transfer), ", ".join(extra_cfg.transfer_text))
+    return rows, record
+
+
+def _candidate_source(teacher: _Teacher, cfg: AugmentConfig) -> tuple[Path, Callable]:
+    """The model whose knowledge proposes replacement words, and a builder of its candidate source.
+
+    ``--augment-mlm DIR`` (a masked-LM with the teacher's vocabulary); else the teacher's own
+    MLM head when its folder was saved with one; else nearest neighbours in the teacher's
+    input embeddings.
+    """
+    k = cfg.augment_candidates
+    if cfg.augment_mlm:
+        mlm_dir = require_torch_weights(resolve_model(cfg.augment_mlm), "--augment-mlm")
+        if saved_head(mlm_dir) not in ("masked-lm", "pretraining"):
+            raise CompressError(f"--augment-mlm {mlm_dir} has no masked-LM head (saved as {saved_head(mlm_dir)}); "
+                                "pass a masked-LM or pretraining model folder, or leave it out to use embedding neighbours")
+        if load_tokenizer(mlm_dir).get_vocab() != teacher.tokenizer.get_vocab():
+            raise CompressError(f"--augment-mlm {mlm_dir} has another vocabulary than the teacher; its candidates would be "
+                                "other tokens. Pass a masked-LM made with the teacher's tokenizer")
+
+        def masked_lm():
+            return MaskedLMCandidates(load_model(mlm_dir, head="masked-lm"), teacher.tokenizer, k)
+
+        return mlm_dir, masked_lm
+    if saved_head(teacher.dir) in ("masked-lm", "pretraining"):
+        def teacher_mlm():
+            return MaskedLMCandidates(load_model(teacher.dir, head="masked-lm"), teacher.tokenizer, k)
+
+        return teacher.dir, teacher_mlm
+
+    def embedding_neighbours():
+        return EmbeddingNeighbours.of_model(teacher.model, teacher.tokenizer, k)
+
+    return teacher.dir, embedding_neighbours
+
+
+def _transfer_sources(sources: tuple[str, ...], task, data: TaskData) -> tuple[list[list[str]], list[tuple[str, str]]]:
+    """Documents (lists of sentences) from corpora, and ready-made pairs from pair tasks named ``task:NAME``."""
+    documents, pairs, corpora = [], [], []
+    for source in sources:
+        if not source.startswith("task:"):
+            corpora.append(source)
+            continue
+        other = get_task(source[len("task:"):])
+        if other.name not in GLUE_TASKS:
+            raise CompressError(f"--transfer-text {source}: only GLUE tasks' texts can be transferred, not {other.display}")
+        ds = load_split(other, "train", DataSource(data_dir=data.data_dir))
+        if len(other.text_fields) == 2 and len(task.text_fields) == 2:
+            pairs += list(zip(ds[other.text_fields[0]], ds[other.text_fields[1]]))
+        documents.append([text for f in other.text_fields for text in ds[f]])  # one document: no relation between rows
+    if corpora:
+        documents += read_documents(corpora)
+    return documents, pairs
 
 
 @dataclass
@@ -668,17 +794,22 @@ def _stages(cfg: DistillConfig) -> list[tuple[str, tuple[str, ...], TrainConfig]
 def _train_stages(cfg, task, teacher: _Teacher, student: _Student, wrapper, data: _TaskData, evaluate, work, device) -> _Trained:
     """Train through every stage; the best dev weights (selected in the stages that predict) end in ``wrapper``."""
     trained = _Trained()
-    lengths = [len(ids) for ids in data.features["input_ids"]]
     for stage, terms, stage_cfg in _stages(cfg):
-        cache = _teacher_cache(teacher, terms, student.pairs, data, task, cfg, device)
+        # TinyBERT runs both stages on the augmented set; by default only the prediction stage reads
+        # it here, where the teacher's outputs are cached (the intermediate one runs the teacher alongside).
+        gold_only = stage == "intermediate" and not cfg.extra_data.augment_intermediate
+        features = data.gold_only() if gold_only else data.features
+        lengths = [len(ids) for ids in features["input_ids"]]
+        cache = _teacher_cache(teacher, terms, student.pairs, features, data.pad, task, cfg, device)
         if cache is not None:
             trained.cache.append({"stage": stage, "path": str(cache.path), "hit": cache.hit, "layers": list(cache.layers)})
         select = task.primary_metric if stage != "intermediate" else None
         result = _train_keeping_best(
-            wrapper, Phase(data.features, _collate_with_cache(data.pad), lengths=lengths), stage_cfg,
+            wrapper, Phase(features, _collate_with_cache(data.pad), lengths=lengths), stage_cfg,
             loss_fn=_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=work / stage,
             evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
-            run_key=[teacher.hash, task.name, data.n_train, data.max_length, list(terms), student.shape.label, cfg.loss.layer_map],
+            run_key=[teacher.hash, task.name, data.n_train, len(features), data.max_length, list(terms), student.shape.label,
+                     cfg.loss.layer_map],
             desc=f"distilling {task.display} ({stage})",
         )
         trained.history += [{**h, "stage": stage} for h in result.history]
@@ -689,7 +820,7 @@ def _train_stages(cfg, task, teacher: _Teacher, student: _Student, wrapper, data
     return trained
 
 
-def _teacher_cache(teacher: _Teacher, terms, pairs, data: _TaskData, task, cfg: DistillConfig, device):
+def _teacher_cache(teacher: _Teacher, terms, pairs, features, pad, task, cfg: DistillConfig, device):
     """The teacher's outputs for ``terms`` cached on disk (computed on first use), or None: read them online."""
     needs = needs_of(terms)
     cacheable = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
@@ -697,17 +828,20 @@ def _teacher_cache(teacher: _Teacher, terms, pairs, data: _TaskData, task, cfg: 
         return None
     with main_process_first():  # one process computes the teacher outputs, the others read them
         return load_or_build(
-            teacher.model, teacher.hash, data.features, data.pad, outputs=list(task.behaviour.outputs),
+            teacher.model, teacher.hash, features, pad, outputs=list(task.behaviour.outputs),
             layers=sorted(_teacher_layers(pairs, needs)), cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None,
             batch_size=cfg.data.eval_batch_size, device=device,
         )
 
 
 def _collate_with_cache(pad):
+    """``collate(items, step)``: a padded batch plus ``cache_index`` (batch,) and ``gold`` (batch,) bool."""
     def collate_step(items, step):
         index = [int(x["cache_index"]) for x in items]
-        batch = pad([{k: v for k, v in x.items() if k != "cache_index"} for x in items])
+        gold = [bool(x.get("gold", 1)) for x in items]
+        batch = pad([{k: v for k, v in x.items() if k not in ("cache_index", "gold")} for x in items])
         batch["cache_index"] = torch.tensor(index)
+        batch["gold"] = torch.tensor(gold)
         return batch
 
     return collate_step
@@ -728,7 +862,8 @@ def _task_metrics(task, data: _TaskData, trained: _Trained, teacher_dev: dict, c
     }
     training = {
         "kind": "training", "stage": "distill", "task": task.name, "seconds": round(trained.seconds, 1),
-        "best_step": trained.best_step, "n_train": data.n_train, "processes": trained.processes,
+        "best_step": trained.best_step, "n_train": data.n_train, "extra_rows": len(data.features) - data.n_train,
+        "processes": trained.processes,
         "history": trained.history, "cache": trained.cache, "when": utc_now(),
     }
     return [*records, retention, training]

@@ -303,3 +303,89 @@ def test_general_distillation_distilbert_style_needs_mlm_heads(setting, tmp_path
     assert type(load_model(out)).__name__ == "BertForMaskedLM"
     logged = [h for h in next(r for r in read_metrics(out) if r["kind"] == "training")["history"] if "loss" in h]
     assert {"loss_kd", "loss_hard", "loss_cosine"} <= set(logged[-1])
+
+
+# ---------------------------------------------------------------------------- augmented and transfer rows
+
+
+def _step(kind, logits, labels, gold):
+    import torch
+    from torch import nn
+
+    from compress.distill import LossWeights, Outputs, Step
+
+    batch = {"labels": labels, "gold": torch.tensor(gold), "input_ids": torch.zeros(len(gold), 3, dtype=torch.long)}
+    return Step(kind, Outputs(logits={"logits": logits}), Outputs(), batch, torch.ones(len(gold), 3), [], nn.ModuleDict(),
+                LossWeights())
+
+
+def test_hard_term_reads_only_rows_with_a_gold_label():
+    import torch
+
+    from compress.core.tasks import get_task
+    from compress.distill import TERMS
+
+    hard = TERMS.get("hard").compute
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [5.0, -5.0], [1.0, 1.0]], requires_grad=True)
+    # Rows 2 and 3 are augmented: whatever their labels say, the loss is the mean CE of rows 0 and 1.
+    expected = (math.log(1 + math.exp(-2.0)) + math.log(1 + math.exp(-1.0))) / 2
+    for junk in ([1, 0], [0, 1], [-100, -100]):
+        step = _step(get_task("sst2").behaviour, logits, torch.tensor([0, 1, *junk]), [True, True, False, False])
+        assert float(hard(step).detach()) == pytest.approx(expected, rel=1e-6)
+    none = hard(_step(get_task("sst2").behaviour, logits, torch.tensor([1, 1, 1, 1]), [False] * 4))
+    none.backward()  # no gold row: zero, and still part of the graph
+    assert float(none) == 0.0 and logits.grad is not None and float(logits.grad.abs().sum()) == 0.0
+
+    scores = torch.tensor([[1.0], [3.0], [0.5]])
+    step = _step(get_task("stsb").behaviour, scores, torch.tensor([2.0, float("nan"), 0.0]), [True, False, True])
+    assert float(hard(step)) == pytest.approx(((1.0 - 2.0) ** 2 + 0.5**2) / 2)  # the NaN row never reaches the MSE
+
+
+def test_augmented_rows_are_teacher_targets_only_and_cached(setting, tmp_path):
+    root, _, teacher = setting
+    cache = tmp_path / "cache"
+    cfg = _cfg(setting, epochs=1, augment=2, augment_candidates=4, max_train_examples=300, cache_dir=str(cache))
+    first = distill(teacher, tmp_path / "a", cfg)
+    record = read_compression(first)["extra_data"]["augment"]
+    assert record["rows"] == 600 and record["method"] == "embedding-neighbours" and record["hit"] is False
+    training = next(r for r in read_metrics(first) if r["kind"] == "training")
+    assert training["n_train"] == 300 and training["extra_rows"] == 600
+    rows = [json.loads(line) for line in open(record["path"], encoding="utf-8")][1:]
+    assert len(rows) == 600 and all(set(r) == {"sentence", "source"} for r in rows)  # texts, no label
+    second = distill(teacher, tmp_path / "b", cfg)  # the same recipe: neither the augmentation nor the teacher runs again
+    assert read_compression(second)["extra_data"]["augment"]["hit"] is True
+    assert next(r for r in read_metrics(second) if r["kind"] == "training")["cache"][0]["hit"] is True
+
+
+def test_transfer_text_adds_corpus_sentences_scored_by_the_teacher(setting, tmp_path):
+    _, _, teacher = setting
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the film was good . the plot was bad .\n\nthe actor was great . it was dull .\n", encoding="utf-8")
+    out = distill(teacher, tmp_path / "s", _cfg(setting, epochs=1, max_train_examples=100, transfer_text=[str(corpus)]))
+    assert read_compression(out)["extra_data"]["transfer"] == {"sources": [str(corpus)], "rows": 4}
+    assert next(r for r in read_metrics(out) if r["kind"] == "training")["extra_rows"] == 4
+
+
+def test_augmentation_refusals(setting, tmp_path):
+    root, data, teacher = setting
+    with pytest.raises(CompressError, match="no gold labels"):
+        _cfg(setting, augment=2, losses=["hard"]).validate()
+    with pytest.raises(CompressError, match="spans"):
+        from_dict(DistillConfig, {"task": "squad", "augment": 2}).validate()
+    with pytest.raises(CompressError, match="no masked-LM head"):
+        distill(teacher, tmp_path / "x", _cfg(setting, epochs=1, augment=1, augment_mlm=str(teacher)))
+    other_vocab = tmp_path / "vocab.txt"
+    other_vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n", encoding="utf-8")
+    mlm = create_model(resolve_shape("1L-64"), tmp_path / "mlm", tokenizer=other_vocab, head="masked-lm")
+    with pytest.raises(CompressError, match="another vocabulary"):
+        distill(teacher, tmp_path / "y", _cfg(setting, epochs=1, augment=1, augment_mlm=str(mlm)))
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_masked_lm_of_the_teachers_vocabulary_proposes_the_candidates(setting, tmp_path):
+    root, _, teacher = setting
+    mlm = create_model(resolve_shape("1L-64"), tmp_path / "mlm", tokenizer=root / "vocab.txt", head="masked-lm", seed=1)
+    out = distill(teacher, tmp_path / "s", _cfg(setting, epochs=1, augment=1, max_train_examples=50, augment_mlm=str(mlm),
+                                                  cache_dir=str(tmp_path / "cache")))
+    record = read_compression(out)["extra_data"]["augment"]
+    assert record["method"] == "masked-lm" and record["candidate_model"] == str(mlm.resolve()) and record["rows"] == 50

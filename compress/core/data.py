@@ -114,16 +114,29 @@ def load_task_data(task: Task, tokenizer, data: TaskData, max_length: int, seed:
     SQuAD features are windows with start/end positions. ``max_train_examples``
     subsamples with ``seed`` (reports must say so).
     """
-    train_src, dev_src = data.sources()
-    train_ds = load_split(task, "train", train_src)
+    train_ds = load_train_split(task, data, seed)
+    return train_features(train_ds, task, tokenizer, data, max_length), load_dev_splits(task, data), len(train_ds)
+
+
+def load_train_split(task: Task, data: TaskData, seed: int = 0):
+    """The raw training examples (hub schema), subsampled to ``max_train_examples`` with ``seed``."""
+    train_ds = load_split(task, "train", data.sources()[0])
     if data.max_train_examples and data.max_train_examples < len(train_ds):
         train_ds = train_ds.shuffle(seed=seed).select(range(data.max_train_examples))
-    features = _BY_KIND[task.kind].train_features(train_ds, task, tokenizer, data, max_length)
+    return train_ds
+
+
+def load_dev_splits(task: Task, data: TaskData) -> dict:
+    """Split name -> raw dev examples (every dev split of the task; one with --dev-file)."""
     dev_splits = [s.name for s in task.resolve_splits("dev")]
     if data.dev_file:
         dev_splits = dev_splits[:1]
-    dev = {name: load_split(task, name, dev_src, data.max_eval_examples) for name in dev_splits}
-    return features, dev, len(train_ds)
+    return {name: load_split(task, name, data.sources()[1], data.max_eval_examples) for name in dev_splits}
+
+
+def train_features(ds, task: Task, tokenizer, data: TaskData, max_length: int):
+    """Tokenised training features of raw examples ``ds``, as the task's kind makes them (no padding)."""
+    return _BY_KIND[task.kind].train_features(ds, task, tokenizer, data, max_length)
 
 
 # ---------------------------------------------------------------------------- entry point
