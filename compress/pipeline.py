@@ -69,6 +69,7 @@ class Stage:
     kind: str
     inputs: dict[str, Any]  # input name -> reference "${stage}" / path / list of those
     config: Any  # the stage's validated config dataclass
+    config_refs: dict[str, str] = dataclasses.field(default_factory=dict)  # option -> "${stage}" (e.g. init: ${general})
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,12 @@ def load_recipe(source: str | Path | dict, where: str | None = None, variables: 
         if not isinstance(config, dict):
             raise CompressError(f"{label}: 'config' must be a mapping of options")
         merged.update(config)
+        # An option may name an earlier stage's output (distill's init: ${general}); resolved when the stage runs.
+        refs = {k: v for k, v in config.items() if isinstance(v, str) and REFERENCE.match(v)}
+        for key, value in refs.items():
+            _check_inputs(value, key, seen, label)
         cfg = from_dict(cls, merged, label)
-        stage = Stage(name, str(raw["run"]), inputs, cfg)
+        stage = Stage(name, str(raw["run"]), inputs, cfg, refs)
         stages.append(stage)
         seen[name] = stage
     return Recipe(str(data.get("name") or Path(str(where)).stem), tuple(stages), bool(data.get("report", True)))
@@ -230,7 +235,7 @@ def run_recipe(
         for key, value in inputs.items():
             for path in value if isinstance(value, list) else [value]:
                 _check_exists(path, stage, key)
-        digest = stage_hash(stage, {k: _input_digest(v, run_dir, previous) for k, v in stage.inputs.items()})
+        digest = stage_hash(stage, {k: _input_digest(v, run_dir, previous) for k, v in {**stage.inputs, **stage.config_refs}.items()})
         out = run_dir / stage.name
         done = previous.get(stage.name, {})
         if not overwrite and done.get("hash") == digest and done.get("status") == "done" and out.exists():
@@ -243,7 +248,12 @@ def run_recipe(
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
         if out.exists():
             shutil.rmtree(out)
-        STAGES.get(stage.kind).run_in_recipe(inputs, stage.config, out)
+        config = stage.config
+        if stage.config_refs:
+            config = dataclasses.replace(config, **{k: str(_resolve(v, run_dir)) for k, v in stage.config_refs.items()})
+            for key, value in stage.config_refs.items():
+                _check_exists(_resolve(value, run_dir), stage, key)
+        STAGES.get(stage.kind).run_in_recipe(inputs, config, out)
         previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1)}
         outcome[stage.name] = f"ran ({previous[stage.name]['seconds']:g} s)"
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})

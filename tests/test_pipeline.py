@@ -107,6 +107,39 @@ def test_committed_recipes_validate(tmp_path):
     assert [s.kind for s in demo.stages][:3] == ["pretrain", "finetune", "distill"]
     study = load_recipe(root / "bert-base-sst2.yaml", variables={"glue": str(tmp_path)})
     assert study.stages[0].inputs["model"] == "bert-base"
+    tinybert = load_recipe(root / "tinybert.yaml", variables={k: str(tmp_path) for k in ("encoder", "teacher", "corpus", "glue")}
+                           | {"task": "mrpc"})
+    assert [s.kind for s in tinybert.stages] == ["distill-general", "distill", "quantize"]
+    assert tinybert.stages[1].config_refs == {"init": "${general}"} and tinybert.stages[1].config.two_stage
+
+
+def test_general_then_task_distillation_on_augmented_data_in_one_recipe(inputs, tmp_path):
+    """The two-stage path: general distillation -> intermediate terms -> prediction layer on augmented rows."""
+    from compress.core.artifacts import read_compression, read_metrics
+
+    data, init = inputs
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join("the film was good . the plot was bad . it was fine ." for _ in range(30)), encoding="utf-8")
+    recipe = _recipe(data, init)
+    recipe["stages"][1:] = [
+        {"name": "general", "run": "distill-general", "teacher": "${teacher}",
+         "config": {"corpus": [str(corpus)], "student": "1L-32-64-4H", "losses": ["minilm"], "max_steps": 4, "batch_size": 8,
+                    "max_length": 32, "relation_heads": 4}},
+        {"name": "student", "run": "distill", "teacher": "${teacher}",
+         "config": {"init": "${general}", "losses": ["kd", "hard", "hidden", "attention"], "two_stage": True, "augment": 1,
+                    "epochs": 1, "lr": 1e-3, "cache_dir": str(tmp_path / "cache")}},
+    ]
+    run = tmp_path / "run"
+    run_recipe(recipe, run)
+    record = read_compression(run / "student")
+    assert record["init"]["pretrained"] == str(run / "general")
+    assert record["extra_data"]["augment"]["rows"] == 256
+    training = next(r for r in read_metrics(run / "student") if r["kind"] == "training")
+    stages = {h["stage"] for h in training["history"]}
+    assert stages == {"intermediate", "prediction"}
+    with pytest.raises(CompressError, match="not an earlier stage"):
+        recipe["stages"][2]["config"]["init"] = "${later}"
+        load_recipe(recipe)
 
 
 def test_report_lands_at_the_top_of_the_run(inputs, tmp_path):
