@@ -264,6 +264,9 @@ register(Stage(
   compress distill --teacher bert-base-sst2/ --task sst2 --student 6L-768 --init-layers 0,2,4,7,9,11 --out models/distil
   compress distill --teacher models/mrpc --task mrpc --student 4L-312 --init random \\
       --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT
+  compress distill --teacher models/mrpc --task mrpc --student 3L-384 --losses kd,hard,hidden,attention --two-stage \
+      --augment 4 --out models/mrpc-3L           # prediction stage on 4 teacher-labelled copies of each pair
+  compress distill --teacher models/sst2 --task sst2 --student 3L-384 --transfer-text wiki/,task:cola --out models/s
   compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/s
   compress distill --teacher models/qa --task squad --student 6L-384 --train-file t.json --dev-file d.json --out models/qa6
   compress distill-general --teacher models/encoder --corpus wiki/ --student 4L-312 --out models/general-4L""",

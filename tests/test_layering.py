@@ -27,7 +27,7 @@ FLOORS = (
     ("core", ("compress.core",)),
     ("eval", ("compress.eval",)),
     ("teacher/students", ("compress.teacher", "compress.students")),
-    ("methods", ("compress.losses", "compress.teacher_cache", "compress.distill", "compress.prune",
+    ("methods", ("compress.losses", "compress.teacher_cache", "compress.augment", "compress.distill", "compress.prune",
                  "compress.quantize")),
     ("orchestration", ("compress.stages", "compress.pipeline", "compress.demo", "compress.cli",
                        "compress.__main__", "compress")),
