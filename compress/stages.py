@@ -277,6 +277,20 @@ register(Stage(
 ))
 
 register(Stage(
+    "auto", "auto",
+    "find, train and measure the most accurate student that meets a latency / size budget on this machine",
+    """\
+  compress auto --teacher models/sst2 --task sst2 --data-dir ~/glue_data --budget 'p50<=6ms@b1,s128' --out models/sst2-6ms
+  compress auto --teacher models/mrpc --task mrpc --budget 'speedup>=8x; size<=30MB' --backends onnxruntime,openvino \\
+      --time-limit 45m --out models/mrpc-auto
+  compress auto ... --resume        # after a crash: finished probes and candidates are reused""",
+    "compress.auto:AutoConfig", "compress.auto:auto",
+    (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL"),),
+    out_help="output model directory (the chosen model, with the search's report in search/)",
+    report="compress.auto:summarize",
+))
+
+register(Stage(
     "distill-general", "distill-general",
     "task-agnostic distillation of an encoder on raw text (MiniLM relations, or DistilBERT MLM + KD + cosine)",
     """\
@@ -424,7 +438,7 @@ def _run(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
 
 
 register(Command(
-    "run", "run a recipe: stages (pretrain, finetune, distill, distill-general, distill-embedding, prune, prune-embedding, quantize, export, eval, latency, heads, leaderboard) chained",
+    "run", "run a recipe: stages (pretrain, finetune, auto, distill, distill-general, distill-embedding, prune, prune-embedding, quantize, export, eval, latency, heads, leaderboard) chained",
     """\
   compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
   compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped

@@ -27,9 +27,9 @@ FLOORS = (
     ("core", ("compress.core",)),
     ("eval", ("compress.eval",)),
     ("teacher/students", ("compress.teacher", "compress.students")),
-    ("methods", ("compress.losses", "compress.teacher_cache", "compress.augment", "compress.distill", "compress.prune",
+    ("methods", ("compress.losses", "compress.teacher_cache", "compress.augment", "compress.search", "compress.distill", "compress.prune",
                  "compress.quantize")),
-    ("orchestration", ("compress.stages", "compress.pipeline", "compress.demo", "compress.cli",
+    ("orchestration", ("compress.stages", "compress.pipeline", "compress.auto", "compress.demo", "compress.cli",
                        "compress.__main__", "compress")),
 )
 

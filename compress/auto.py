@@ -1,0 +1,556 @@
+"""``compress auto``: the most accurate model that fits a budget, found and measured on this machine.
+
+``auto(teacher, out, cfg)`` answers "give me the best model for my task that runs in X ms
+(or fits in Y MB) here" in four steps, every number measured in this run:
+
+1. **Probe.** Random-weight students of a spread of shapes (depth x width) are built from
+   the teacher, turned into every variant the chosen backends offer (torch fp32 and
+   dynamic int8, ONNX Runtime int8, OpenVINO fp32 and NNCF int8, INC int8) and timed at
+   the budgets' (batch, seq) points, each model in its own process, beside the teacher
+   (the reference of ``speedup`` budgets). A non-negative linear latency model per variant
+   and point (:mod:`compress.search`) is fitted on them; its error on held-out probe shapes
+   is reported. It only ranks shapes: the final answer is measured.
+2. **Shortlist.** Shapes predicted to fit every budget on some variant (within
+   ``--margin``) are ranked by an accuracy prior: initialisable from the teacher's layers
+   first (same width), then by parameters.
+3. **Successive halving.** The ``--candidates`` best are distilled for ``--epochs``; the best
+   1/eta continue from where they stopped for eta times as long, and so on
+   (``--rounds``), with the distillation recipe of ``compress distill`` (``--losses``,
+   ``--augment``, ...). ``--time-limit`` stops the rounds early, keeping 15% of it for step 4.
+4. **Quantize and measure.** The finalists become every variant predicted to fit (int8
+   with its dev score), then all of them and the teacher are timed in one run; the most
+   accurate one that meets every budget is copied to ``out``. Nothing fitting is an error
+   naming the fastest model measured.
+
+The work directory (``.OUT.work``) keeps every probe, trained candidate and variant:
+``--resume`` after a crash never trains a finished candidate again. The report
+(``OUT/search/report.md``, ``search.json``, ``pareto.png``) lists every candidate with
+its predicted and measured latency, accuracy and time spent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from compress.augment import AugmentConfig
+from compress.core.artifacts import (
+    atomic_path,
+    check_output,
+    compression_record,
+    load_config,
+    load_tokenizer,
+    read_metrics,
+    require_torch_weights,
+    save_model_dir,
+    utc_now,
+    write_json_atomic,
+)
+from compress.core.config import flat_keywords, option
+from compress.core.data import TaskData
+from compress.core.errors import CompressError
+from compress.core.runtime import load_model
+from compress.core.structure import Shape
+from compress.core.tasks import get_task, task_choices
+from compress.core.train import TrainConfig, work_dir_for
+from compress.distill import DistillConfig, distill
+from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk
+from compress.export import ExportConfig, export
+from compress.quantize import QuantizeConfig, quantize
+from compress.search import Budget, Sample, choose, fastest, fit_latency_model, held_out_error, measurement, parse_budgets
+from compress.search import pareto_front, points, successive_halving
+from compress.students.init import init_student
+from compress.students.presets import resolve_shape
+from compress.teacher.presets import resolve_model
+
+log = logging.getLogger(__name__)
+
+# What each backend contributes: (variant name, how it is made from an fp32 student folder).
+VARIANTS = {
+    "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
+    "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "dynamic")),),
+    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-int8", ("quantize", "openvino", "static"))),
+    "inc": (("inc-int8", ("quantize", "inc", "static")),),
+}
+RESERVE = 0.15  # the share of --time-limit kept for quantizing the finalists and the final measurement
+
+
+def parse_minutes(text: str) -> float:
+    """``90m``, ``1.5h``, ``45`` (minutes), ``600s`` -> minutes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(h|m|min|s)?\s*", str(text).lower())
+    if not m or float(m.group(1)) <= 0:
+        raise CompressError(f"--time-limit {text!r} is not a duration; write e.g. 90m, 1.5h or 600s")
+    return float(m.group(1)) * {"h": 60.0, "s": 1 / 60, None: 1.0}.get(m.group(2), 1.0)
+
+
+def _auto_defaults() -> TrainConfig:
+    return TrainConfig(lr=1e-4, epochs=1, batch_size=32, warmup_ratio=0.1)
+
+
+@flat_keywords
+@dataclass(frozen=True)
+class AutoConfig:
+    task: str = option("", "task to find a model for", choices=task_choices)
+    budget: str = option("", "what the model must meet, all of them, separated by ';': p50<=6ms@b1,s128 (also p90, p99, "
+                         "mean), throughput>=500/s@b32,s128, size<=20MB, speedup>=10x (over the teacher, measured here)",
+                         metavar="BUDGET[;...]")
+    backends: tuple[str, ...] = option(("torch", "onnxruntime", "openvino"), "backends to consider: torch (fp32, dynamic int8), "
+                                       "onnxruntime (int8), openvino (fp32, NNCF int8), inc (static int8)", metavar="NAME[,...]")
+    time_limit: str = option("90m", "wall-clock limit of the whole search (90m, 1.5h); 15% of it is kept for the last step")
+    shapes: tuple[str, ...] = option((), "candidate student shapes (default: depths 1-6 x widths down to a third of the teacher's)",
+                                     metavar="SHAPE[,...]")
+    probes: int = option(8, "shapes timed to fit the latency model (spread over the candidates), plus 3 held out to test it")
+    candidates: int = option(6, "shapes trained in the first round: the best by the prior among those predicted to fit")
+    rounds: int = option(3, "successive-halving rounds; each keeps the best 1/eta and trains them eta times as long")
+    eta: int = option(2, "successive halving's ratio")
+    margin: float = option(0.15, "keep shapes predicted at most this fraction beyond a budget (measurement decides at the end)")
+    repeats: int = option(20, "timed passes per model and point in the probe (the final measurement takes twice as many)")
+    losses: tuple[str, ...] = option(("kd", "hard"), "distillation terms of every candidate (see compress distill)", metavar="TERM[,...]")
+    max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points")
+    resume: bool = option(False, "continue an interrupted search: finished probes and candidates are reused")
+    extra_data: AugmentConfig = field(default_factory=AugmentConfig)
+    data: TaskData = field(default_factory=TaskData)
+    train: TrainConfig = field(default_factory=_auto_defaults)
+
+    def validate(self) -> None:
+        if not self.task:
+            raise CompressError("no task given; pass --task, e.g. --task sst2")
+        get_task(self.task)
+        if not self.budget:
+            raise CompressError("no budget given; pass e.g. --budget 'p50<=6ms@b1,s128' (several: separate with ';')")
+        parse_budgets(self.budget)
+        for name in self.backends:
+            if name not in VARIANTS:
+                raise CompressError(f"unknown backend {name!r} in --backends; valid: {', '.join(VARIANTS)}")
+        parse_minutes(self.time_limit)
+        for name, value in (("probes", self.probes), ("candidates", self.candidates), ("rounds", self.rounds),
+                            ("repeats", self.repeats)):
+            if value < 1:
+                raise CompressError(f"--{name} must be at least 1, got {value}")
+        if self.eta < 2:
+            raise CompressError(f"--eta must be at least 2, got {self.eta}")
+        if self.margin < 0:
+            raise CompressError(f"--margin must be 0 or more, got {self.margin}")
+
+
+# A timer: (model dirs, (batch, seq) points, repeats) -> rows as `compress latency` makes them
+# (model, batch, seq, p50_ms, ..., throughput, speedup against the first model).
+Timer = Callable[[list[Path], list[tuple[int, int]], int], list[dict]]
+
+
+def measured_latency(dirs: list[Path], at: list[tuple[int, int]], repeats: int) -> list[dict]:
+    """The default timer: ``compress latency`` (each model in its own process), every (batch, seq) of ``at``."""
+    batches, seqs = sorted({b for b, _ in at}), sorted({s for _, s in at})
+    cfg = LatencyConfig(batch=tuple(batches), seq=tuple(seqs), repeats=repeats, warmup=3, peak=False, record=False)
+    return measure_latency(dirs, cfg)["rows"]
+
+
+@dataclass
+class _Search:
+    """Everything the search has done so far; ``state.json`` in the work directory."""
+
+    work: Path
+    state: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, work: Path, resume: bool, key: str) -> "_Search":
+        file = work / "state.json"
+        if resume and file.is_file():
+            state = json.loads(file.read_text())
+            if state.get("key") != key:
+                raise CompressError(f"{work} holds a search for another teacher, task or budget; drop --resume or pick another --out")
+            return cls(work, state)
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        return cls(work, {"key": key, "probe": None, "trained": {}, "finalists": None})
+
+    def save(self) -> None:
+        write_json_atomic(self.work / "state.json", self.state)
+
+
+def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bool = False, timer: Timer | None = None) -> Path:
+    """Find, train and measure the most accurate student of ``teacher`` on ``cfg.task`` that meets ``cfg.budget``."""
+    cfg.validate()
+    timer = timer or measured_latency
+    started = time.monotonic()
+    deadline = started + parse_minutes(cfg.time_limit) * 60
+    out = check_output(Path(out), overwrite)
+    teacher_dir = require_torch_weights(resolve_model(teacher), "compress auto (the teacher)")
+    budgets = parse_budgets(cfg.budget)
+    at = sorted(points(budgets) or {(1, 128)})
+    key = json.dumps([str(teacher_dir.resolve()), cfg.task, [b.text for b in budgets], list(cfg.backends)])
+    search = _Search.open(work_dir_for(out), cfg.resume, key)
+    shapes = candidate_shapes(load_config(teacher_dir), cfg.shapes)
+
+    probe = search.state["probe"] or _probe(teacher_dir, shapes, cfg, at, search, timer)
+    search.state["probe"] = probe
+    search.save()
+    model = fit_latency_model([Sample(s["variant"], s["batch"], s["seq"], Shape(**s["shape"]), s["ms"]) for s in probe["samples"]])
+    predicted = {shape.label: _predict(model, shape, probe, budgets, cfg.margin) for shape in shapes}
+    fitting = [s for s in shapes if predicted[s.label]["variants"]]
+    if not fitting:
+        best = min(probe["rows"], key=lambda r: r["p50_ms"] if (r["batch"], r["seq"]) == at[0] else math.inf)
+        raise CompressError(
+            f"no student shape is predicted to meet {'; '.join(b.text for b in budgets)}: the fastest model probed was "
+            f"{best['name']} at {best['p50_ms']:.2f} ms (p50, batch {best['batch']}, seq {best['seq']}); relax the budget "
+            "or add a faster backend (--backends)")
+    shortlist = rank_by_prior(fitting, load_config(teacher_dir).hidden_size)[: cfg.candidates]
+    log.info("%d of %d shapes predicted to fit; training %s", len(fitting), len(shapes), ", ".join(s.label for s in shortlist))
+
+    def train(label: str, round_: int, epochs: int) -> float:
+        return _train_candidate(teacher_dir, shapes_by_label[label], round_, epochs, cfg, search)
+
+    shapes_by_label = {s.label: s for s in shapes}
+    reserve = RESERVE * (deadline - started)
+    halving = successive_halving(
+        [s.label for s in shortlist], train, rounds=cfg.rounds, eta=cfg.eta, units=lambda r: cfg.train.epochs * cfg.eta**r,
+        time_left=lambda: time.monotonic() < deadline - reserve,
+        done={(t["label"], t["round"]): t["score"] for t in search.state["trained"].values()},
+    )
+    finalists = list(halving.survivors[-1]) if halving.survivors else []
+    if not finalists:
+        raise CompressError("every candidate's training failed; see the log above")
+    artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
+    rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts]], at, 2 * cfg.repeats)
+    results = _results(rows, teacher_dir, artifacts, budgets)
+    chosen = choose(results, budgets)
+    report = _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
+    if chosen is None:
+        quickest = fastest(results, at[0])
+        _write_report(work_dir_for(out) / "search", report)
+        raise CompressError(
+            f"nothing measured meets {'; '.join(b.text for b in budgets)}: the fastest was {quickest['name']} at "
+            f"{quickest['measurement']['points'][at[0]]['p50_ms']:.2f} ms (p50, batch {at[0][0]}, seq {at[0][1]}); "
+            f"the search's report is in {work_dir_for(out) / 'search'}")
+    return _write_chosen(Path(chosen["dir"]), out, report, overwrite)
+
+
+# ---------------------------------------------------------------------------- shapes
+
+
+def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]:
+    """The shapes to search: ``names``, or depths 1..teacher x widths teacher, 3/4, 1/2, 1/3 (heads of the teacher's width)."""
+    if names:
+        return [resolve_shape(n) for n in names]
+    h, heads, layers = teacher_config.hidden_size, teacher_config.num_attention_heads, teacher_config.num_hidden_layers
+    head_dim = h // heads
+    ratio = teacher_config.intermediate_size / h
+    shapes = []
+    for width in dict.fromkeys([h, 3 * h // 4, h // 2, h // 3]):
+        width -= width % head_dim
+        if width < head_dim:
+            continue
+        for depth in sorted({d for d in (1, 2, 3, 4, 6) if d <= layers} | {max(1, layers // 2)}):
+            shapes.append(Shape(depth, width, width // head_dim, int(ratio * width)))
+    return shapes
+
+
+def rank_by_prior(shapes: list[Shape], teacher_hidden: int) -> list[Shape]:
+    """The accuracy prior: shapes the teacher's layers can initialise (same width) first, then more parameters first."""
+    def params(s: Shape) -> int:
+        return s.layers * (4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn)
+
+    return sorted(shapes, key=lambda s: (s.hidden != teacher_hidden, -params(s), s.label))
+
+
+def probe_shapes(shapes: list[Shape], n: int) -> tuple[list[Shape], list[Shape]]:
+    """``n`` shapes spread over the list (by parameters) to fit on, and up to 3 others held out to test the fit."""
+    ordered = sorted(shapes, key=lambda s: (s.layers * s.hidden * (4 * s.hidden + 2 * s.ffn), s.label))
+    if len(ordered) <= n:
+        return ordered, []
+    step = (len(ordered) - 1) / (n - 1) if n > 1 else 0
+    fit_idx = sorted({round(i * step) for i in range(n)})
+    rest = [s for i, s in enumerate(ordered) if i not in fit_idx]
+    held = [rest[round(i * (len(rest) - 1) / 2)] for i in range(min(3, len(rest)))] if rest else []
+    return [ordered[i] for i in fit_idx], list(dict.fromkeys(held))
+
+
+# ---------------------------------------------------------------------------- step 1: probe
+
+
+def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, max_eval: int | None) -> Path:
+    """``source`` (an fp32 student folder) as one backend variant in ``dest`` (made once; reused on resume)."""
+    if how is None:
+        return source
+    if (dest / "compression.json").is_file():
+        return dest
+    kind, backend, scheme = how
+    if kind == "export":
+        return export(source, dest, ExportConfig(format=backend), overwrite=True)
+    data = replace(cfg.data, max_eval_examples=max_eval or cfg.data.max_eval_examples)
+    qcfg = QuantizeConfig(backend=backend, scheme=scheme, task=cfg.task, data=data,
+                          max_drop=cfg.max_drop if max_eval is None else None)
+    return quantize(source, dest, qcfg, overwrite=True)
+
+
+def _probe(teacher_dir: Path, shapes: list[Shape], cfg: AutoConfig, at, search: _Search, timer: Timer) -> dict:
+    """Time random-weight students of spread-out shapes as every variant; the samples the latency model is fitted on."""
+    fit, held = probe_shapes(shapes, cfg.probes)
+    teacher = load_model(teacher_dir, head=get_task(cfg.task).behaviour.head)
+    tokenizer = load_tokenizer(teacher_dir)
+    dirs, meta = [], []
+    for shape in fit + held:
+        source = search.work / "probe" / shape.label / "fp32"
+        if not (source / "config.json").is_file():
+            model, info = init_student(teacher, shape, method="random", seed=0)
+            save_model_dir(model, source, tokenizer=tokenizer, overwrite=True,
+                           record=compression_record(stage="auto-probe", method="random", parent=teacher_dir, extra={"init": info}))
+        for name, how in _variants(cfg):
+            path = _make_variant(source, search.work / "probe" / shape.label / name, how, cfg, max_eval=8)
+            dirs.append(path)
+            meta.append({"variant": name, "shape": shape.__dict__, "held_out": shape in held})
+    rows = timer([teacher_dir, *dirs], at, cfg.repeats)
+    by_dir = {}
+    for row in rows:
+        by_dir.setdefault(str(row["model"]), []).append(row)
+    samples = []
+    for path, info in zip(dirs, meta):
+        for row in by_dir[str(path)]:
+            shape = {k: v for k, v in info["shape"].items() if k != "origin"}
+            samples.append({**info, "shape": shape, "batch": row["batch"], "seq": row["seq"], "ms": row["p50_ms"],
+                            "size_bytes": size_on_disk(path), "params": row.get("params")})
+    fitted = [s for s in samples if not s["held_out"]]
+    error = None
+    if any(s["held_out"] for s in samples):
+        as_samples = [Sample(s["variant"], s["batch"], s["seq"], Shape(**s["shape"]), s["ms"]) for s in samples]
+        held_flags = {id(x): s["held_out"] for x, s in zip(as_samples, samples)}
+        error = held_out_error(as_samples, lambda x: held_flags[id(x)])
+        error = {"median": error["median"], "worst": error["worst"],
+                 "errors": [{"variant": e["sample"].backend, "shape": e["sample"].shape.label, "batch": e["sample"].batch,
+                             "seq": e["sample"].seq, "measured_ms": e["sample"].ms, "predicted_ms": e["predicted_ms"],
+                             "percent": e["percent"]} for e in error["errors"]]}
+    teacher_rows = by_dir[str(teacher_dir)]
+    return {"samples": fitted + [s for s in samples if s["held_out"]], "error": error,
+            "teacher": {(f"{r['batch']},{r['seq']}"): r["p50_ms"] for r in teacher_rows},
+            "teacher_size_bytes": size_on_disk(teacher_dir),
+            "rows": [{**r, "model": str(r["model"])} for r in rows], "when": utc_now()}
+
+
+def _variants(cfg: AutoConfig) -> list[tuple[str, Any]]:
+    return [v for name in cfg.backends for v in VARIANTS[name]]
+
+
+def _size_model(probe: dict) -> dict[str, tuple[float, float]]:
+    """Per variant: bytes = a * encoder parameters + b, fitted on the probe folders (least squares on two or more)."""
+    fits = {}
+    for variant in {s["variant"] for s in probe["samples"]}:
+        pts = {(json.dumps(s["shape"]), s["size_bytes"]) for s in probe["samples"] if s["variant"] == variant}
+        x = np.array([_encoder_params(Shape(**json.loads(k))) for k, _ in pts], dtype=float)
+        y = np.array([v for _, v in pts], dtype=float)
+        if len(x) >= 2 and np.ptp(x) > 0:
+            a, b = np.polyfit(x, y, 1)
+        else:
+            a, b = 0.0, float(y.mean())
+        fits[variant] = (float(a), float(b))
+    return fits
+
+
+def _encoder_params(shape: Shape) -> int:
+    return shape.layers * (4 * shape.hidden * shape.hidden + 2 * shape.hidden * shape.ffn)
+
+
+def _predict(model, shape: Shape, probe: dict, budgets: tuple[Budget, ...], margin: float) -> dict:
+    """Predicted measurement of ``shape`` per variant, and the variants predicted to meet every budget (within margin)."""
+    sizes = _size_model(probe)
+    out = {"measurements": {}, "variants": []}
+    for variant in sorted({s["variant"] for s in probe["samples"]}):
+        pts = {}
+        for key, teacher_ms in probe["teacher"].items():
+            b, s = map(int, key.split(","))
+            ms = model.predict(variant, b, s, shape)
+            pts[(b, s)] = {k: ms for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}
+            pts[(b, s)].update(throughput=b / ms * 1e3, speedup=teacher_ms / ms)
+        a, c = sizes[variant]
+        m = {"size_bytes": a * _encoder_params(shape) + c, "points": pts}
+        out["measurements"][variant] = m
+        if all(_met_with_margin(budget, m, margin) for budget in budgets):
+            out["variants"].append(variant)
+    return out
+
+
+def _met_with_margin(budget: Budget, m: dict, margin: float) -> bool:
+    value = budget.value(m)
+    upper = budget.kind in ("latency", "size")  # a ceiling; throughput and speed-up are floors
+    return value <= budget.limit * (1 + margin) if upper else value >= budget.limit / (1 + margin)
+
+
+# ---------------------------------------------------------------------------- step 3: training
+
+
+def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, cfg: AutoConfig, search: _Search) -> float:
+    """Distil ``shape`` for ``epochs`` (round 0 from the teacher; later rounds continue the previous round's student)."""
+    out = search.work / "candidates" / f"{shape.label}-r{round_}"
+    started = time.monotonic()
+    teacher_hidden = load_config(teacher_dir).hidden_size
+    if round_ == 0:
+        init = "teacher-layers" if shape.hidden == teacher_hidden else "random"
+    else:
+        init = str(search.work / "candidates" / f"{shape.label}-r{round_ - 1}")
+    dcfg = DistillConfig(task=cfg.task, student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads, init=init,
+                         losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
+                         train=replace(cfg.train, epochs=epochs))
+    try:
+        distill(teacher_dir, out, dcfg, overwrite=True)
+    except CompressError as err:
+        log.warning("candidate %s (round %d) failed: %s", shape.label, round_, err)
+        return math.nan
+    retention = next(r for r in read_metrics(out) if r.get("kind") == "retention")
+    score = float(retention["student"]) if retention["student"] is not None else math.nan
+    search.state["trained"][f"{shape.label}/{round_}"] = {
+        "label": shape.label, "round": round_, "epochs": epochs, "score": score, "dir": str(out),
+        "teacher": retention["teacher"], "seconds": round(time.monotonic() - started, 1), "init": init}
+    search.save()
+    return score
+
+
+# ---------------------------------------------------------------------------- step 4: finalists
+
+
+def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search) -> list[dict]:
+    """Every finalist as each variant predicted to fit it, with its dev score (int8 measured after quantizing)."""
+    done = search.state["trained"]
+    artifacts = []
+    for label in labels:
+        last = max((t for t in done.values() if t["label"] == label), key=lambda t: t["round"])
+        source = Path(last["dir"])
+        for name, how in _variants(cfg):
+            if name not in predicted[label]["variants"]:
+                continue
+            try:
+                path = _make_variant(source, search.work / "final" / f"{label}-{name}", how, cfg, max_eval=None)
+            except CompressError as err:  # e.g. the accuracy guard refused the int8 model
+                log.warning("%s as %s: %s", label, name, err)
+                continue
+            evals = [r for r in read_metrics(path) if r.get("kind") == "eval"]
+            metric = get_task(cfg.task).primary_metric
+            accuracy = evals[-1]["metrics"][metric] if evals and how is not None and how[0] == "quantize" else last["score"]
+            artifacts.append({"label": label, "variant": name, "dir": str(path), "accuracy": float(accuracy),
+                              "teacher": last["teacher"], "predicted": predicted[label]["measurements"][name]})
+    search.state["finalists"] = [{k: v for k, v in a.items() if k != "predicted"} for a in artifacts]
+    search.save()
+    return artifacts
+
+
+def _results(rows: list[dict], teacher_dir: Path, artifacts: list[dict], budgets) -> list[dict]:
+    by_dir: dict[str, list[dict]] = {}
+    for row in rows:
+        by_dir.setdefault(str(row["model"]), []).append(row)
+    results = []
+    for a in artifacts:
+        m = measurement(by_dir[a["dir"]], size_on_disk(Path(a["dir"])))
+        results.append({**a, "name": f"{a['label']} {a['variant']}", "measurement": m,
+                        "meets": {b.text: b.met(m) for b in budgets}})
+    return results
+
+
+# ---------------------------------------------------------------------------- the report and the output
+
+
+def _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search) -> dict:
+    at = sorted(points(budgets) or {(1, 128)})[0]
+    return {
+        "kind": "auto", "when": utc_now(), "task": cfg.task, "teacher": str(teacher_dir),
+        "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
+        "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"],
+        "teacher_ms": probe["teacher"], "predicted": {k: {"variants": v["variants"]} for k, v in predicted.items()},
+        "trained": list(search.state["trained"].values()), "halving_stopped": halving.stopped,
+        "results": [{k: v for k, v in r.items() if k not in ("measurement", "predicted")}
+                    | {"measured_p50_ms": r["measurement"]["points"][at]["p50_ms"],
+                       "predicted_p50_ms": r["predicted"]["points"][at]["p50_ms"],
+                       "size_bytes": r["measurement"]["size_bytes"]} for r in results],
+        "chosen": None if chosen is None else {"name": chosen["name"], "dir": chosen["dir"], "accuracy": chosen["accuracy"]},
+    }
+
+
+def _write_report(where: Path, report: dict) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(where / "search.json", report)
+    at = tuple(report["point"])
+    lines = [f"# compress auto: {report['task']}, budget {'; '.join(report['budgets'])}", "",
+             f"- teacher: {report['teacher']} ({report['teacher_ms'].get(f'{at[0]},{at[1]}', float('nan')):.2f} ms p50 "
+             f"at batch {at[0]}, seq {at[1]}, torch fp32, this run)",
+             f"- search time: {report['seconds'] / 60:.1f} min; successive halving stopped: {report['halving_stopped']}"]
+    err = report["latency_model_error"]
+    if err:
+        lines.append(f"- latency model error on held-out probe shapes: median {err['median']:.1f}%, worst {err['worst']:.1f}%")
+    chosen = report["chosen"]
+    lines.append(f"- chosen: {chosen['name']} ({chosen['accuracy']:.2f})" if chosen else "- chosen: nothing met every budget")
+    lines += ["", "## Candidates trained", "", "| shape | round | epochs | dev | teacher | seconds |", "|---|--:|--:|--:|--:|--:|"]
+    for t in report["trained"]:
+        lines.append(f"| {t['label']} | {t['round']} | {t['epochs']} | {t['score']:.2f} | {t['teacher']:.2f} | {t['seconds']:.0f} |")
+    lines += ["", "## Finalists, measured in one run", "",
+              f"| model | dev | predicted p50 ms | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",
+              "|---|--:|--:|--:|--:|" + "---|" * len(report["budgets"])]
+    for r in report["results"]:
+        marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
+        lines.append(f"| {r['name']} | {r['accuracy']:.2f} | {r['predicted_p50_ms']:.2f} | {r['measured_p50_ms']:.2f} | "
+                     f"{r['size_bytes'] / 1e6:.1f} | {marks} |")
+    _plot(where / "pareto.png", report)
+    lines += ["", "![accuracy against measured latency](pareto.png)"]
+    with atomic_path(where / "report.md") as tmp:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _plot(path: Path, report: dict) -> None:
+    """Accuracy against measured p50: every finalist, the Pareto front, the latency budget line, the choice marked."""
+    # deferred: matplotlib is only needed for the picture
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # deferred (pyplot after the backend is chosen)
+    import matplotlib.pyplot as plt
+
+    rs = report["results"]
+    if not rs:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs, ys = [r["measured_p50_ms"] for r in rs], [r["accuracy"] for r in rs]
+    ax.scatter(xs, ys, color="0.6", label="finalists")
+    front = sorted(pareto_front(list(zip(ys, xs))), key=lambda i: xs[i])
+    ax.plot([xs[i] for i in front], [ys[i] for i in front], color="C0", label="Pareto front")
+    for budget in report["budgets"]:
+        m = re.match(r"\s*(p50|p90|p99|mean)\s*<=\s*([0-9.]+)\s*ms", budget.lower())
+        if m:
+            ax.axvline(float(m.group(2)), color="C3", linestyle="--", label=f"budget {budget}")
+    if report["chosen"]:
+        i = next(i for i, r in enumerate(rs) if r["name"] == report["chosen"]["name"])
+        ax.scatter([xs[i]], [ys[i]], s=120, facecolors="none", edgecolors="C2", linewidths=2, label="chosen")
+    ax.set_xlabel(f"measured p50 latency (ms), batch {report['point'][0]}, seq {report['point'][1]}")
+    ax.set_ylabel("dev metric")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def _write_chosen(source: Path, out: Path, report: dict, overwrite: bool) -> Path:
+    """Copy the chosen folder to ``out`` (staged beside it, then renamed into place) with the search's report."""
+    staged = out.parent / f".{out.name}.auto-tmp"
+    if staged.exists():
+        shutil.rmtree(staged)
+    shutil.copytree(source, staged)
+    _write_report(staged / "search", report)
+    if out.exists():
+        if not overwrite and any(out.iterdir()):
+            raise CompressError(f"output directory {out} is not empty; pass --overwrite to replace it or choose another --out")
+        shutil.rmtree(out)
+    staged.rename(out)
+    log.info("chose %s", report["chosen"]["name"])
+    return out
+
+
+def summarize(out: Path, cfg: AutoConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress auto`` prints: the report's table."""
+    text = (out / "search" / "report.md").read_text(encoding="utf-8")
+    return text, []

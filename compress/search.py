@@ -1,0 +1,376 @@
+"""The model-free core of ``compress auto``: budgets, a latency model, successive halving, the choice.
+
+Finding the most accurate model that fits a budget takes four pure pieces, each testable
+without a model:
+
+- :func:`parse_budgets` reads ``"p50<=6ms@b1,s128; size<=20MB"`` into :class:`Budget`
+  records; :func:`points` says which (batch, seq) points must be timed.
+- :func:`fit_latency_model` fits, per (backend, batch, seq), a non-negative linear model
+  of encoder latency over shape features, so shapes can be ranked before any is trained.
+- :func:`successive_halving` (Jamieson & Talwalkar 2016) trains every candidate briefly,
+  keeps the best 1/eta, trains those longer, and so on; it can resume from finished runs.
+- :func:`pareto_front`, :func:`choose` and :func:`fastest` pick among measured results.
+
+A *measurement* is a plain dict, one per model::
+
+    {"size_bytes": 17_400_000,
+     "points": {(1, 128): {"p50_ms": 5.1, "p90_ms": 5.4, "p99_ms": 6.0, "mean_ms": 5.2,
+                           "throughput": 196.0, "speedup": 8.2}, ...}}
+
+(the keys of a ``compress latency`` row; :func:`measurement` builds it from such rows).
+A *result* is a dict with at least ``"accuracy"`` and ``"measurement"``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
+
+import numpy as np
+
+from compress.core.errors import CompressError
+from compress.core.structure import Shape
+
+# ---------------------------------------------------------------------------- budgets
+
+GRAMMAR = ("budgets look like 'p50<=6ms@b1,s128' (p50|p90|p99|mean; ms|s|us), 'throughput>=500/s@b32,s128', "
+           "'size<=20MB' (B|KB|MB|GB|KiB|MiB|GiB), 'speedup>=10x@b1,s128'; separate several with ';'")
+_KINDS = {"p50": "latency", "p90": "latency", "p99": "latency", "mean": "latency",
+          "throughput": "throughput", "size": "size", "speedup": "speedup"}
+_OPERATOR = {"latency": "<=", "size": "<=", "throughput": ">=", "speedup": ">="}
+_UNITS = {  # unit -> factor to the base unit; "" only where the number cannot be misread
+    "latency": {"ms": 1.0, "s": 1e3, "us": 1e-3},
+    "throughput": {"/s": 1.0, "seq/s": 1.0, "": 1.0},
+    "size": {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2.0**10, "mib": 2.0**20, "gib": 2.0**30},
+    "speedup": {"x": 1.0, "": 1.0},
+}
+_DEFAULT_POINT = {"latency": (1, 128), "throughput": (32, 128), "speedup": (1, 128), "size": (None, None)}
+_BASE_UNIT = {"latency": "ms", "throughput": "seq/s", "size": "bytes", "speedup": "x"}
+
+Measurement = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One constraint a chosen model must meet, with its limit in base units."""
+
+    kind: str  # 'latency' | 'throughput' | 'size' | 'speedup'
+    stat: str | None  # 'p50' | 'p90' | 'p99' | 'mean' for latency, else None
+    limit: float  # ms for latency, sequences/s, bytes, or a ratio
+    batch: int | None  # the timed point; None for size
+    seq: int | None
+    text: str  # as the user wrote it
+
+    @property
+    def key(self) -> str:
+        """The measurement key this budget reads (``p50_ms``, ``throughput``, ``size_bytes``, ``speedup``)."""
+        return {"latency": f"{self.stat}_ms", "size": "size_bytes"}.get(self.kind, self.kind)
+
+    def value(self, m: Measurement) -> float:
+        """The measured quantity this budget constrains, from a measurement dict."""
+        if self.kind == "size":
+            found = m.get("size_bytes")
+        else:
+            found = m.get("points", {}).get((self.batch, self.seq), {}).get(self.key)
+        if found is None:
+            where = "" if self.kind == "size" else f" at batch {self.batch}, seq {self.seq}"
+            raise CompressError(f"budget '{self.text}' needs {self.key}{where}, which was not measured: time that point")
+        return float(found)
+
+    def met(self, m: Measurement) -> bool:
+        """Whether the measurement satisfies the budget (a NaN measurement never does)."""
+        v = self.value(m)
+        return v <= self.limit if _OPERATOR[self.kind] == "<=" else v >= self.limit
+
+    def describe(self) -> str:
+        """A human line, e.g. ``p50 latency <= 6 ms at batch 1, seq 128``."""
+        name = {"latency": f"{self.stat} latency"}.get(self.kind, self.kind)
+        shown = f"{self.limit / 1e6:g} MB" if self.kind == "size" else f"{self.limit:g} {_BASE_UNIT[self.kind]}"
+        at = "" if self.batch is None else f" at batch {self.batch}, seq {self.seq}"
+        return f"{name} {_OPERATOR[self.kind]} {shown}{at}"
+
+
+def _parse_one(text: str) -> Budget:
+    def bad(problem: str) -> CompressError:
+        return CompressError(f"bad budget '{text}': {problem}; {GRAMMAR}")
+
+    t = "".join(text.split()).lower()  # spaces are allowed anywhere
+    m = re.fullmatch(r"([a-z][a-z0-9]*)(<=|>=|=<|=>|==|<|>|=)(.*)", t)
+    if not m:
+        raise bad("no metric and comparison such as 'p50<='")
+    metric, op, rest = m.groups()
+    if metric not in _KINDS:
+        raise bad(f"unknown metric '{metric}' (valid: {', '.join(_KINDS)})")
+    kind = _KINDS[metric]
+    if op != _OPERATOR[kind]:
+        raise bad(f"operator '{op}' is wrong for {metric}, which takes '{_OPERATOR[kind]}'")
+    amount, _, point = rest.partition("@")
+    v = re.fullmatch(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)(.*)", amount)
+    if not v:
+        raise bad(f"'{amount}' is not a number with a unit")
+    unit = v.group(2)
+    if unit not in _UNITS[kind]:
+        raise bad(f"unit '{unit}' is not one of {'|'.join(u for u in _UNITS[kind] if u)} for {metric}")
+    limit = float(v.group(1)) * _UNITS[kind][unit]
+    if not (limit > 0 and math.isfinite(limit)):
+        raise bad(f"limit '{v.group(1)}' must be a positive number")
+    batch, seq = _DEFAULT_POINT[kind]
+    if "@" in rest:
+        p = re.fullmatch(r"b(\d+),s(\d+)", point)
+        if kind == "size":
+            raise bad(f"size takes no point, got '@{point}'")
+        if not p or int(p.group(1)) < 1 or int(p.group(2)) < 1:
+            raise bad(f"point '@{point}' is not '@bBATCH,sSEQ' with both at least 1")
+        batch, seq = int(p.group(1)), int(p.group(2))
+    return Budget(kind, metric if kind == "latency" else None, limit, batch, seq, text.strip())
+
+
+def parse_budgets(text: str | Sequence[str]) -> tuple[Budget, ...]:
+    """Budgets from ``"p50<=6ms@b1,s128; size<=20MB"`` or a list of such strings (case-insensitive)."""
+    pieces = [p for item in ([text] if isinstance(text, str) else text) for p in str(item).split(";") if p.strip()]
+    if not pieces:
+        raise CompressError(f"no budget given; {GRAMMAR}")
+    return tuple(_parse_one(p) for p in pieces)
+
+
+def points(budgets: Iterable[Budget]) -> set[tuple[int, int]]:
+    """The (batch, seq) points that must be timed (for speed-up budgets, the teacher too)."""
+    return {(b.batch, b.seq) for b in budgets if b.batch is not None}
+
+
+def measurement(rows: Iterable[Mapping[str, Any]], size_bytes: float) -> dict:
+    """A measurement dict from one model's ``compress latency`` rows (each with ``batch`` and ``seq``)."""
+    keys = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup")
+    return {"size_bytes": size_bytes,
+            "points": {(r["batch"], r["seq"]): {k: r[k] for k in keys if k in r} for r in rows}}
+
+
+# ---------------------------------------------------------------------------- latency model
+
+FEATURES = ("overhead", "per_layer", "projections", "ffn", "attention")
+
+
+def features(batch: int, seq: int, shape: Shape) -> np.ndarray:
+    """The (5,) feature vector of an encoder forward pass; coefficients are ms and ms per GFLOP.
+
+    With n = batch*seq tokens, L layers, hidden h, FFN width f, counting 2 FLOPs per
+    multiply-add: [1, L, projections L*2*n*4h^2 (Q, K, V, output), FFN L*2*n*2hf (in, out),
+    attention L*2*2*batch*seq^2*h (scores QK^T and the weighted sum of V)], FLOPs in 1e9.
+    """
+    L, h, f, n = shape.layers, shape.hidden, shape.ffn, batch * seq
+    return np.array([1.0, L, L * 8.0 * n * h * h / 1e9, L * 4.0 * n * h * f / 1e9, L * 4.0 * batch * seq * seq * h / 1e9])
+
+
+# Fallback ladder, tried in order: the first basis with full column rank on a group's
+# samples is fitted. Each is a (5, k) tying matrix T: fitting X @ T gives c, and the
+# full coefficients are T @ c. So "dense" shares one ms/GFLOP between projections and
+# FFN (shapes with ffn = 4*hidden cannot tell them apart), "flops" shares one rate for
+# all matmuls, then the per-layer and finally the constant overhead are dropped; a single
+# sample always fits the last rung (latency proportional to FLOPs).
+_LADDER = (
+    ("full", np.eye(5)),
+    ("dense", np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 0], [0, 0, 0, 1]], float)),
+    ("flops", np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1], [0, 0, 1]], float)),
+    ("flops+overhead", np.array([[1, 0], [0, 0], [0, 1], [0, 1], [0, 1]], float)),
+    ("flops only", np.array([[0], [0], [1], [1], [1]], float)),
+)
+
+
+def nnls(A: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """argmin ||A x - b|| subject to x >= 0 (Lawson & Hanson 1974, active set); A (m, n), b (m,) -> x (n,)."""
+    A, b = np.asarray(A, float), np.asarray(b, float)
+    n = A.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, bool)
+    tol = 10 * np.finfo(float).eps * np.abs(A).sum(axis=0).max() * max(A.shape)
+    for _ in range(max_iter or 3 * n + 10):
+        w = A.T @ (b - A @ x)  # (n,) negative gradient; positive where raising x_j helps
+        if passive.all() or w[~passive].max() <= tol:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            # Step from x toward z until the first passive coefficient hits zero, then drop it.
+            hit = np.flatnonzero(passive & (z <= 0))
+            steps = x[hit] / np.maximum(x[hit] - z[hit], np.finfo(float).tiny)
+            x = x + steps.min() * (z - x)
+            x[hit[np.argmin(steps)]] = 0.0  # exactly, so the loop always drops one
+            passive &= x > tol
+            x[~passive] = 0.0
+    return x
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed forward pass: ``ms`` milliseconds for ``shape`` at (batch, seq) on ``backend``."""
+
+    backend: str
+    batch: int
+    seq: int
+    shape: Shape
+    ms: float
+
+
+Group = tuple[str, int, int]  # (backend, batch, seq)
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Non-negative latency coefficients per (backend, batch, seq), in :data:`FEATURES` order."""
+
+    coefs: Mapping[Group, tuple[float, ...]]  # 5 per group: ms, ms/layer, ms/GFLOP x 3
+    basis: Mapping[Group, str]  # which rung of the fallback ladder was fitted
+
+    def _coef(self, backend: str, batch: int, seq: int) -> np.ndarray:
+        if (backend, batch, seq) not in self.coefs:
+            fitted = ", ".join(f"{g[0]}@b{g[1]},s{g[2]}" for g in sorted(self.coefs))
+            raise CompressError(f"no latency model for {backend}@b{batch},s{seq} (fitted: {fitted}): time some shapes there first")
+        return np.array(self.coefs[(backend, batch, seq)])
+
+    def predict(self, backend: str, batch: int, seq: int, shape: Shape) -> float:
+        """Predicted milliseconds of one forward pass."""
+        return float(features(batch, seq, shape) @ self._coef(backend, batch, seq))
+
+    def per_layer_ms(self, backend: str, batch: int, seq: int, shape: Shape) -> float:
+        """Predicted milliseconds of one encoder layer (the prediction without the constant overhead, / layers)."""
+        c = self._coef(backend, batch, seq)
+        return float(features(batch, seq, shape)[1:] @ c[1:] / shape.layers)
+
+
+def fit_latency_model(samples: Sequence[Sample]) -> LatencyModel:
+    """Fit one non-negative linear model per (backend, batch, seq) group of timed samples."""
+    if not samples:
+        raise CompressError("no latency samples to fit: time some shapes first")
+    groups: dict[Group, list[Sample]] = {}
+    for s in samples:
+        if not (s.ms > 0 and math.isfinite(s.ms)):
+            raise CompressError(f"latency sample {s.shape.label} on {s.backend} has {s.ms} ms: timings must be positive")
+        groups.setdefault((s.backend, s.batch, s.seq), []).append(s)
+    coefs, basis = {}, {}
+    for g, group in groups.items():
+        X = np.stack([features(s.batch, s.seq, s.shape) for s in group])  # (samples, 5)
+        y = np.array([s.ms for s in group])
+        for name, T in _LADDER:
+            Xt = X @ T  # (samples, k)
+            norms = np.linalg.norm(Xt, axis=0)  # scale columns to unit norm for conditioning
+            if len(group) >= T.shape[1] and (norms > 0).all() and np.linalg.matrix_rank(Xt / norms) == T.shape[1]:
+                break
+        coefs[g] = tuple(float(v) for v in T @ (nnls(Xt / norms, y) / norms))
+        basis[g] = name
+    return LatencyModel(coefs, basis)
+
+
+def held_out_error(samples: Sequence[Sample], holdout: Callable[[Sample], bool]) -> dict:
+    """Fit on the samples ``holdout`` rejects, predict the others: signed % errors, median and worst |%|."""
+    test = [s for s in samples if holdout(s)]
+    train = [s for s in samples if not holdout(s)]
+    if not test or not train:
+        raise CompressError(f"held-out check needs samples on both sides, got {len(train)} to fit and {len(test)} to test")
+    model = fit_latency_model(train)
+    errors = []
+    for s in test:
+        predicted = model.predict(s.backend, s.batch, s.seq, s.shape)
+        errors.append({"sample": s, "predicted_ms": predicted, "percent": 100.0 * (predicted - s.ms) / s.ms})
+    absolute = np.abs([e["percent"] for e in errors])
+    return {"errors": errors, "median": float(np.median(absolute)), "worst": float(absolute.max())}
+
+
+# ---------------------------------------------------------------------------- successive halving
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Trial(Generic[K]):
+    """One training of one candidate in one round; ``reused`` when taken from ``done``."""
+
+    candidate: K
+    round: int
+    units: int
+    score: float
+    reused: bool = False
+
+
+@dataclass(frozen=True)
+class HalvingResult(Generic[K]):
+    """Every trial, the survivors after each completed round (candidate order), why it stopped, the winner."""
+
+    trials: tuple[Trial[K], ...]
+    survivors: tuple[tuple[K, ...], ...]  # survivors[r]: kept after round r
+    stopped: str  # 'rounds' | 'one left' | 'time' | 'all failed'
+    best: K | None  # highest score in the last completed round (first in candidate order on ties)
+
+
+def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], float], *, rounds: int, eta: int = 2,
+                       units: Callable[[int], int], keep_min: int = 1, time_left: Callable[[], bool] | None = None,
+                       done: Mapping[tuple[K, int], float] | None = None) -> HalvingResult[K]:
+    """Successive halving (Jamieson & Talwalkar 2016): train all, keep the best ceil(n/eta), repeat.
+
+    Round r calls ``train(candidate, r, units(r))`` for each survivor (higher score is
+    better; NaN means it failed and is dropped), unless ``done[(candidate, r)]`` holds its
+    score already. ``time_left`` is asked before each round, never mid-round, so every
+    survivor of a round has been trained alike.
+    """
+    if not candidates or len(set(candidates)) != len(candidates):
+        raise CompressError(f"successive halving needs distinct candidates, got {list(candidates)}")
+    if rounds < 1 or eta < 2 or keep_min < 1:
+        raise CompressError(f"successive halving needs rounds >= 1, eta >= 2, keep_min >= 1; got {rounds}, {eta}, {keep_min}")
+    done = done or {}
+    alive, trials, survivors, best, stopped = list(candidates), [], [], None, "rounds"
+    for r in range(rounds):
+        if time_left is not None and not time_left():
+            stopped = "time"
+            break
+        u = units(r)
+        if not (isinstance(u, int) and u >= 1):
+            raise CompressError(f"units({r}) returned {u!r}: it must be a positive whole number of epochs or steps")
+        scores = {}
+        for c in alive:
+            reused = (c, r) in done
+            score = float(done[(c, r)] if reused else train(c, r, u))
+            trials.append(Trial(c, r, u, score, reused))
+            if not math.isnan(score):
+                scores[c] = score
+        # sorted() is stable, so equal scores keep candidate order.
+        ranked = sorted(scores, key=lambda c: -scores[c])
+        kept = set(ranked[: max(keep_min, math.ceil(len(alive) / eta))])
+        alive = [c for c in alive if c in kept]
+        survivors.append(tuple(alive))
+        best = ranked[0] if ranked else None
+        if len(alive) <= 1:
+            stopped = "one left" if alive else "all failed"
+            break
+    return HalvingResult(tuple(trials), tuple(survivors), stopped, best)
+
+
+# ---------------------------------------------------------------------------- choosing
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the (accuracy, latency) points no other point beats: accuracy up, latency down."""
+    def dominates(a, b):
+        return a[0] >= b[0] and a[1] <= b[1] and (a[0] > b[0] or a[1] < b[1])
+    return [i for i, p in enumerate(points) if not any(dominates(q, p) for q in points)]
+
+
+def _p50(result: Mapping[str, Any], point: tuple[int, int]) -> float:
+    """p50 milliseconds of a result at ``point``; inf when it was not timed there."""
+    return float(result["measurement"].get("points", {}).get(point, {}).get("p50_ms", math.inf))
+
+
+def choose(results: Sequence[Mapping[str, Any]], budgets: Iterable[Budget]) -> Mapping[str, Any] | None:
+    """The most accurate result meeting every budget (ties: lower p50 at the first budget point), or None."""
+    budgets = tuple(budgets)
+    point = min(points(budgets), default=(1, 128))
+    fits = [r for r in results if not math.isnan(r["accuracy"]) and all(b.met(r["measurement"]) for b in budgets)]
+    return min(fits, key=lambda r: (-r["accuracy"], _p50(r, point)), default=None)
+
+
+def fastest(results: Sequence[Mapping[str, Any]], point: tuple[int, int] = (1, 128)) -> Mapping[str, Any] | None:
+    """The result with the lowest p50 at ``point`` (the first on ties), or None when there are none."""
+    return min(results, key=lambda r: _p50(r, point), default=None)

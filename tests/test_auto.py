@@ -1,0 +1,167 @@
+"""compress auto on tiny models with a fake timer: the choice meets the budget, nothing fitting is one clear
+error naming the fastest model, a resumed search trains no finished candidate again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from compress import auto as auto_module
+from compress.auto import AutoConfig, auto, candidate_shapes, parse_minutes, probe_shapes, rank_by_prior
+from compress.core import synthetic
+from compress.core.artifacts import load_config
+from compress.core.config import from_dict
+from compress.core.errors import CompressError
+from compress.core.structure import Shape
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    from compress.students.presets import resolve_shape
+    from compress.teacher.create import create_model
+    from compress.teacher.finetune import FinetuneConfig, finetune
+
+    root = tmp_path_factory.mktemp("auto")
+    data = synthetic.write_sst2_layout(root / "data", n_train=300, n_dev=64, n_test=8)
+    vocab = synthetic.write_vocab(root / "vocab.txt")
+    init = create_model(resolve_shape("2L-64-128-4H"), root / "init", tokenizer=vocab, task="sst2", max_positions=64, seed=1)
+    cfg = from_dict(FinetuneConfig, {"task": "sst2", "data_dir": str(data), "epochs": 2, "lr": 1e-3, "max_length": 32})
+    return finetune(init, root / "teacher", cfg), data
+
+
+def _shape_of(path: Path) -> tuple[int, int]:
+    for folder in (path, *path.parents):
+        if (folder / "config.json").is_file():
+            c = load_config(folder)
+            return c.num_hidden_layers, c.hidden_size
+    raise AssertionError(f"no config.json above {path}")
+
+
+def fake_timer(slow: dict[str, float] | None = None, calls: list | None = None):
+    """Latency = 1 ms + 0.05 ms per layer x width unit (int8: half), exact and noiseless; ``slow`` multiplies
+    the final measurement of folders whose path contains a key (a model slower than its probe predicted)."""
+    def timer(dirs, at, repeats):
+        if calls is not None:
+            calls.append([str(d) for d in dirs])
+        rows = []
+        first = None
+        for d in dirs:
+            layers, hidden = _shape_of(Path(d))
+            ms = 1.0 + 0.05 * layers * hidden / 16 * (0.5 if "int8" in str(d) else 1.0)
+            for key, factor in (slow or {}).items():
+                if key in str(d) and "probe" not in str(d) and d != dirs[0]:  # finalists only
+                    ms *= factor
+            for b, s in at:
+                first = first if first is not None else ms
+                rows.append({"model": str(d), "name": Path(d).name, "batch": b, "seq": s, "p50_ms": ms, "p90_ms": ms,
+                             "p99_ms": ms, "mean_ms": ms, "throughput": b / ms * 1e3, "speedup": first / ms, "params": 0})
+        return rows
+    return timer
+
+
+def _cfg(data, budget, **extra):
+    base = {"task": "sst2", "budget": budget, "backends": ["torch"], "data_dir": str(data), "max_length": 32,
+            "probes": 4, "candidates": 3, "rounds": 2, "epochs": 1, "lr": 1e-3, "repeats": 2, "max_drop": None,
+            "cache": True}
+    base.pop("cache")
+    base.update(extra)
+    return from_dict(AutoConfig, base)
+
+
+def test_time_limit_and_grid():
+    assert parse_minutes("90m") == 90 and parse_minutes("1.5h") == 90 and parse_minutes("600s") == 10 and parse_minutes("45") == 45
+    for bad in ("", "-5m", "ten minutes", "0"):
+        with pytest.raises(CompressError, match="time-limit"):
+            parse_minutes(bad)
+
+    class C:  # a MiniLM-like teacher: 6 layers, 384 wide, 12 heads of 32, FFN 4x
+        hidden_size, num_attention_heads, num_hidden_layers, intermediate_size = 384, 12, 6, 1536
+
+    shapes = candidate_shapes(C)
+    assert {s.hidden for s in shapes} == {384, 288, 192, 128} and {s.layers for s in shapes} == {1, 2, 3, 4, 6}
+    assert all(s.hidden // s.heads == 32 and s.ffn == 4 * s.hidden for s in shapes)
+    ranked = rank_by_prior(shapes, 384)
+    assert [s.label for s in ranked[:3]] == ["6L-384", "4L-384", "3L-384"]  # initialisable from the teacher first
+    fit, held = probe_shapes(shapes, 8)
+    assert len(fit) == 8 and len(held) == 3 and not set(fit) & set(held)
+    sizes = sorted(s.layers * s.hidden**2 for s in shapes)
+    assert min(s.layers * s.hidden**2 for s in fit) == sizes[0] and max(s.layers * s.hidden**2 for s in fit) == sizes[-1]
+
+
+def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, tmp_path):
+    teacher_dir, data = teacher
+    calls: list = []
+    out = auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer(calls=calls))
+    report = json.loads((out / "search" / "search.json").read_text())
+    chosen = next(r for r in report["results"] if r["name"] == report["chosen"]["name"])
+    assert chosen["measured_p50_ms"] <= 2.2 and all(chosen["meets"].values())
+    fitting = [r for r in report["results"] if all(r["meets"].values())]
+    assert chosen["accuracy"] == max(r["accuracy"] for r in fitting)
+    assert (out / "config.json").is_file() and (out / "search" / "report.md").is_file() and (out / "search" / "pareto.png").is_file()
+    # The probe's held-out shapes are predicted exactly by a model fitted on a linear (noiseless) timer.
+    assert report["latency_model_error"]["worst"] < 1.0
+    # Round 0 trained every shortlisted shape, round 1 continued the best half.
+    rounds = [t["round"] for t in report["trained"]]
+    assert rounds.count(0) == 3 and rounds.count(1) == 2
+    assert len(calls) == 2 and str(teacher_dir) == calls[1][0]  # the probe run and one final run, teacher first
+    assert not (tmp_path / ".out.auto-tmp").exists()
+
+
+def test_a_model_slower_than_predicted_is_not_chosen(teacher, tmp_path):
+    teacher_dir, data = teacher
+    # Every torch-fp32 finalist (a trained candidate folder) measures 3x its prediction at the end: only int8 can fit.
+    out = auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer(slow={"candidates": 3.0}))
+    report = json.loads((out / "search" / "search.json").read_text())
+    assert report["chosen"]["name"].endswith("torch-int8")
+    assert all(r["measured_p50_ms"] > 2.2 for r in report["results"] if r["name"].endswith("torch-fp32"))
+
+
+def test_nothing_fits_names_the_fastest_model_measured(teacher, tmp_path):
+    teacher_dir, data = teacher
+    with pytest.raises(CompressError, match=r"the fastest model probed was .* at 1\.\d\d ms"):
+        auto(teacher_dir, tmp_path / "none", _cfg(data, "p50<=0.5ms@b1,s32"), timer=fake_timer())
+    with pytest.raises(CompressError, match=r"nothing measured meets .* the fastest was .* ms"):
+        auto(teacher_dir, tmp_path / "late", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer(slow={"": 10.0}))
+    assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())
+
+
+def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatch):
+    teacher_dir, data = teacher
+    cfg = _cfg(data, "p50<=2.2ms@b1,s32")
+
+    def crash(dirs, at, repeats):
+        if not any("probe" in str(d) for d in dirs):
+            raise RuntimeError("power cut")
+        return fake_timer()(dirs, at, repeats)
+
+    with pytest.raises(RuntimeError):
+        auto(teacher_dir, tmp_path / "out", cfg, timer=crash)
+    trained = []
+    real = auto_module.distill
+
+    def counting(*args, **kwargs):
+        trained.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "distill", counting)
+    probed = []
+    out = auto(teacher_dir, tmp_path / "out", AutoConfig(**{**cfg.__dict__, "resume": True}), timer=fake_timer(calls=probed))
+    assert trained == [] and len(probed) == 1  # no candidate trained, no probe re-timed: only the final measurement
+    assert (out / "config.json").is_file()
+
+
+def test_bad_budgets_are_refused_before_any_work(teacher, tmp_path):
+    teacher_dir, data = teacher
+    for bad, piece in (("p50>=6ms", ">="), ("latency<=6ms", "latency"), ("", "no budget")):
+        with pytest.raises(CompressError, match=piece):
+            auto(teacher_dir, tmp_path / "x", _cfg(data, bad), timer=fake_timer())
+    with pytest.raises(CompressError, match="unknown backend"):
+        _cfg(data, "size<=20MB", backends=["tensorrt"]).validate()
+    assert not (tmp_path / "x").exists()
+
+
+def test_shape_dataclass_round_trip():
+    s = Shape(3, 384, 12, 1536)
+    assert Shape(**{k: v for k, v in s.__dict__.items() if k != "origin"}) == s

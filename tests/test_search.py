@@ -1,0 +1,327 @@
+"""The model-free core of ``compress auto``: budgets, latency model, NNLS, successive halving, choice."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from compress.core.errors import CompressError
+from compress.core.structure import Shape
+from compress.search import (Budget, Sample, choose, fastest, features, fit_latency_model, held_out_error,
+                             measurement, nnls, pareto_front, parse_budgets, points, successive_halving)
+
+# ---------------------------------------------------------------------------- budgets
+
+
+@pytest.mark.parametrize("text, kind, stat, limit, batch, seq", [
+    ("p50<=6ms@b1,s128", "latency", "p50", 6.0, 1, 128),
+    ("P90 <= 0.5 s", "latency", "p90", 500.0, 1, 128),
+    ("p99<=800us@b8,s64", "latency", "p99", 0.8, 8, 64),
+    ("mean<=12.5ms", "latency", "mean", 12.5, 1, 128),
+    ("throughput>=500/s@b32,s128", "throughput", None, 500.0, 32, 128),
+    ("Throughput >= 1.5e3/s", "throughput", None, 1500.0, 32, 128),
+    ("throughput>=40/s @ b4, s256", "throughput", None, 40.0, 4, 256),
+    ("size<=20MB", "size", None, 20e6, None, None),
+    ("size<=300kb", "size", None, 3e5, None, None),
+    ("size<=2GB", "size", None, 2e9, None, None),
+    ("size <= 512 KiB", "size", None, 524288.0, None, None),
+    ("size<=1.5GiB", "size", None, 1.5 * 1073741824, None, None),
+    ("size<=64MiB", "size", None, 67108864.0, None, None),
+    ("speedup>=10x", "speedup", None, 10.0, 1, 128),
+    ("SpeedUp >= 4.5X @b8,s256", "speedup", None, 4.5, 8, 256),
+])
+def test_every_budget_form_parses_to_the_right_numbers(text, kind, stat, limit, batch, seq):
+    (b,) = parse_budgets(text)
+    assert (b.kind, b.stat, b.batch, b.seq) == (kind, stat, batch, seq)
+    assert b.limit == pytest.approx(limit, rel=1e-12)
+    assert b.text == text.strip()
+
+
+def test_several_budgets_by_semicolon_or_list_and_their_points():
+    budgets = parse_budgets(["p50<=6ms; size<=20MB", "speedup>=2x@b8,s64;throughput>=100/s"])
+    assert [b.kind for b in budgets] == ["latency", "size", "speedup", "throughput"]
+    assert [b.text for b in budgets] == ["p50<=6ms", "size<=20MB", "speedup>=2x@b8,s64", "throughput>=100/s"]
+    assert points(budgets) == {(1, 128), (8, 64), (32, 128)}
+    assert parse_budgets("p50<=6ms;") == parse_budgets(["p50<=6ms"])
+
+
+@pytest.mark.parametrize("text, piece", [
+    ("p50>=6ms", "'>='"),
+    ("size>=1MB", "'>='"),
+    ("throughput<=500/s", "'<='"),
+    ("p50<6ms", "'<'"),
+    ("latency<=6ms", "'latency'"),
+    ("p50<=0ms", "'0'"),
+    ("p50<=-3ms", "'-3'"),
+    ("p50<=6", "unit ''"),
+    ("p50<=6mb", "'mb'"),
+    ("size<=20MBs", "'mbs'"),
+    ("throughput>=fast", "'fast'"),
+    ("p50<=6ms@b1", "'@b1'"),
+    ("p50<=6ms@b0,s128", "'@b0,s128'"),
+    ("size<=20MB@b1,s128", "'@b1,s128'"),
+    ("p50 6ms", "comparison"),
+])
+def test_bad_budgets_name_the_offending_piece_and_show_the_grammar(text, piece):
+    with pytest.raises(CompressError) as caught:
+        parse_budgets(text)
+    message = str(caught.value)
+    assert piece in message and text.strip() in message
+    assert "budgets look like" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("text", ["", " ; ", []])
+def test_no_budget_at_all_is_refused(text):
+    with pytest.raises(CompressError, match="no budget given"):
+        parse_budgets(text)
+
+
+def _measured(p50, size, speedup=1.0, point=(1, 128)):
+    return {"size_bytes": size, "points": {point: {"p50_ms": p50, "p90_ms": p50 * 1.2, "throughput": 1e3 / p50,
+                                                   "speedup": speedup}}}
+
+
+def test_budget_value_met_and_describe():
+    p50, p90, size, speed, thr = parse_budgets("p50<=6ms; p90<=6ms; size<=20MB; speedup>=3x; throughput>=180/s@b1,s128")
+    m = _measured(5.5, 19e6, speedup=3.0)
+    assert p50.value(m) == 5.5 and p50.met(m)
+    assert p90.value(m) == pytest.approx(6.6) and not p90.met(m)
+    assert size.met(m) and not size.met(_measured(5.5, 21e6))
+    assert speed.met(m) and not speed.met(_measured(5.5, 1, speedup=2.9))
+    assert thr.value(m) == pytest.approx(1e3 / 5.5) and thr.met(m)
+    assert not p50.met(_measured(float("nan"), 1))
+    assert p50.describe() == "p50 latency <= 6 ms at batch 1, seq 128"
+    assert size.describe() == "size <= 20 MB"
+    assert speed.describe() == "speedup >= 3 x at batch 1, seq 128"
+
+
+def test_a_budget_at_an_untimed_point_says_which_point():
+    (b,) = parse_budgets("p50<=6ms@b8,s64")
+    with pytest.raises(CompressError, match="p50_ms at batch 8, seq 64"):
+        b.met(_measured(1.0, 1))
+    with pytest.raises(CompressError, match="size_bytes"):
+        parse_budgets("size<=1MB")[0].met({"points": {}})
+
+
+def test_measurement_from_latency_rows():
+    rows = [{"batch": 1, "seq": 128, "p50_ms": 4.0, "p90_ms": 5.0, "throughput": 250.0, "name": "x"},
+            {"batch": 32, "seq": 128, "p50_ms": 60.0, "throughput": 533.0}]
+    m = measurement(rows, 12e6)
+    assert m == {"size_bytes": 12e6, "points": {(1, 128): {"p50_ms": 4.0, "p90_ms": 5.0, "throughput": 250.0},
+                                               (32, 128): {"p50_ms": 60.0, "throughput": 533.0}}}
+    assert parse_budgets("throughput>=500/s")[0].met(m)
+
+
+# ---------------------------------------------------------------------------- latency model
+
+TRUE = {("torch", 1, 128): np.array([0.8, 0.05, 9.0, 11.0, 25.0]),  # ms, ms/layer, ms/GFLOP x 3
+        ("onnxruntime", 8, 64): np.array([0.3, 0.02, 4.0, 6.0, 7.0])}
+
+
+def _shapes(n, seed, tied=False):
+    rng = np.random.default_rng(seed)
+    shapes = []
+    for _ in range(n):
+        heads = int(rng.integers(2, 13))
+        hidden = heads * int(rng.choice([32, 64]))
+        ffn = 4 * hidden if tied else int(rng.integers(hidden // 64, 5 * hidden // 64 + 1)) * 64
+        shapes.append(Shape(int(rng.integers(1, 13)), hidden, heads, ffn))
+    return shapes
+
+
+def _samples(shapes, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return [Sample(g[0], g[1], g[2], s, float(features(g[1], g[2], s) @ c) * math.exp(noise * rng.standard_normal()))
+            for g, c in TRUE.items() for s in shapes]
+
+
+def test_latency_model_recovers_known_costs_and_predicts_held_out_shapes():
+    fit_shapes, new_shapes = _shapes(20, seed=1), _shapes(6, seed=2)
+    model = fit_latency_model(_samples(fit_shapes))
+    for g, c in TRUE.items():
+        assert model.basis[g] == "full"
+        np.testing.assert_allclose(model.coefs[g], c, rtol=1e-2)
+        for s in new_shapes:
+            per_layer = float(features(g[1], g[2], s)[1:] @ c[1:]) / s.layers
+            assert model.per_layer_ms(*g, s) == pytest.approx(per_layer, rel=1e-2)
+            assert model.predict(*g, s) == pytest.approx(float(features(g[1], g[2], s) @ c), rel=1e-2)
+
+
+def test_latency_model_with_five_percent_noise_predicts_held_out_within_five_percent():
+    shapes = _shapes(40, seed=3)
+    held = set(shapes[30:])
+    report = held_out_error(_samples(shapes, noise=0.05, seed=4), lambda s: s.shape in held)
+    assert len(report["errors"]) == 2 * len(held)
+    assert report["median"] < 5.0
+    assert report["worst"] >= report["median"]
+    noiseless = held_out_error(_samples(shapes), lambda s: s.shape in held)
+    assert noiseless["worst"] < 1e-3
+
+
+def test_latency_model_refuses_a_point_it_was_not_fitted_on():
+    model = fit_latency_model(_samples(_shapes(8, seed=5)))
+    with pytest.raises(CompressError, match=r"torch@b8,s128 .*fitted: onnxruntime@b8,s64, torch@b1,s128"):
+        model.predict("torch", 8, 128, Shape(2, 64, 2, 256))
+    with pytest.raises(CompressError, match="openvino@b1,s128"):
+        model.per_layer_ms("openvino", 1, 128, Shape(2, 64, 2, 256))
+
+
+def test_latency_model_falls_back_to_fewer_features_and_never_crashes():
+    c = TRUE[("torch", 1, 128)]
+    tied = _shapes(8, seed=6, tied=True)  # ffn = 4*hidden: projections and FFN cannot be told apart
+    model = fit_latency_model([s for s in _samples(tied) if s.backend == "torch"])
+    assert model.basis[("torch", 1, 128)] == "dense"
+    other = Shape(3, 256, 4, 1024)
+    assert model.predict("torch", 1, 128, other) == pytest.approx(float(features(1, 128, other) @ c), rel=1e-2)
+
+    few = [s for s in _samples(_shapes(3, seed=7)) if s.backend == "torch"]
+    for n, rung in [(3, "flops"), (2, "flops+overhead"), (1, "flops only")]:
+        model = fit_latency_model(few[:n])
+        assert model.basis[("torch", 1, 128)] == rung
+        coefs = np.array(model.coefs[("torch", 1, 128)])
+        assert (coefs >= 0).all() and np.isfinite(coefs).all()
+        assert model.predict("torch", 1, 128, few[0].shape) > 0
+    # one sample: latency proportional to FLOPs through it
+    assert model.predict("torch", 1, 128, few[0].shape) == pytest.approx(few[0].ms, rel=1e-9)
+    with pytest.raises(CompressError, match="no latency samples"):
+        fit_latency_model([])
+    with pytest.raises(CompressError, match="must be positive"):
+        fit_latency_model([Sample("torch", 1, 128, other, 0.0)])
+
+
+# ---------------------------------------------------------------------------- NNLS
+
+
+def test_nnls_is_never_negative_and_satisfies_the_optimality_conditions():
+    rng = np.random.default_rng(8)
+    clipped = 0
+    for _ in range(30):
+        A, b = rng.standard_normal((15, 6)), rng.standard_normal(15)
+        x = nnls(A, b)
+        assert (x >= 0).all()
+        w = A.T @ (b - A @ x)  # KKT: zero gradient where x > 0, no gain from raising x where x = 0
+        assert np.abs(w[x > 0]).max(initial=0) < 1e-8
+        assert (w[x == 0] < 1e-8).all()
+        clipped += (np.linalg.lstsq(A, b, rcond=None)[0] < 0).any()
+    assert clipped > 0  # the constraint did bind in some problems
+
+
+def test_nnls_matches_least_squares_when_that_is_already_non_negative():
+    rng = np.random.default_rng(9)
+    A = rng.random((25, 5))
+    b = A @ np.array([1.0, 2.0, 0.5, 3.0, 0.25]) + 1e-3 * rng.standard_normal(25)
+    unconstrained = np.linalg.lstsq(A, b, rcond=None)[0]
+    assert (unconstrained > 0).all()
+    np.testing.assert_allclose(nnls(A, b), unconstrained, rtol=1e-8, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------- successive halving
+
+SCORES = {  # (candidate, round) -> score
+    **dict(zip([(c, 0) for c in "abcdefgh"], [0.1, 0.5, 0.3, 0.9, 0.5, 0.2, 0.7, 0.5])),
+    ("b", 1): 0.8, ("d", 1): 0.6, ("e", 1): 0.95, ("g", 1): 0.6,
+    ("b", 2): 0.7, ("e", 2): 0.65,
+}
+
+
+class Trainer:
+    def __init__(self, scores):
+        self.scores, self.calls = scores, []
+
+    def __call__(self, candidate, round, units):
+        self.calls.append((candidate, round, units))
+        return self.scores[(candidate, round)]
+
+
+def test_successive_halving_keeps_the_expected_candidates_per_round():
+    train = Trainer(SCORES)
+    result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r)
+    # round 0: d .9, g .7, then the .5 tie b, e, h keeps b and e (candidate order)
+    assert result.survivors == (("b", "d", "e", "g"), ("b", "e"), ("b",))
+    assert train.calls == ([(c, 0, 1) for c in "abcdefgh"] + [(c, 1, 2) for c in "bdeg"] + [("b", 2, 4), ("e", 2, 4)])
+    assert result.best == "b" and result.stopped == "one left"
+    assert [(t.candidate, t.round, t.units, t.score) for t in result.trials] == [
+        (c, r, u, SCORES[(c, r)]) for c, r, u in train.calls]
+    short = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=2, units=lambda r: 2**r)
+    assert short.stopped == "rounds" and short.best == "e" and short.survivors[-1] == ("b", "e")
+
+
+def test_successive_halving_eta_and_keep_min():
+    scores = {(c, 0): s for c, s in zip("abcdefgh", [8, 7, 6, 5, 4, 3, 2, 1])} | {("a", 1): 1, ("b", 1): 2, ("c", 1): 0}
+    result = successive_halving(list("abcdefgh"), Trainer(scores), rounds=2, eta=3, units=lambda r: 1)
+    assert result.survivors == (("a", "b", "c"), ("b",)) and result.best == "b"  # ceil(8/3) = 3, then ceil(3/3) = 1
+    result = successive_halving(list("abcdefgh"), Trainer(scores), rounds=1, eta=8, keep_min=2, units=lambda r: 1)
+    assert result.survivors == (("a", "b"),) and result.best == "a"
+
+
+def test_successive_halving_drops_failed_candidates():
+    nan = float("nan")
+    scores = {("a", 0): nan, ("b", 0): 0.2, ("c", 0): 0.3, ("d", 0): nan, ("e", 0): 0.1, ("f", 0): nan,
+              ("b", 1): nan, ("c", 1): nan, ("e", 1): 0.5}
+    train = Trainer(scores)
+    result = successive_halving(list("abcdef"), train, rounds=3, units=lambda r: 1)
+    assert result.survivors == (("b", "c", "e"), ("e",))  # ceil(6/2) = 3 kept, all three that did not fail
+    assert result.best == "e" and result.stopped == "one left"
+    failed = successive_halving(["a", "d"], Trainer(scores), rounds=2, units=lambda r: 1)
+    assert failed.survivors == ((),) and failed.best is None and failed.stopped == "all failed"
+
+
+def test_successive_halving_stops_when_time_runs_out():
+    asked = []
+    result = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r,
+                                time_left=lambda: asked.append(1) or len(asked) <= 2)
+    assert result.stopped == "time" and len(asked) == 3
+    assert result.survivors == (("b", "d", "e", "g"), ("b", "e")) and result.best == "e"
+    assert {t.round for t in result.trials} == {0, 1}
+    none = successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 1, time_left=lambda: False)
+    assert none.trials == () and none.best is None and none.stopped == "time"
+
+
+def test_successive_halving_resumes_without_retraining_finished_runs():
+    done = {k: v for k, v in SCORES.items() if k[1] == 0} | {("e", 1): SCORES[("e", 1)]}
+    train = Trainer(SCORES)
+    result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r, done=done)
+    assert train.calls == [("b", 1, 2), ("d", 1, 2), ("g", 1, 2), ("b", 2, 4), ("e", 2, 4)]
+    full = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r)
+    assert result.survivors == full.survivors and result.best == full.best
+    assert [t.reused for t in result.trials] == [True] * 8 + [False, False, True, False] + [False, False]
+
+
+def test_successive_halving_refuses_bad_arguments():
+    with pytest.raises(CompressError, match="distinct"):
+        successive_halving(["a", "a"], Trainer(SCORES), rounds=1, units=lambda r: 1)
+    with pytest.raises(CompressError, match="eta >= 2"):
+        successive_halving(["a"], Trainer(SCORES), rounds=1, eta=1, units=lambda r: 1)
+    with pytest.raises(CompressError, match=r"units\(0\) returned 0"):
+        successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 0)
+
+
+# ---------------------------------------------------------------------------- choosing
+
+
+def test_pareto_front_on_a_hand_made_set():
+    pts = [(0.80, 10), (0.85, 20), (0.78, 5), (0.80, 12), (0.85, 25), (0.90, 40), (0.70, 6), (0.80, 10)]
+    # (0.80, 12) loses to (0.80, 10); (0.85, 25) to (0.85, 20); (0.70, 6) to (0.78, 5); equal points both stay
+    assert pareto_front(pts) == [0, 1, 2, 5, 7]
+    assert pareto_front([]) == [] and pareto_front([(0.5, 1.0)]) == [0]
+
+
+RESULTS = [
+    {"name": "A", "accuracy": 0.90, "measurement": _measured(8.0, 15e6)},  # too slow
+    {"name": "B", "accuracy": 0.86, "measurement": _measured(5.0, 25e6)},  # too big
+    {"name": "C", "accuracy": 0.84, "measurement": _measured(5.5, 18e6)},
+    {"name": "D", "accuracy": 0.84, "measurement": _measured(4.0, 19e6)},  # ties C, faster
+    {"name": "E", "accuracy": 0.80, "measurement": _measured(3.0, 10e6)},
+    {"name": "F", "accuracy": float("nan"), "measurement": _measured(1.0, 1e6)},  # evaluation failed
+]
+
+
+def test_choose_the_most_accurate_result_that_fits():
+    assert choose(RESULTS, parse_budgets("p50<=6ms; size<=20MB"))["name"] == "D"
+    assert choose(RESULTS, parse_budgets("p50<=6ms"))["name"] == "B"
+    assert choose(RESULTS, parse_budgets("size<=16MB"))["name"] == "A"
+    assert choose(RESULTS, parse_budgets("p50<=2ms")) is None
+    assert choose([], parse_budgets("p50<=2ms")) is None
+    assert fastest(RESULTS)["name"] == "F" and fastest(RESULTS[:5])["name"] == "E" and fastest([]) is None
