@@ -240,10 +240,11 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
 
 def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]:
     """The shapes to search: ``names``, or depths 1..teacher x widths teacher, 3/4, 1/2, 1/3 (heads of the teacher's width)."""
-    if names:
-        return [resolve_shape(n) for n in names]
     h, heads, layers = teacher_config.hidden_size, teacher_config.num_attention_heads, teacher_config.num_hidden_layers
     head_dim = h // heads
+    if names:  # heads as wide as the teacher's (so a student of its width takes its layers), where the width allows
+        shapes = [resolve_shape(n) for n in names]
+        return [Shape(s.layers, s.hidden, s.hidden // head_dim, s.ffn) if s.hidden % head_dim == 0 else s for s in shapes]
     ratio = teacher_config.intermediate_size / h
     shapes = []
     for width in dict.fromkeys([h, 3 * h // 4, h // 2, h // 3]):

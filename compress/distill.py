@@ -586,6 +586,10 @@ def summarize(out: Path, cfg: DistillConfig, inputs: dict[str, Any]) -> tuple[st
     results = read_metrics(out)
     lines = [format_table([r for r in results if r.get("kind") == "eval"])]
     notes = []
+    training = next((r for r in results if r.get("kind") == "training"), {})
+    if training.get("extra_rows"):
+        lines.append(f"trained on {training['n_train']} labelled examples + {training['extra_rows']} augmented / transfer "
+                     "rows with teacher targets only")
     for r in results:
         if r.get("kind") == "retention" and r.get("ratio") is not None:
             lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['metric']}"

@@ -84,6 +84,8 @@ def test_time_limit_and_grid():
     assert all(s.hidden // s.heads == 32 and s.ffn == 4 * s.hidden for s in shapes)
     ranked = rank_by_prior(shapes, 384)
     assert [s.label for s in ranked[:3]] == ["6L-384", "4L-384", "3L-384"]  # initialisable from the teacher first
+    named = candidate_shapes(C, ("2L-384", "3L-192", "1L-100"))
+    assert [(s.label, s.heads) for s in named] == [("2L-384", 12), ("3L-192", 6), ("1L-100", 1)]  # 32-wide heads where they fit
     fit, held = probe_shapes(shapes, 8)
     assert len(fit) == 8 and len(held) == 3 and not set(fit) & set(held)
     sizes = sorted(s.layers * s.hidden**2 for s in shapes)
