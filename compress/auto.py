@@ -214,12 +214,20 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     reserve = RESERVE * (deadline - started)
     halving = successive_halving(
         [s.label for s in shortlist], train, rounds=cfg.rounds, eta=cfg.eta, units=lambda r: cfg.train.epochs * cfg.eta**r,
+        keep_min=min(2, len(shortlist)),  # two finalists at least, so one failing to quantize leaves a choice
         time_left=lambda: time.monotonic() < deadline - reserve,
         done={(t["label"], t["round"]): t["score"] for t in search.state["trained"].values()},
     )
     finalists = list(halving.survivors[-1]) if halving.survivors else []
     if not finalists:
         raise CompressError("every candidate's training failed; see the log above")
+    if halving.stopped == "one left":  # the others failed early: the survivor still gets every round's training
+        done = {(t["label"], t["round"]) for t in search.state["trained"].values()}
+        for r in range(len(halving.survivors), cfg.rounds):
+            if time.monotonic() >= deadline - reserve:
+                break
+            if (finalists[0], r) not in done:
+                train(finalists[0], r, cfg.train.epochs * cfg.eta**r)
     artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
     rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts]], at, 2 * cfg.repeats)
     results = _results(rows, teacher_dir, artifacts, budgets)
