@@ -184,7 +184,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     timer = timer or measured_latency
     started = time.monotonic()
     deadline = started + parse_minutes(cfg.time_limit) * 60
-    out = check_output(Path(out), overwrite)
+    out = check_output(Path(out), overwrite, inputs=(teacher, cfg), resume=cfg.resume)
     teacher_dir = require_torch_weights(resolve_model(teacher), "compress auto (the teacher)")
     budgets = parse_budgets(cfg.budget)
     at = sorted(points(budgets) or {(1, 128)})

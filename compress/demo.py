@@ -51,7 +51,7 @@ def run_demo(out: str | Path, *, overwrite: bool = False, seed: int = 0, data_di
     if not RECIPE.is_file():
         raise CompressError(f"the demo recipe {RECIPE} is missing; reinstall compress from its repository")
     out = Path(out).absolute()
-    check_output(out, overwrite)
+    check_output(out, overwrite, inputs=data_dir)
     if out.exists():
         shutil.rmtree(out)
     _, variables = prepare_data(out, data_dir, seed)

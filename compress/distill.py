@@ -466,12 +466,9 @@ class _Student:
     pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
 
 
-def _check_out(out: str | Path, resume: bool, overwrite: bool) -> Path:
-    """The output directory; one that holds something is refused unless resuming into it or overwriting."""
-    out = Path(out)
-    if not resume:
-        check_output(out, overwrite)
-    return out
+def _check_out(out: str | Path, cfg, overwrite: bool, *inputs) -> Path:
+    """The output directory (see :func:`check_output`: never an input, never over a folder without --overwrite)."""
+    return check_output(out, overwrite, inputs=(inputs, cfg), resume=cfg.resume)
 
 
 def _open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> _Teacher:
@@ -527,7 +524,7 @@ def _write_student(student: _Student, out: Path, teacher: _Teacher, record: dict
                    resume: bool, overwrite: bool, work: Path, files: dict[str, Path] | None = None) -> Path:
     """Save the student (over an interrupted run's output when resuming), then drop the checkpoints."""
     save_model_dir(student.model, out, tokenizer=teacher.tokenizer, record=record,
-                   overwrite=True if resume else overwrite, metrics=metrics, files=files)
+                   overwrite=overwrite, metrics=metrics, files=files)
     shutil.rmtree(work, ignore_errors=True)
     return out
 
@@ -558,7 +555,7 @@ class _TaskData:
 def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False) -> Path:
     """Distil ``teacher`` into a ``cfg.student`` on ``cfg.task``; write the best dev student to ``out``."""
     task = get_task(cfg.task)
-    out = _check_out(out, cfg.resume, overwrite)
+    out = _check_out(out, cfg, overwrite, teacher)
     teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
     teach = _open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
     _check_teacher(teach.model, teacher_dir, task)
@@ -934,7 +931,7 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
     heads. The output is an encoder directory to start task distillation from
     (``compress distill --init DIR``).
     """
-    out = _check_out(out, cfg.resume, overwrite)
+    out = _check_out(out, cfg, overwrite, teacher)
     teacher_dir = resolve_model(teacher)
     uses_mlm = bool({"kd", "mlm"} & set(cfg.losses))
     _check_mlm_head(teacher_dir, uses_mlm)
@@ -1089,7 +1086,7 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     sentence-transformers folder with the teacher's pooling, normalisation and
     ``max_seq_length``, which ``SentenceTransformer(out)`` loads.
     """
-    out = _check_out(out, cfg.resume, overwrite)
+    out = _check_out(out, cfg, overwrite, teacher)
     teacher_dir = require_torch_weights(resolve_model(teacher), "embedding distillation (the teacher)")
     spec = read_spec(teacher_dir)
     teach = _open_teacher(teacher_dir, "base", set())

@@ -33,6 +33,7 @@ from compress.core.artifacts import (
     ONNX,
     TORCH,
     artifact_format,
+    check_output,
     compression_record,
     is_quantized,
     load_tokenizer,
@@ -114,6 +115,7 @@ EXPORTERS.register("openvino", {
 
 def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwrite: bool = False) -> Path:
     """Write ``model_dir`` as ``cfg.format`` to ``out`` and check its outputs against the source's."""
+    check_output(out, overwrite, inputs=model_dir)
     source = require_model_dir(model_dir)
     fmt = artifact_format(source)
     exporter = EXPORTERS.get(cfg.format).get(fmt)

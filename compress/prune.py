@@ -446,7 +446,7 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     """
     task = get_task(cfg.task)
     out = Path(out)
-    check_output(out, overwrite)
+    check_output(out, overwrite, inputs=(model_dir, cfg))
     model_dir = require_torch_weights(model_dir, "pruning")
     tokenizer = load_tokenizer(model_dir)
     model = load_model_for_task(model_dir, task)
@@ -528,7 +528,7 @@ def prune_embedding(model_dir: str | Path, out: str | Path, cfg: EmbeddingPruneC
     and ``max_seq_length``.
     """
     out = Path(out)
-    check_output(out, overwrite)
+    check_output(out, overwrite, inputs=(model_dir, cfg))
     model_dir = require_torch_weights(resolve_model(model_dir), "pruning")
     spec = read_spec(model_dir)
     tokenizer = load_tokenizer(model_dir)

@@ -709,7 +709,7 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
     cfg.validate()
     backend = BACKENDS.get(cfg.backend)
     model_dir = require_model_dir(model_dir)
-    out = check_output(out, overwrite)
+    out = check_output(out, overwrite, inputs=(model_dir, cfg))
     if is_quantized(model_dir):
         raise CompressError(f"{model_dir} is already quantized to int8; quantize the fp32 model it was made from instead")
     head = saved_head(model_dir)

@@ -453,7 +453,7 @@ def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
 def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, overwrite: bool = False) -> Path:
     """Analyse the attention heads of ``model_dir`` and write plots, heads.json and summary.md to ``out``."""
     cfg.validate()
-    out = check_output(out, overwrite)
+    out = check_output(out, overwrite, inputs=(model_dir, cfg))
     model_dir = require_model_dir(model_dir)
     started = time.perf_counter()
     task = get_task(cfg.task) if cfg.task else None

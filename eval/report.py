@@ -175,14 +175,16 @@ def inline(text: str) -> str:
 
 
 def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: LeaderboardConfig, overwrite: bool = False, *,
-                title: str = "Leaderboard", sections: Sections | None = None) -> Path:
+                title: str = "Leaderboard", sections: Sections | None = None, keep_unmeasured: bool = False) -> Path:
     """Collect the models of ``run_dirs``, build the table and write the report to ``out``; the directory.
 
     ``title`` heads the report (a recipe's report is titled with the recipe); ``sections``
-    are (heading, Markdown) pairs added after the tables (a recipe's list of stages).
+    are (heading, Markdown) pairs added after the tables (a recipe's list of stages);
+    ``keep_unmeasured`` lists models with no evaluation or latency as "not evaluated"
+    instead of leaving them out (or refusing a table of none: a recipe's report).
     """
     cfg.validate()
-    check_output(out, overwrite)  # before reading anything
+    check_output(out, overwrite, inputs=(run_dirs, cfg))  # before reading anything
     paths = expand_runs(run_dirs)
     for flag, extra in (("--baseline", cfg.baseline), ("--reference-model", cfg.speed_reference)):
         if extra and not is_model_dir(extra):
@@ -191,7 +193,8 @@ def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: Leaderboar
     reference = [Path(cfg.speed_reference).resolve()] if cfg.speed_reference else []
     # A baseline not among the runs leads the table; a speed reference not among them closes it.
     ordered = list(dict.fromkeys([*(p for p in baseline if p not in paths), *paths, *reference]))
-    table = build_table(collect(ordered, batch=cfg.batch, seq=cfg.seq), cfg)
+    rows = collect(ordered, batch=cfg.batch, seq=cfg.seq, keep_unmeasured=keep_unmeasured)
+    table = build_table(rows, cfg, keep_unmeasured=keep_unmeasured)
     table["warnings"] = teacher_warnings(table["models"])
     return write_report(table, out, title=title, extra_sections=sections, overwrite=overwrite)
 

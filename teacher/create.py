@@ -47,7 +47,7 @@ def create_model(
 ) -> Path:
     """Write a random-weight model of ``shape`` (with ``task``'s head and labels) to ``out``."""
 
-    check_output(out, overwrite)
+    check_output(out, overwrite, inputs=tokenizer)
     tok = load_any_tokenizer(tokenizer)
     extra = {}
     if task:

@@ -62,8 +62,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     """Fine-tune ``model`` on ``cfg.task`` and write the best dev checkpoint to ``out``."""
     task = get_task(cfg.task)
     out = Path(out)
-    if not cfg.resume:
-        check_output(out, overwrite)
+    check_output(out, overwrite, inputs=(model, cfg), resume=cfg.resume)
     source = require_torch_weights(resolve_model(model), "fine-tuning")
     tokenizer = load_tokenizer(source)
     net = load_model_for_task(source, task)
@@ -98,7 +97,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
         stage="finetune", method="finetune", config=cfg, parent=source, seed=cfg.train.seed,
         extra={"task": task.name, "params": count_parameters(net), "best": result.best, "best_step": result.best_step},
     )
-    save_model_dir(net, out, tokenizer=tokenizer, record=record, overwrite=True if cfg.resume else overwrite,
+    save_model_dir(net, out, tokenizer=tokenizer, record=record, overwrite=overwrite,
                    metrics=[*records, training])
     shutil.rmtree(work, ignore_errors=True)
     return out
@@ -128,7 +127,7 @@ def finetune_grid(
     """
     task = get_task(cfg.task)
     out = Path(out)
-    check_output(out, overwrite)
+    check_output(out, overwrite, inputs=(model, cfg))
     scratch = out.parent / f".{out.name}.grid"
     scratch.mkdir(parents=True, exist_ok=True)
     rows, best_dir, best_value = [], None, None

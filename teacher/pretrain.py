@@ -193,8 +193,7 @@ def heldout_evaluator(instances, collator, batch_size: int = 64):
 def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -> Path:
     """Pretrain a BERT on ``cfg.corpus`` and write it (with its tokenizer) to ``out``."""
     out = Path(out)
-    if not cfg.resume:
-        check_output(out, overwrite)
+    check_output(out, overwrite, inputs=cfg, resume=cfg.resume)
     documents = read_documents(list(cfg.corpus))  # bad input fails here, before anything is written
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
     with main_process_first():  # rank 0 trains (and saves) the vocabulary, the others load it
@@ -257,7 +256,7 @@ def pretrain(out: str | Path, cfg: PretrainConfig, *, overwrite: bool = False) -
         [("loss", ("mlm_loss", "nsp_loss")), ("accuracy (%)", ("mlm_accuracy", "nsp_accuracy"))],
         curves, title=f"pretraining {shape.label} ({result.steps} steps)",
     )
-    save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=True if cfg.resume else overwrite,
+    save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite,
                    metrics=metrics, files={CURVES_PNG: curves})
     shutil.rmtree(work, ignore_errors=True)
     return out

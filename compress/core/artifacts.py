@@ -164,14 +164,85 @@ def read_json(path: Path) -> Any:
 # ---------------------------------------------------------------------------- output directories
 
 
-def check_output(out: Path | str, overwrite: bool = False) -> Path:
-    """Fail early (before any work) if ``out`` exists, is not empty and ``overwrite`` is off."""
-    out = Path(out)
+def check_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), resume: bool = False) -> Path:
+    """Whether ``out`` may be written: the one decision every command, recipe stage and benchmark goes through.
+
+    Refused, before any work and whatever ``overwrite`` says: an ``out`` that is one of the
+    ``inputs`` or contains one (paths, or configs whose string fields name existing paths;
+    symlinks followed), an existing file, a place that cannot be written. Refused unless
+    ``overwrite``: a non-empty directory (``--resume`` included: a run continues from its
+    own work directory beside ``out``, never over a folder that already holds something).
+    The temporary folders an earlier, killed run left beside ``out`` are removed.
+    """
+    out = Path(out).expanduser()
+    target = out.resolve()
+    for source in input_paths(inputs):
+        real = source.resolve()
+        if real == target or target in real.parents:
+            what = "is" if real == target else "contains"
+            raise CompressError(f"--out {out} {what} the input {source}; writing there would destroy it. Choose another --out")
     if out.exists() and not out.is_dir():
         raise CompressError(f"output {out} exists and is not a directory; choose another --out")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
+        if resume:
+            raise CompressError(f"output directory {out} is not empty, so there is no interrupted run of its own to resume "
+                                f"(that lives in {out.absolute().parent / ('.' + out.name + '.work')} until the output is written); "
+                                "pass --overwrite to replace it or choose another --out")
         raise CompressError(f"output directory {out} is not empty; pass --overwrite to replace it or choose another --out")
+    place = next(p for p in (out.absolute().parent, *out.absolute().parent.parents) if p.exists())
+    if not _writable(place):
+        raise CompressError(f"cannot write --out {out}: {place} is not writable; choose another --out or fix its permissions")
+    _remove_leftovers(out)
     return out
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a folder can be written, by trying (``os.access`` says yes to root on read-only mounts and sysfs)."""
+    if not folder.is_dir():
+        return False
+    try:
+        probe = tempfile.mkdtemp(prefix=".compress-probe-", dir=folder)
+    except OSError:
+        return False
+    os.rmdir(probe)
+    return True
+
+
+def input_paths(inputs: Any) -> list[Path]:
+    """The existing paths among ``inputs``: paths and strings, lists of them, and every string field of (nested) configs."""
+    found: list[Path] = []
+
+    def walk(value: Any, name: str = "") -> None:
+        if name == "out":  # a config's own output field (latency's --out) is not an input
+            return
+        if isinstance(value, (str, Path)):
+            text = str(value)
+            if text and "\n" not in text and len(text) < 4096:
+                path = Path(text).expanduser()
+                try:
+                    if path.exists():
+                        found.append(path)
+                except OSError:
+                    pass
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+        elif is_dataclass(value) and not isinstance(value, type):
+            for key, item in vars(value).items():
+                walk(item, key)
+
+    walk(inputs)
+    return found
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Staging folders of an earlier run into ``out`` that was killed (``.OUT.tmp-*``, ``.OUT.old-*``): ours by name."""
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        return
+    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+        for left in parent.glob(pattern):
+            shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -196,7 +267,8 @@ def publish(tmp: Path, out: Path, overwrite: bool) -> None:
     """Atomically replace ``out`` by ``tmp`` (the old output is removed only afterwards)."""
     apply_umask(tmp)
     if out.exists():
-        check_output(out, overwrite)
+        if out.is_dir() and any(out.iterdir()) and not overwrite:  # filled meanwhile by someone else
+            raise CompressError(f"output directory {out} is not empty; pass --overwrite to replace it or choose another --out")
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(out, old)
         os.replace(tmp, out)
@@ -468,10 +540,37 @@ def load_config(path: Path | str):
         family = get_family(model_type)
     except CompressError as err:
         raise CompressError(f"{path}/config.json: {err}") from None
+    check_config_values(raw, f"{path}/config.json")
     try:
         return getattr(transformers, family.config_class).from_pretrained(path, local_files_only=True)
     except Exception as err:
         raise CompressError(f"cannot read {path}/config.json: {err}") from None
+
+
+# Sizes a config may hold, with a ceiling far above any real encoder's (XLM-R's 250k vocabulary, 8k positions):
+# a value beyond it is a corrupt or hostile file, refused before a tensor of that size is allocated.
+CONFIG_SIZES = {
+    "vocab_size": 4_000_000, "hidden_size": 32_768, "num_hidden_layers": 512, "num_attention_heads": 1024,
+    "intermediate_size": 262_144, "max_position_embeddings": 1_048_576, "type_vocab_size": 1024, "num_labels": 100_000,
+    "dim": 32_768, "n_layers": 512, "n_heads": 1024, "hidden_dim": 262_144, "embedding_size": 32_768,
+}
+CONFIG_MIN = {"type_vocab_size": 0, "num_labels": 1}
+EMBEDDING_BYTES = 64e9  # vocabulary x width x 4 bytes above this cannot be a model to compress here
+
+
+def check_config_values(raw: dict, where: str) -> None:
+    """Refuse a config whose sizes are not whole numbers in range (a string, a float, two billion rows), naming the key."""
+    for key, ceiling in CONFIG_SIZES.items():
+        if key not in raw:
+            continue
+        value, floor = raw[key], CONFIG_MIN.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or not floor <= value <= ceiling:
+            raise CompressError(f"{where}: {key} is {value!r}; it must be a whole number from {floor} to {ceiling:,}. "
+                                "Fix or re-create the file")
+    width = raw.get("hidden_size", raw.get("dim", raw.get("embedding_size")))
+    if isinstance(raw.get("vocab_size"), int) and isinstance(width, int) and raw["vocab_size"] * width * 4 > EMBEDDING_BYTES:
+        raise CompressError(f"{where}: vocab_size {raw['vocab_size']:,} x width {width:,} would need "
+                            f"{raw['vocab_size'] * width * 4 / 1e9:.0f} GB of embeddings; fix or re-create the file")
 
 
 def saved_head(path: Path | str) -> str:

@@ -220,7 +220,7 @@ def export_openvino(model_dir: str | Path, out: str | Path, *, overwrite: bool =
     ``compression.json`` records the source format, the precision (fp32, or int8 for a
     quantized ONNX graph) and the inference precision the compiled IR reports (f32).
     """
-    check_output(out, overwrite)  # before minutes of conversion
+    check_output(out, overwrite, inputs=model_dir)  # before minutes of conversion
     converted = convert(model_dir)
     with output_dir(out, overwrite) as tmp:
         save_ir(converted.model, tmp)
