@@ -23,6 +23,7 @@ from compress.core.artifacts import (
     lineage,
     load_tokenizer,
     require_model_dir,
+    saved_head,
     utc_now,
     write_text_atomic,
 )
@@ -74,6 +75,8 @@ class EvalConfig:
             raise CompressError(f"--eval-batch-size must be at least 1, got {self.eval_batch_size}")
         if self.max_eval_examples is not None and self.max_eval_examples < 1:
             raise CompressError(f"--max-eval-examples must be at least 1, got {self.max_eval_examples}")
+        if self.max_length is not None:  # 0 is a length to refuse, not "the default"
+            check_max_length(self.max_length, None)
         for pair in self.columns:
             if "=" not in pair:
                 raise CompressError(f"--columns expects FIELD=COLUMN pairs, got {pair!r}")
@@ -181,11 +184,12 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     if cfg.embedding:
         return evaluate_embeddings(model_dir, task, splits, cfg)
     per_kind = _BY_KIND[task.kind]
+    check_head(model_dir, task)  # before load_model would put a fresh, untrained head on it
     model = load_model(model_dir, head=task.behaviour.head)  # config and weights first: their errors are the clearest
     tokenizer = load_tokenizer(model_dir)
     check_vocab(tokenizer, model.config, model_dir)
     per_kind.check(model.config, task)  # fail before loading any data
-    max_length = cfg.max_length or min(task.behaviour.max_length, model.config.max_position_embeddings)
+    max_length = cfg.max_length if cfg.max_length is not None else min(task.behaviour.max_length, model.config.max_position_embeddings)
     check_max_length(max_length, model.config.max_position_embeddings)
     device = resolve_device(cfg.device)
 
@@ -217,7 +221,7 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
     tokenizer = load_tokenizer(model_dir)
     check_vocab(tokenizer, model.config, model_dir)
     spec = read_spec(model_dir)
-    max_length = cfg.max_length or spec.max_length(tokenizer, model.config.max_position_embeddings)
+    max_length = cfg.max_length if cfg.max_length is not None else spec.max_length(tokenizer, model.config.max_position_embeddings)
     check_max_length(max_length, model.config.max_position_embeddings)
     device = resolve_device(cfg.device)
     records = []
@@ -242,6 +246,18 @@ def model_task(model_dir: Path) -> str:
             return str(task)
     raise CompressError(f"no --task given and {Path(model_dir) / 'compression.json'} names no task; "
                         "pass --task, e.g. --task sst2")
+
+
+def check_head(model_dir: Path, task: Task) -> None:
+    """Refuse a model whose saved head is not the one ``task`` is scored with (a question-answering
+    model on SST-2, a classifier on SQuAD, a bare encoder): it would be scored through a fresh, random head."""
+    head, wanted = saved_head(model_dir), task.behaviour.head
+    if head != wanted:
+        has = "no task head (a bare encoder)" if head == "base" else f"a {head} head"
+        raise CompressError(
+            f"{model_dir} has {has} but {task.display} is scored with a {wanted} head; "
+            f"evaluate it on a task its head was trained for, or fine-tune it on {task.display} first"
+        )
 
 
 def check_vocab(tokenizer, config, model_dir) -> None:

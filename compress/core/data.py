@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,8 @@ from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, UNLABELLED, Split, Task, TsvSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class TaskData:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise CompressError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.max_length is not None:  # 0 is a length to refuse, not "the default"
+            check_max_length(self.max_length, None)
         if self.eval_batch_size < 1:
             raise CompressError(f"--eval-batch-size must be at least 1, got {self.eval_batch_size}")
 
@@ -102,7 +107,7 @@ class TaskData:
         return self.data_dir or self.train_file or "the Hugging Face hub"
 
     def resolved_max_length(self, task: Task, model_max: int) -> int:
-        length = self.max_length or min(task.behaviour.max_length, model_max)
+        length = self.max_length if self.max_length is not None else min(task.behaviour.max_length, model_max)
         check_max_length(length, model_max)
         return length
 
@@ -275,19 +280,35 @@ def _column_index(header: list[str], want: str | int) -> int | None:
     return None
 
 
+def read_tsv_rows(path: Path) -> list[list[str]]:
+    """The rows of a tab-separated file, read by GLUE's convention: the one TSV reader.
+
+    Fields are split at tabs with no quoting: a quote character is text (MRPC and SST-2
+    have bare quotes inside fields, which CSV quoting would run across lines); line
+    endings may be CRLF (AX); a BOM is dropped. ``--data-dir`` and a ``.tsv`` data file both read through here.
+    """
+    lines = read_text_file(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    reader = csv.reader((ln.rstrip("\r") for ln in lines), delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        return list(reader)
+    except csv.Error as err:  # a stray carriage return inside a line
+        raise CompressError(f"{path}:{reader.line_num}: malformed line ({err}); fix or remove the line") from None
+
+
 def read_glue_tsv(path: Path, task: Task, split: Split):
     """Parse one GLUE TSV exactly as the GLUE download script wrote it.
 
     Fields are tab-separated with no quoting (MRPC and SST-2 contain bare quotes);
     line endings may be CRLF (AX); CoLA train/dev have no header.
     """
+    return _glue_dataset(read_tsv_rows(path), path, task, split)
+
+
+def _glue_dataset(rows: list[list[str]], path: Path, task: Task, split: Split):
+    """The hub schema from the rows of a file in the split's GLUE layout (:class:`TsvSpec`)."""
     spec: TsvSpec = split.tsv
-    text = read_text_file(path)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    reader = csv.reader((ln.rstrip("\r") for ln in lines), delimiter="\t", quoting=csv.QUOTE_NONE)
-    rows = list(reader)
     first_line = 1
     if spec.header:
         if not rows:
@@ -313,7 +334,7 @@ def read_glue_tsv(path: Path, task: Task, split: Split):
         label_col = spec.label
         index_col = None
 
-    needed = max([*text_cols, label_col if label_col is not None else -1]) + 1
+    needed = _fields_needed(text_cols, label_col)
     columns: dict[str, list[Any]] = {f: [] for f in task.text_fields}
     labels: list[Any] = []
     index: list[int] | None = [] if index_col is not None else None
@@ -333,6 +354,34 @@ def read_glue_tsv(path: Path, task: Task, split: Split):
         if index is not None and index_col is not None:
             index.append(_parse_index(row[index_col] if index_col < len(row) else None, f"{path}:{line_no}"))
     return _make_dataset(task, columns, labels, index)
+
+
+def _fields_needed(text_cols: list[int], label_col: int | None) -> int:
+    """How many tab-separated fields a row needs to hold the text and label columns."""
+    return max([*text_cols, label_col if label_col is not None else -1]) + 1
+
+
+def _in_glue_layout(task: Task, split: Split, first: list[str]) -> bool:
+    """Whether a ``.tsv`` data file given without ``--columns`` is the split's GLUE file (MRPC's
+    ``#1 String``, STS-B's ``score``, CoLA without a header), not a table named by the task's fields."""
+    spec = split.tsv
+    if spec is None:
+        return False
+    if all(f in first for f in task.text_fields) and ("label" in first or not split.labelled):
+        return False  # the task's own field names: read as any table
+    if spec.header:
+        wanted = [*spec.texts, *([spec.label] if spec.label is not None else [])]
+        return all(_column_index(first, c) is not None for c in wanted)
+    # No header (CoLA): the first row is an example, so its label must read as one.
+    if len(first) < _fields_needed(list(spec.texts), spec.label):
+        return False
+    if spec.label is None:
+        return True
+    try:
+        parse_label(task, first[spec.label], "", spec.label_encoding)
+    except CompressError:
+        return False
+    return True
 
 
 def parse_label(task: Task, raw: Any, where: str, encoding: str = "auto") -> int | float:
@@ -521,8 +570,15 @@ def _squad_file(task: Task, split: Split, path: Path, fmt: str, columns: dict[st
 
 
 def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict[str, str]):
-    """A sentence task from one csv/tsv/json/jsonl/parquet file, its columns mapped by ``columns``."""
-    records = _read_records(path, fmt)
+    """A sentence task from one csv/tsv/json/jsonl/parquet file, its columns mapped by ``columns``.
+
+    A ``.tsv`` file in the split's GLUE layout (the download script's ``dev.tsv``) needs no
+    ``columns``: it is read as ``--data-dir`` reads it, to the same rows.
+    """
+    rows = read_tsv_rows(path) if path.suffix.lower() == ".tsv" else None  # GLUE's convention: quotes are text
+    if rows and not columns and _in_glue_layout(task, split, rows[0]):
+        return _glue_dataset(rows, path, task, split)
+    records = _table_records(rows, path) if rows is not None else _read_records(path, fmt)
     fields = [*task.text_fields, "label"]
     mapping = {f: columns.get(f, f) for f in fields}
     unknown = set(columns) - set(fields)
@@ -563,6 +619,7 @@ def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict
 
 
 def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
+    """Records of a csv, json/jsonl or parquet file (a .tsv file's rows come from :func:`read_tsv_rows`)."""
     if fmt == "parquet":
         try:
             return pq.read_table(path).to_pylist()
@@ -570,20 +627,7 @@ def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
             raise CompressError(f"cannot read parquet file {path}: {err}") from None
     text = read_text_file(path)
     if fmt == "csv":
-        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-        rows = list(reader)
-        if not rows:
-            return []
-        header = rows[0]
-        records = []
-        for n, row in enumerate(rows[1:], start=2):
-            if len(row) != len(header):
-                raise CompressError(
-                    f"{path}:{n}: malformed row: {len(row)} fields where the header has {len(header)}"
-                )
-            records.append(dict(zip(header, row)))
-        return records
+        return _table_records(list(csv.reader(io.StringIO(text), delimiter=",")), path)
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
@@ -604,6 +648,21 @@ def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
         if not isinstance(record, dict):
             raise CompressError(f"{path}:{n}: expected a JSON object per line")
         records.append(record)
+    return records
+
+
+def _table_records(rows: list[list[str]], path: Path) -> list[dict[str, Any]]:
+    """Records of a csv/tsv table: its first row names the columns, every other row has as many fields."""
+    if not rows:
+        return []
+    header = rows[0]
+    records = []
+    for n, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise CompressError(
+                f"{path}:{n}: malformed row: {len(row)} fields where the header has {len(header)}"
+            )
+        records.append(dict(zip(header, row)))
     return records
 
 
@@ -647,8 +706,11 @@ def squad_train_features(ds, tokenizer, max_length: int = 384, doc_stride: int =
 
     A window that does not contain the answer (and every v2.0 no-answer question)
     points both positions at [CLS] (index 0), as in the BERT paper's SQuAD 2.0 setup.
+    An example whose answer text is not at its ``answer_start`` is dropped (with a warning):
+    it would teach "no answer"; when no example's answer is found the data is refused.
     """
     _check_stride(max_length, doc_stride)
+    ds = _drop_lost_answers(ds)
 
     def encode(batch):
         enc = _squad_windows(batch, tokenizer, max_length, doc_stride)
@@ -682,6 +744,42 @@ def squad_train_features(ds, tokenizer, max_length: int = 384, doc_stride: int =
         return enc
 
     return ds.map(encode, batched=True, remove_columns=ds.column_names, desc="SQuAD train features")
+
+
+def _answer_found(context: str, answers) -> bool:
+    """Whether the first answer's text is in ``context`` at its ``answer_start`` (whitespace may differ)."""
+    if not answers["text"]:
+        return False
+    start, text = answers["answer_start"][0], answers["text"][0]
+    span = context[start : start + len(text)] if 0 <= start < len(context) else ""
+    return bool(text.strip()) and " ".join(span.split()) == " ".join(text.split())
+
+
+def _drop_lost_answers(ds):
+    """``ds`` without the examples whose answer is not where it says it is; none may be left with one.
+
+    Training reads only the first answer (its character offset into the context); v2.0
+    questions without an answer are kept.
+    """
+    answers = list(ds["answers"])  # datasets 5 columns are not lists
+    answered = [i for i, a in enumerate(answers) if a["answer_start"]]
+    if not answered:
+        return ds
+    contexts = list(ds["context"])
+    lost = {i for i in answered if not _answer_found(contexts[i], answers[i])}
+    if not lost:
+        return ds
+    if len(lost) == len(answered):
+        raise CompressError(
+            f"no SQuAD training example has its answer in its context: in all {len(lost)} answered examples the "
+            "answer text is not at answer_start; answer_start must be the 0-based character offset of the text in context"
+        )
+    log.warning(
+        "dropped %d of %d SQuAD training examples whose answer text is not at answer_start in their context; "
+        "check those examples' answer_start offsets",
+        len(lost), len(ds),
+    )
+    return ds.select([i for i in range(len(ds)) if i not in lost])
 
 
 def squad_eval_features(ds, tokenizer, max_length: int = 384, doc_stride: int = 128):
