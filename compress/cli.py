@@ -7,7 +7,10 @@ call and prints what the stage reports. Every command also takes ``--quiet`` and
 bars on a terminal), the result to stdout and its closing notes to stderr, which
 ``--quiet`` keeps. Libraries are imported only when a command runs, so ``compress
 --help`` is instant. A :class:`CompressError` becomes one line on stderr and its exit
-status; Ctrl-C exits with 130; a closed stdout ends the command quietly.
+status; any other exception one line naming its type and message, exit status 1 (with
+``--debug`` or ``COMPRESS_DEBUG=1`` it propagates, traceback and all); a group or
+``compress`` without its command prints its help and one error line, exit status 2;
+Ctrl-C exits with 130; a closed stdout ends the command quietly.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from compress.stages import COMMANDS, SEVERAL, Command, Stage
 PROG = "compress"
 GROUPS = {"teacher": "build the teacher: pretrain a BERT from scratch (MLM+NSP) or fine-tune one on a task"}
 SIGPIPE_EXIT = 141  # what a shell reports for a writer whose reader went away (128 + SIGPIPE)
+INTERNAL_EXIT = 1  # an exception that is not a CompressError: a bug, or the machine (disk, memory)
+USAGE_EXIT = 2  # argparse's status for a usage error
+DEBUG_ENV = "COMPRESS_DEBUG"  # set (not "0"): an unexpected exception shows its traceback, as --debug does
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +46,16 @@ def _silence_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def usage_error(prog: str, message: str) -> str:
+    """The one line of a usage error, pointing at ``prog --help``."""
+    return f"{prog}: error: {message} (see {prog} --help)"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line that points at --help, and help survives a closed pipe."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(USAGE_EXIT, usage_error(self.prog, message) + "\n")
 
     def _print_message(self, message: str, file=None) -> None:
         try:
@@ -72,7 +83,7 @@ def _say(message: str) -> None:
 
 
 def logging_arguments(p: argparse.ArgumentParser) -> None:
-    """--quiet and --log-level, on every command (and before it: ``compress --quiet run ...``).
+    """--quiet, --log-level and --debug, on every command (and before it: ``compress --quiet run ...``).
 
     Their defaults are suppressed so that a subcommand's parser never resets what the
     top-level one read; :func:`main` supplies them.
@@ -82,6 +93,8 @@ def logging_arguments(p: argparse.ArgumentParser) -> None:
                        help="print only errors and the result: no progress bars, no log lines")
     group.add_argument("--log-level", choices=list(logs.LEVELS), default=argparse.SUPPRESS,
                        help="the toolkit's log level (default: info); other libraries stay at warning unless debug")
+    group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help=f"on an internal error, show the full traceback instead of one line (also: {DEBUG_ENV}=1)")
 
 
 # ---------------------------------------------------------------------------- commands
@@ -125,7 +138,7 @@ def run_command(entry: Stage | Command, args: argparse.Namespace) -> int:
 
 
 def selected_command(argv: list[str]) -> str | None:
-    """The command named by the leading words of ``argv`` (e.g. "teacher finetune"), after --quiet / --log-level X."""
+    """The command named by the leading words of ``argv`` (e.g. "teacher finetune"), after --quiet / --log-level X / --debug."""
     start = 0
     while start < len(argv) and argv[start].startswith("-"):
         start += 2 if argv[start] == "--log-level" else 1
@@ -178,26 +191,74 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def missing_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``compress`` or a group (``compress teacher``) without its command: its help, one error line; status 2."""
+    group = getattr(args, "group_parser", None)
+    if group is None:
+        parser.print_help()
+        message = "choose a command"
+    else:
+        group.print_help()
+        names = [name.split()[1] for name in COMMANDS if name.split()[0] == args.command]
+        message = f"choose a subcommand: {', '.join(names)}"
+    sys.stdout.flush()  # the help first, then the error line, also when both go to one terminal
+    print(usage_error((group or parser).prog, message), file=sys.stderr)
+    return USAGE_EXIT
+
+
+def debugging(args: argparse.Namespace | None, argv: list[str]) -> bool:
+    """Whether an unexpected exception should propagate with its traceback: --debug or COMPRESS_DEBUG=1."""
+    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+        return True
+    return getattr(args, "debug", False) if args is not None else "--debug" in argv
+
+
+def internal_error(prefix: str, err: BaseException) -> str:
+    """The one line for an exception that is not a CompressError: what failed, and how to see more."""
+    lines = str(err).strip().splitlines()
+    what = type(err).__name__ + (f": {lines[0]}" if lines else "")
+    # An OSError (disk full, permission denied) is the machine's, not a bug of the toolkit.
+    kind = "" if isinstance(err, OSError) else "an internal error; "
+    return f"{prefix}: error: {what} ({kind}rerun with --debug for the traceback)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run ``compress`` with ``argv`` (default: the process's arguments); the exit status."""
+    """Run ``compress`` with ``argv`` (default: the process's arguments); the exit status.
+
+    Usage errors leave through argparse (SystemExit 2); every other failure is one line on
+    stderr and an exit status, unless --debug / COMPRESS_DEBUG=1 lets an unexpected one
+    propagate with its traceback.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(selected_command(argv) or "")
-    args = parser.parse_args(argv)
-    if not getattr(args, "entry", None):
-        (getattr(args, "group_parser", None) or parser).print_help()
-        return 2
+    selected = selected_command(argv)
+    args: argparse.Namespace | None = None
     try:
+        parser = build_parser(selected or "")
+        args = parser.parse_args(argv)
+        if not getattr(args, "entry", None):
+            return missing_command(parser, args)
         with logs.configured(getattr(args, "log_level", "info"), quiet=getattr(args, "quiet", False)):
             return run_command(args.entry, args)
     except CompressError as err:
-        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        print(f"{_prefix(args, selected)}: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        print(f"{_prefix(args, selected)}: interrupted", file=sys.stderr)
         return 130
-    except StdoutClosed:
+    except (StdoutClosed, BrokenPipeError):
         _silence_stdout()
         return SIGPIPE_EXIT
+    except Exception as err:
+        if debugging(args, argv):
+            raise
+        print(internal_error(_prefix(args, selected), err), file=sys.stderr)
+        return INTERNAL_EXIT
+
+
+def _prefix(args: argparse.Namespace | None, selected: str | None) -> str:
+    """"compress eval": the program and the command being run, as far as it is known."""
+    name = getattr(args, "command", None) or selected
+    return f"{PROG} {name}" if name else PROG
 
 
 if __name__ == "__main__":

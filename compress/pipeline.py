@@ -16,7 +16,9 @@ reported with the stage's name), then runs the stages in order, each into
 config and inputs (input directories hashed by content): a re-run skips stages whose
 hash is unchanged and re-runs a changed stage and, through the hashes, everything that
 depends on it. The leaderboard report of every model produced, titled with the recipe's
-name and listing its stages, lands at the top of the run directory.
+name and listing its stages, lands at the top of the run directory; a model the recipe
+did not evaluate is listed as "not evaluated" (a recipe of one quantize stage still gets
+its report).
 """
 
 from __future__ import annotations
@@ -262,7 +264,8 @@ def run_recipe(
         # The table's latency column is read at the point the recipe's own latency stage measured.
         timed = next((s.config for s in recipe.stages if s.kind == "latency"), None)
         point = {"batch": timed.batch[0], "seq": timed.seq[0]} if timed else {}
-        leaderboard(models, run_dir / "report", LeaderboardConfig(**point), overwrite=True,
+        # Every model the recipe made is listed, measured or not: the report shows what the recipe measured.
+        leaderboard(models, run_dir / "report", LeaderboardConfig(**point), overwrite=True, keep_unmeasured=True,
                     title=f"Recipe {recipe.name}", sections=[("Stages", stage_list(recipe, outcome))])
         # A copy at the top of the run; the HTML inlines its images, the Markdown's links now point into report/.
         if (run_dir / "report" / "report.html").is_file():

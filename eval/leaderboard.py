@@ -31,6 +31,11 @@ How the numbers are put together:
 
 Published rows (``compress.eval.references``) are carried separately, flagged ``published``, and
 never enter a measured column, an average of measured rows, or a ratio.
+
+A model with no dev evaluation and no latency is left out (and with no such model at all
+the table is refused), unless ``keep_unmeasured``: then it is listed, "not evaluated" in
+its metric cells. A recipe's own report is built that way, so a recipe without an eval or
+latency stage still gets one, listing its models and stages.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from compress.eval.plots import _pyplot, label_hlines, place_legend, save_figure
 from compress.eval.references import GLUE_DEV, SQUAD_DEV
 
 CROSS_RUN = "*"  # marks a speed-up whose two p50s come from different latency runs
+NOT_EVALUATED = "not evaluated"  # a metric cell of a model kept without a dev score (keep_unmeasured)
 DEV_SPLITS = ("dev", "dev_matched")  # MNLI reports matched as its primary dev split
 MAX_ANCESTORS = 64  # parent links followed before giving up (a guard against cycles)
 
@@ -150,14 +156,16 @@ def _model_dirs_below(folder: Path) -> list[Path]:
     return models
 
 
-def collect(model_dirs: Sequence[str | Path], *, batch: int = 1, seq: int = 128) -> list[ModelRow]:
+def collect(model_dirs: Sequence[str | Path], *, batch: int = 1, seq: int = 128,
+            keep_unmeasured: bool = False) -> list[ModelRow]:
     """One :class:`ModelRow` per model directory found in ``model_dirs`` (see :func:`expand_runs`).
 
-    Raises a CompressError when no model has a dev evaluation or a latency result.
+    Raises a CompressError when no model has a dev evaluation or a latency result, unless
+    ``keep_unmeasured`` (their rows then say "not evaluated").
     """
     paths = expand_runs(model_dirs)
     rows = [read_row(path, name, batch, seq) for path, name in zip(paths, display_names(paths))]
-    if not any(row.has_metrics for row in rows):
+    if not keep_unmeasured and not any(row.has_metrics for row in rows):
         names = ", ".join(str(p) for p in paths)
         raise CompressError(
             f"no dev evaluation or latency result in metrics.json of {names}; "
@@ -388,10 +396,14 @@ def _find(by_path: dict[Path, ModelRow], path: str, flag: str) -> ModelRow:
     return row
 
 
-def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> dict[str, Any]:
-    """The leaderboard as a JSON-able dict: measured models, published rows, and the notes that explain them."""
+def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig, *, keep_unmeasured: bool = False) -> dict[str, Any]:
+    """The leaderboard as a JSON-able dict: measured models, published rows, and the notes that explain them.
+
+    ``keep_unmeasured`` lists the models with no dev evaluation or latency too (a recipe's
+    report: every model it made), instead of leaving them out.
+    """
     cfg.validate()
-    kept = lineage_order([r for r in rows if r.has_metrics])
+    kept = lineage_order([r for r in rows if keep_unmeasured or r.has_metrics])
     if not kept:
         raise CompressError("no model has a dev evaluation or a latency result; nothing to put in a leaderboard")
     tasks = shown_tasks(kept, cfg)
@@ -411,7 +423,8 @@ def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> dict[str, A
         "speed_reference": reference.name if reference else None,
         "models": models,
         "published": published_entries(tasks, averaged) if cfg.published else [],
-        "skipped": [{"name": r.name, "path": str(r.path)} for r in rows if not r.has_metrics],
+        "skipped": [{"name": r.name, "path": str(r.path)} for r in rows if not (keep_unmeasured or r.has_metrics)],
+        "keep_unmeasured": keep_unmeasured,
         "other_points": other_points(kept, cfg),
     }
     table["notes"] = measured_notes(table)
@@ -524,6 +537,10 @@ def measured_notes(table: dict[str, Any]) -> list[str]:
     if table["skipped"]:
         names = ", ".join(s["name"] for s in table["skipped"])
         notes.append(f"Not shown (no dev evaluation or latency in metrics.json): {names}.")
+    unscored = [m["name"] for m in table["models"] if not m["scores"]]
+    if table.get("keep_unmeasured") and unscored:
+        notes.append(f"{NOT_EVALUATED}: no dev evaluation in the metrics.json of {', '.join(unscored)}; "
+                     "`compress eval` (in a recipe: an eval stage) gives a score, `compress latency` (a latency stage) a p50.")
     return notes
 
 
@@ -595,14 +612,19 @@ def measured_table(table: dict[str, Any]) -> list[str]:
     retention_header, retention = _retention_column(table)
     reference = table["speed_reference"]
     compared = table["compared_with"]
+    # Kept without a score (keep_unmeasured): the cell says so; with no task at all, one column does.
+    keep = table.get("keep_unmeasured", False)
+    missing = NOT_EVALUATED if keep else "n/a"
+    metric_headers = [_metric_header(table, t) for t in table["tasks"]] or (["dev metric"] if keep else [])
     header = ["model", "stage / method", "params (M)", "size (MB)",
-              *(_metric_header(table, t) for t in table["tasks"]), "GLUE avg", retention_header, compared,
+              *metric_headers, "GLUE avg", retention_header, compared,
               "p50 ms", "backend", f"speed-up vs {compared}"] + ([f"speed-up vs {reference}"] if reference else [])
-    align = ["---", "---", "--:", "--:", *("--:" for _ in table["tasks"]), "--:", "--:", "---", "--:", "---", "--:"]
+    align = ["---", "---", "--:", "--:", *("--:" for _ in metric_headers), "--:", "--:", "---", "--:", "---", "--:"]
     lines = [_row(header), _row(align + (["--:"] if reference else []))]
     for m in table["models"]:
+        metrics = [_f(m["scores"].get(t), ".2f", missing) for t in table["tasks"]] or ([missing] if keep else [])
         cells = [m["name"], _stage_cell(m), _f(_millions(m["params"]), ".2f"), _f(m["size_mb"], ".1f"),
-                 *(_f(m["scores"].get(t), ".2f") for t in table["tasks"]), _f(m["glue_avg"], ".2f"),
+                 *metrics, _f(m["glue_avg"], ".2f"),
                  _f(retention(m), ".1f") + ("%" if retention(m) is not None else ""), m["teacher"],
                  _f(m["p50_ms"], ".2f"), m["backend"] or "n/a",
                  _speedup_cell(m["speedup_teacher"], m["speedup_teacher_same_run"])]

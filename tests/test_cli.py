@@ -124,3 +124,99 @@ def test_tasks_lists_the_registry(capsys):
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
     assert "entailment, neutral, contradiction" in out and "squad_v2" in out
+
+
+# ---------------------------------------------------------------------------- failures that are not CompressErrors
+
+
+def _single_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("exception, expected", [
+    (ZeroDivisionError("division by zero"), "ZeroDivisionError: division by zero (an internal error; rerun with --debug"),
+    (PermissionError(13, "Permission denied", "/x"), "PermissionError: [Errno 13] Permission denied: '/x' (rerun with --debug"),
+])
+def test_unexpected_exception_is_one_line(exception, expected, tiny_model_dir, monkeypatch, capsys):
+    def boom(*args, **kwargs):
+        raise exception
+
+    monkeypatch.delenv("COMPRESS_DEBUG", raising=False)
+    monkeypatch.setattr("compress.eval.evaluate.evaluate", boom)
+    assert main(["eval", "--model", str(tiny_model_dir), "--task", "sst2"]) == 1
+    line = _single_line(capsys.readouterr().err)
+    assert line.startswith("compress eval: error: " + expected), line
+
+
+def test_debug_flag_and_variable_show_the_traceback(tiny_model_dir, monkeypatch, capsys):
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.delenv("COMPRESS_DEBUG", raising=False)
+    monkeypatch.setattr("compress.eval.evaluate.evaluate", boom)
+    argv = ["eval", "--model", str(tiny_model_dir), "--task", "sst2"]
+    for debug in ([*argv, "--debug"], ["--debug", *argv]):  # after the command or before it
+        with pytest.raises(ZeroDivisionError):
+            main(debug)
+    monkeypatch.setenv("COMPRESS_DEBUG", "0")  # "0" is off
+    assert main(argv) == 1
+    monkeypatch.setenv("COMPRESS_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(argv)
+
+
+def test_unexpected_exception_in_a_real_process(tiny_model_dir):
+    """The console entry point: one line and status 1; with COMPRESS_DEBUG=1 the traceback."""
+    script = ("import sys, compress.eval.evaluate as e\n"
+              "def boom(*a, **k): raise ZeroDivisionError('division by zero')\n"
+              "e.evaluate = boom\n"
+              "from compress.cli import main\n"
+              f"sys.exit(main(['eval', '--model', {str(tiny_model_dir)!r}, '--task', 'sst2']))\n")
+    env = {k: v for k, v in os.environ.items() if k != "COMPRESS_DEBUG"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 1
+    assert _single_line(proc.stderr).startswith("compress eval: error: ZeroDivisionError: division by zero")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          env={**env, "COMPRESS_DEBUG": "1"}, timeout=300)
+    assert proc.returncode == 1
+    assert "Traceback (most recent call last)" in proc.stderr and proc.stderr.strip().endswith("ZeroDivisionError: division by zero")
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_debug_is_offered_by_every_command(name, capsys):
+    with pytest.raises(SystemExit):
+        main([*name.split(), "--help"])
+    assert "--debug" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- a command missing
+
+
+GROUPS = sorted({name.split()[0] for name in COMMANDS if " " in name})
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_group_without_subcommand_says_so(group, capsys):
+    subcommands = [name.split()[1] for name in COMMANDS if name.split()[0] == group]
+    assert main([group]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith(f"usage: compress {group}") and all(s in out for s in subcommands)
+    line = _single_line(err)
+    assert line == f"compress {group}: error: choose a subcommand: {', '.join(subcommands)} (see compress {group} --help)"
+
+
+def test_teacher_without_subcommand_in_a_real_process():
+    code, out, err = run_cli("teacher")
+    assert code == 2 and "pretrain" in out and "finetune" in out
+    assert _single_line(err).startswith("compress teacher: error: choose a subcommand: ")
+
+
+def test_no_command_prints_usage_and_an_error():
+    code, out, err = run_cli()
+    assert code == 2 and out.startswith("usage: compress") and "COMMAND" in out
+    assert _single_line(err) == "compress: error: choose a command (see compress --help)"
+    code, out, err = run_cli("--quiet")
+    assert code == 2 and _single_line(err) == "compress: error: choose a command (see compress --help)"

@@ -167,3 +167,29 @@ def test_report_lands_at_the_top_of_the_run(inputs, tmp_path):
     said.clear()
     run_recipe({**_recipe(data, init), "report": True}, run, overwrite=True, say=said.append)
     assert said == ["[teacher] running finetune", "[student] running distill", "[speed] running latency"]
+
+
+@pytest.mark.parametrize("stage", [
+    {"name": "int8", "run": "quantize", "config": {"backend": "torch"}},
+    {"name": "onnx", "run": "export"},
+])
+def test_one_stage_recipe_reports_what_was_not_evaluated(stage, inputs, tmp_path, capsys):
+    """A recipe that measured nothing still gets its report: the model listed as "not evaluated", the stage listed."""
+    from compress.cli import main
+
+    _, init = inputs
+    recipe = tmp_path / "one.json"
+    recipe.write_text(json.dumps({"name": "one", "stages": [{**stage, "model": str(init)}]}))
+    assert main(["run", str(recipe), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"report: {tmp_path / 'run' / 'report.md'}" in err
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert report.startswith("# Recipe one\n")
+    name, kind = stage["name"], stage["run"]
+    row = next(line for line in report.splitlines() if line.startswith(f"| {name} | {kind} /"))
+    assert "| not evaluated |" in row
+    assert f"not evaluated: no dev evaluation in the metrics.json of {name}" in report
+    assert f"| {name} | {kind} | model: `{init}` | ran (" in report.split("## Stages\n")[1]
+    assert (tmp_path / "run" / "report.html").is_file()
+    table = json.loads((tmp_path / "run" / "report" / "leaderboard.json").read_text())
+    assert [m["name"] for m in table["models"]] == [name] and table["models"][0]["scores"] == {}

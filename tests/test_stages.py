@@ -57,7 +57,7 @@ def test_every_stage_is_a_subcommand_with_its_configs_flags(name):
     parser = subcommand(name)
     flags = {s for a in parser._actions for s in a.option_strings} - {"-h", "--help"}
     expected = config_flags(stage.config_class(), stage.skip) | {i.flag for i in stage.inputs}
-    expected |= {s.flag for s in stage.switches} | {"--config", "-q", "--quiet", "--log-level"}
+    expected |= {s.flag for s in stage.switches} | {"--config", "-q", "--quiet", "--log-level", "--debug"}
     expected |= {"--out", "--overwrite"} if stage.out_help else set()
     assert flags == expected
     assert parser.description.lower().startswith(stage.summary.lower()) and stage.examples in parser.epilog
