@@ -18,6 +18,7 @@ a sentence-transformers folder. Both run one plan (:class:`PrunePlan`, :func:`ru
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 import tempfile
@@ -76,6 +77,9 @@ from compress.teacher.finetune import FinetuneConfig, finetune
 from compress.teacher.presets import resolve_model
 
 
+log = logging.getLogger(__name__)
+
+
 def _recovery_defaults() -> TrainConfig:
     return TrainConfig(epochs=1, lr=2e-5, batch_size=32, warmup_ratio=0.1)
 
@@ -84,7 +88,8 @@ def _recovery_defaults() -> TrainConfig:
 class PrunePlan:
     """What to remove and how to choose it: shared by task pruning and sentence-embedding pruning."""
 
-    remove_heads: float | None = option(None, "attention heads to remove: a fraction of them (0.5) or a count (48)")
+    remove_heads: float | None = option(None, "attention heads to remove: a fraction below 1 (0.5) or a whole count (48; "
+                                        "1 and 1.0 mean one head, not all of them)")
     head_scope: Literal["global", "layer"] = option("global", "rank heads across all layers, or the same share in each layer")
     head_criterion: Literal["gradient", "magnitude", "entropy", "random"] = option("gradient", "head importance: Michel's gate gradient, weight magnitude, attention entropy, random")
     normalize: bool = option(True, "normalise gradient importance per layer (Michel et al.)")
@@ -351,6 +356,8 @@ def _prune_heads(model, ctx: PruneContext) -> None:
     target = head_count(total, ctx.cfg.remove_heads)
     if target >= total:
         raise CompressError(f"--remove-heads {ctx.cfg.remove_heads} would remove all {total} heads; keep at least one per layer")
+    how = "a count" if ctx.cfg.remove_heads >= 1 else f"a fraction of {total}"
+    log.info("--remove-heads %g read as %s: removing %d of %d heads", ctx.cfg.remove_heads, how, target, total)
     done = 0
     for it in range(ctx.cfg.iterations):
         # equal steps; the last one takes the remainder

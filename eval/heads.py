@@ -39,7 +39,19 @@ import torch
 from sklearn.manifold import MDS
 
 from compress.core import structure as st
-from compress.core.artifacts import check_output, load_tokenizer, output_dir, require_model_dir, utc_now, write_json_atomic
+from compress.core.artifacts import (
+    TORCH,
+    artifact_format,
+    check_output,
+    is_quantized,
+    load_tokenizer,
+    output_dir,
+    parent_path,
+    read_compression,
+    require_model_dir,
+    utc_now,
+    write_json_atomic,
+)
 from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, check_max_length, collate, load_split, load_task_data
 from compress.core.errors import CompressError
@@ -455,6 +467,10 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
     cfg.validate()
     out = check_output(out, overwrite, inputs=(model_dir, cfg))
     model_dir = require_model_dir(model_dir)
+    if is_quantized(model_dir) or artifact_format(model_dir) != TORCH:
+        parent = parent_path(read_compression(model_dir))
+        raise CompressError(f"{model_dir} is an int8 or exported model, whose attention maps cannot be read; analyse the fp32 "
+                            f"model it was made from" + (f" ({parent})" if parent else ""))
     started = time.perf_counter()
     task = get_task(cfg.task) if cfg.task else None
     tokenizer = load_tokenizer(model_dir)

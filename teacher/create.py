@@ -12,7 +12,7 @@ import torch
 import transformers
 from transformers import BertTokenizerFast
 
-from compress.core.artifacts import HEAD_CLASSES, check_output, compression_record, load_tokenizer, save_model_dir
+from compress.core.artifacts import HEAD_CLASSES, check_output, check_tokenizer, compression_record, load_tokenizer, save_model_dir
 from compress.core.compat import wordpiece_tokenizer
 from compress.core.errors import CompressError
 from compress.core.structure import Shape, make_config
@@ -25,12 +25,12 @@ def load_any_tokenizer(source: str | Path):
     source = Path(source)
     if source.is_file():
         if source.suffix == ".json":
-            return BertTokenizerFast(tokenizer_file=str(source))
-        return wordpiece_tokenizer(source)
+            return check_tokenizer(BertTokenizerFast(tokenizer_file=str(source)), str(source))
+        return check_tokenizer(wordpiece_tokenizer(source), str(source))
     if source.is_dir() and (source / "config.json").is_file():
         return load_tokenizer(source)
     if source.is_dir() and ((source / "tokenizer.json").is_file() or (source / "vocab.txt").is_file()):
-        return BertTokenizerFast.from_pretrained(source, local_files_only=True)
+        return check_tokenizer(BertTokenizerFast.from_pretrained(source, local_files_only=True), str(source))
     raise CompressError(f"no tokenizer at {source}: pass a model directory, a tokenizer folder or a vocab.txt file")
 
 
@@ -48,6 +48,8 @@ def create_model(
     """Write a random-weight model of ``shape`` (with ``task``'s head and labels) to ``out``."""
 
     check_output(out, overwrite, inputs=tokenizer)
+    if max_positions < 8:
+        raise CompressError(f"--max-positions {max_positions} is too small; a model needs at least 8 positions (BERT: 512)")
     tok = load_any_tokenizer(tokenizer)
     extra = {}
     if task:

@@ -201,3 +201,39 @@ def test_a_malformed_config_is_refused_before_anything_is_allocated(model, tmp_p
                  ["latency", "--model", str(model), "--repeats", "1", "--warmup", "0", "--no-peak", "--no-record"]):
         code, err = _run(argv, capsys)
         assert code != 0 and len(err) == 1 and f"config.json: {key} is {value!r}" in err[0], (argv, err)
+
+
+# ---------------------------------------------------------------------------- unusable models are not made
+
+
+def test_init_refuses_a_vocabulary_without_unk_or_ordinary_tokens_and_zero_positions(tmp_path, capsys):
+    no_unk = tmp_path / "no-unk.txt"
+    no_unk.write_text("[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\nfilm\n", encoding="utf-8")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    good = tmp_path / "vocab.txt"
+    good.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nfilm\n", encoding="utf-8")
+    for argv, words in ((["--tokenizer", str(no_unk)], "no unknown token"), (["--tokenizer", str(empty)], "no ordinary tokens"),
+                        (["--tokenizer", str(good), "--max-positions", "0"], "--max-positions 0 is too small")):
+        code, err = _run(["init", "--shape", "2L-128", *argv, "--out", str(tmp_path / "m")], capsys)
+        assert code != 0 and len(err) == 1 and words in err[0], (argv, err)
+        assert not (tmp_path / "m").exists()
+    assert _run(["init", "--shape", "2L-128", "--tokenizer", str(good), "--out", str(tmp_path / "m")], capsys)[0] == 0
+
+
+def test_a_folder_whose_tokenizer_lost_unk_is_one_line_later(model, tmp_path, capsys):
+    import json
+
+    spec = json.loads((model / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["model"]["vocab"].pop("[UNK]")  # the word-piece model loses its unknown token
+    (model / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    code, err = _run(["quantize", "--model", str(model), "--backend", "torch", "--out", str(tmp_path / "q")], capsys)
+    assert code != 0 and len(err) == 1 and "no unknown token" in err[0], err
+
+
+def test_head_analysis_of_an_int8_model_names_its_fp32_parent(model, tmp_path, capsys):
+    assert _run(["quantize", "--model", str(model), "--backend", "torch", "--out", str(tmp_path / "q")], capsys)[0] == 0
+    text = tmp_path / "text.txt"
+    text.write_text("the film was good .\n", encoding="utf-8")
+    code, err = _run(["heads", "--model", str(tmp_path / "q"), "--text", str(text), "--out", str(tmp_path / "h")], capsys)
+    assert code != 0 and len(err) == 1 and "analyse the fp32 model" in err[0] and str(model) in err[0], err

@@ -599,6 +599,25 @@ def load_tokenizer(path: Path | str):
             raise CompressError(f"cannot load the tokenizer in {path}: {str(err).splitlines()[0]}") from None
     if not getattr(tok, "is_fast", False):
         raise CompressError(f"the tokenizer in {path} is not a fast tokenizer; save it with tokenizers' tokenizer.json")
+    return check_tokenizer(tok, str(path))
+
+
+def check_tokenizer(tok, where: str):
+    """Refuse a tokenizer that cannot encode arbitrary text: a WordPiece vocabulary without its unknown token
+    (any unseen character would fail), or one with no ordinary token at all (e.g. made from an empty vocab file)."""
+    vocab = tok.get_vocab()
+    special = set(tok.all_special_tokens)
+    if not any(token not in special for token in vocab):
+        raise CompressError(f"the tokenizer from {where} has no ordinary tokens (an empty vocabulary?); "
+                            "pass a vocab.txt with one token per line or a trained tokenizer")
+    try:  # the failure itself: a word-piece model without its unknown token cannot encode an unseen character
+        tok("\u2603 qzxjvk")
+        encodes = True
+    except Exception:  # tokenizers raises a bare Exception ("WordPiece error: Missing [UNK] token ...")
+        encodes = False
+    if not encodes:
+        raise CompressError(f"the tokenizer from {where} has no unknown token ({tok.unk_token or '[UNK]'}) in its vocabulary, "
+                            "so text with an unseen word cannot be encoded; add it to the vocabulary")
     return tok
 
 
