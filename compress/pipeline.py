@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.core.artifacts import dir_hash, write_json_atomic, write_text_atomic
+from compress.core.artifacts import check_writable, dir_hash, write_json_atomic, write_text_atomic
 from compress.core.config import field_names, from_dict, load_file
 from compress.core.errors import CompressError
 from compress.core.train import fingerprint
@@ -228,6 +228,7 @@ def run_recipe(
             for path in resolved if isinstance(resolved, list) else [resolved]:
                 if not isinstance(path, Path):  # upstream outputs are checked when their consumer starts
                     _check_exists(path, stage, key)
+    check_writable(run_dir, "the recipe's run directory", "choose another --out")  # an existing file, a read-only place
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST
     previous = json.loads(manifest_path.read_text())["stages"] if manifest_path.is_file() else {}

@@ -20,6 +20,7 @@ import torch
 from compress.core.artifacts import (
     append_metrics,
     atomic_path,
+    check_writable,
     lineage,
     load_tokenizer,
     require_model_dir,
@@ -183,6 +184,7 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
         raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
     if cfg.embedding:
         return evaluate_embeddings(model_dir, task, splits, cfg)
+    _check_destinations(model_dir, cfg)
     per_kind = _BY_KIND[task.kind]
     check_head(model_dir, task)  # before load_model would put a fresh, untrained head on it
     model = load_model(model_dir, head=task.behaviour.head)  # config and weights first: their errors are the clearest
@@ -214,6 +216,8 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
     check_embedding_task(task)  # fail before loading anything
     if cfg.submission:
         raise CompressError("--submission writes GLUE server predictions; it does not apply to --embedding")
+    if cfg.record:
+        check_writable(model_dir, "results (metrics.json)", "pass --no-record to write nothing into the model, or copy it somewhere writable")
     for split in splits:
         if not split.labelled:
             raise CompressError(f"{task.display} {split.name} has no labels to score embeddings against; use --split dev")
@@ -432,6 +436,17 @@ def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig,
         if task.unanswerable:
             record["null_odds"] = str(write_null_odds(out / f"{task.name}_{split.name}_null_odds.json", null_odds))
     return record
+
+
+def _check_destinations(model_dir: Path, cfg: EvalConfig) -> None:
+    """Every place eval will write, checked before the model is loaded: the model's metrics.json, predictions, submission."""
+    if cfg.record:
+        check_writable(model_dir, "results (metrics.json)", "pass --no-record to write nothing into the model, or copy it somewhere writable")
+    where = predictions_dir(cfg, model_dir)
+    if where is not None:
+        check_writable(where, "--predictions", "pass a directory that can be written (or --no-record)")
+    if cfg.submission:
+        check_writable(cfg.submission, "--submission", "pass a directory that can be written")
 
 
 def predictions_dir(cfg: EvalConfig, model_dir: Path) -> Path | None:

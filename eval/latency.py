@@ -47,6 +47,7 @@ import torch
 from compress.core.artifacts import (
     append_metrics,
     artifact_format,
+    check_writable,
     is_quantized,
     load_config,
     require_model_dir,
@@ -367,8 +368,11 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
     paths = [Path(p) for p in model_dirs]
     for path in paths:
         precheck(path, cfg)  # every cheap failure before minutes of timing
-    if cfg.out and Path(cfg.out).exists() and not Path(cfg.out).is_dir():
-        raise CompressError(f"--out {cfg.out} exists and is not a directory; choose another --out")
+    if cfg.out:
+        check_writable(cfg.out, "--out", "choose another --out")
+    if cfg.record:
+        for path in paths:
+            check_writable(path, "results (metrics.json)", "pass --no-record, or copy the model somewhere writable")
     threads = cfg.threads or default_threads()
     names = display_names(paths)
 

@@ -237,3 +237,28 @@ def test_head_analysis_of_an_int8_model_names_its_fp32_parent(model, tmp_path, c
     text.write_text("the film was good .\n", encoding="utf-8")
     code, err = _run(["heads", "--model", str(tmp_path / "q"), "--text", str(text), "--out", str(tmp_path / "h")], capsys)
     assert code != 0 and len(err) == 1 and "analyse the fp32 model" in err[0] and str(model) in err[0], err
+
+
+# ---------------------------------------------------------------------------- other places a command writes
+
+
+def test_eval_and_latency_say_when_they_cannot_write_before_any_work(model, tmp_path, capsys, monkeypatch):
+    from compress.core import artifacts
+
+    data = synthetic.write_sst2_layout(tmp_path / "data", n_train=8, n_dev=8, n_test=4)
+    eval_argv = ["eval", "--model", str(model), "--task", "sst2", "--data-dir", str(data)]
+    (tmp_path / "a-file").write_text("x")
+    code, err = _run(eval_argv + ["--predictions", str(tmp_path / "a-file")], capsys)
+    assert code != 0 and len(err) == 1 and "is a file, not a directory" in err[0], err
+    code, err = _run(["run", str(tmp_path / "a-file"), "--out", str(tmp_path / "a-file")], capsys)
+    assert code != 0 and len(err) == 1 and "a-file" in err[0] and "Traceback" not in err[0], err
+
+    real = artifacts._writable
+    monkeypatch.setattr(artifacts, "_writable", lambda folder: real(folder) and Path(folder) != model)  # a read-only model folder
+    before = sorted(p.name for p in model.iterdir())
+    code, err = _run(eval_argv, capsys)
+    assert code != 0 and len(err) == 1 and "--no-record" in err[0] and str(model) in err[0], err
+    code, err = _run(["latency", "--model", str(model), "--seq", "16", "--repeats", "1", "--warmup", "0", "--no-peak"], capsys)
+    assert code != 0 and len(err) == 1 and "--no-record" in err[0], err
+    assert sorted(p.name for p in model.iterdir()) == before
+    assert _run(eval_argv + ["--no-record"], capsys)[0] == 0  # what the message advises works

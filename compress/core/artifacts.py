@@ -196,6 +196,17 @@ def check_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), 
     return out
 
 
+def check_writable(folder: Path | str, what: str, hint: str) -> Path:
+    """Before long work: ``folder`` (which may not exist yet) can receive files; else one line naming it and ``hint``."""
+    folder = Path(folder).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise CompressError(f"{what} {folder} is a file, not a directory; {hint}")
+    place = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    if not _writable(place):
+        raise CompressError(f"cannot write {what} into {folder}: {place} is not writable; {hint}")
+    return folder
+
+
 def _writable(folder: Path) -> bool:
     """Whether a folder can be written, by trying (``os.access`` says yes to root on read-only mounts and sysfs)."""
     if not folder.is_dir():
