@@ -109,3 +109,41 @@ def test_distill_killed_and_resumed_matches(workspace):
     _finish([*args, "--out", "student", "--resume"], workspace)
     reference, got = _weights(workspace / "ref-distill"), _weights(workspace / "student")
     assert all(torch.equal(got[k], reference[k]) for k in reference)
+
+
+def _with(args: list[str], flag: str, value: str) -> list[str]:
+    """``args`` with ``flag``'s value replaced."""
+    i = args.index(flag)
+    return [*args[: i + 1], value, *args[i + 2 :]]
+
+
+def _fail(args: list[str], cwd: Path) -> str:
+    """Run a command that must fail with a CompressError; its last stderr line."""
+    proc = _cli(args, cwd)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode not in (0, -signal.SIGKILL), err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    return err.strip().splitlines()[-1]
+
+
+def test_fp16_on_a_cpu_leaves_no_work_dir(workspace):
+    line = _fail([*PRETRAIN, "--out", "fp16", "--precision", "fp16", "--device", "cpu"], workspace)
+    assert "fp16 needs a CUDA GPU" in line
+    assert not (workspace / ".fp16.work").exists() and not (workspace / "fp16").exists()
+
+
+def test_diverged_resume_then_the_advised_lower_lr_finishes(workspace):
+    """kill -9, resume with an overflowing --lr (a clean stop naming the checkpoint), then do what it says."""
+    import json
+
+    work = workspace / ".lr.work"
+    _kill_after([*PRETRAIN, "--out", "lr"], workspace, work, 3, 0.0)
+    line = _fail([*_with(PRETRAIN, "--lr", "1e39"), "--out", "lr", "--resume"], workspace)
+    assert "the optimizer step overflowed" in line and "resume from it with the same options plus --resume and a lower --lr" in line
+    checkpoint = int(line.split("/checkpoints/step-")[1][:8])
+    assert checkpoint in _checkpoint_steps(work)  # named, and kept
+    _finish([*_with(PRETRAIN, "--lr", "5e-4"), "--out", "lr", "--resume"], workspace)
+    (training,) = [r for r in json.loads((workspace / "lr" / "metrics.json").read_text())["results"] if r["kind"] == "training"]
+    changes = [h for h in training["history"] if "changed" in h]
+    assert changes == [{"step": checkpoint, "changed": {"lr": {"from": 1e-3, "to": 5e-4}}}]
+    assert training["steps"] == 30 and not work.exists()

@@ -262,3 +262,17 @@ def test_eval_and_latency_say_when_they_cannot_write_before_any_work(model, tmp_
     assert code != 0 and len(err) == 1 and "--no-record" in err[0], err
     assert sorted(p.name for p in model.iterdir()) == before
     assert _run(eval_argv + ["--no-record"], capsys)[0] == 0  # what the message advises works
+
+
+def test_device_cuda_without_cuda_is_refused_by_training_as_by_eval(model, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    data = synthetic.write_sst2_layout(tmp_path / "data", n_train=8, n_dev=8, n_test=4)
+    for argv in (["teacher", "finetune", "--model", str(model), "--out", str(tmp_path / "f")],
+                 ["distill", "--teacher", str(model), "--out", str(tmp_path / "d")],
+                 ["eval", "--model", str(model), "--no-record"]):
+        code, err = _run(argv + ["--task", "sst2", "--data-dir", str(data), "--device", "cuda"], capsys)
+        assert code != 0 and len(err) == 1 and "CUDA is not available" in err[0], (argv, err)
+    assert not (tmp_path / "f").exists() and not (tmp_path / "d").exists()

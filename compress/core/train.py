@@ -13,8 +13,12 @@ owns what makes runs trustworthy:
   torch RNG (dropout). Killing a run at any moment and resuming from its last
   checkpoint ends with the same weights as an uninterrupted run (CPU, fixed threads).
 * **Atomic checkpoints.** Each is written to a temporary directory and renamed.
-* **Failing loudly.** A NaN/inf loss stops the run with a one-line error that names
-  the last good checkpoint.
+* **Failing loudly.** A NaN/inf loss, an optimizer step that overflows or inf/nan
+  weights stop the run with a one-line error that names the last good checkpoint; a
+  resume may lower the learning rate (see :data:`RESUMABLE_SETTINGS`). A run that fails
+  before its first checkpoint leaves no work directory behind.
+* **Trusted checkpoints only.** Optimizer, scheduler and RNG files are read as plain
+  tensors; anything else is refused, never run.
 * **Readable progress.** Every ``log_every`` steps one plain line (step, loss and the
   loss terms, learning rate, examples per second) and one per evaluation, above the bar
   on a terminal and alone in a redirected log (see :mod:`compress.core.logs`); the
@@ -27,12 +31,14 @@ checkpoint by.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -53,6 +59,9 @@ BEST = "best"
 STATE_FILE = "trainer_state.json"
 PROGRESS_FILE = "metrics.json"  # in the work directory: the training record so far, while the run goes
 PROGRESS_SHARE = 0.05  # rewriting it may take at most this share of the training time (a long history is MBs)
+# Settings a --resume may change (e.g. a lower --lr after a NaN): neither the data order nor the
+# number of steps depends on them, so they are left out of the run key; a change is recorded in the history.
+RESUMABLE_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "max_grad_norm")
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +103,10 @@ class TrainConfig:
                 raise CompressError(f"--{name.replace('_', '-')} must be positive, got {value}")
         if self.batch_size % self.grad_accum:
             raise CompressError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise CompressError(f"unknown --device {self.device!r}; use auto, cpu or cuda")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():  # as eval refuses it: never train elsewhere silently
+            raise CompressError(f"--device {self.device} requested but CUDA is not available; use --device cpu (or auto)")
 
 
 @dataclass
@@ -273,14 +286,70 @@ def save_checkpoint(work_dir: Path, model, optimizer, scheduler, state: dict[str
 
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
     load_weights(model, path / "model.safetensors")
-    # weights_only: a checkpoint must never be able to run code when it is read.
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
-    rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(_load_plain(path / "optimizer.pt"))
+    scheduler.load_state_dict(_load_plain(path / "scheduler.pt"))
+    rng = _load_plain(path / "rng.pt")
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return json.loads((path / STATE_FILE).read_text())
+
+
+def _load_plain(file: Path) -> Any:
+    """A checkpoint file of tensors and plain containers; anything else (a pickle that could run code) is refused."""
+    try:
+        # weights_only: a checkpoint must never be able to run code when it is read.
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:  # what weights_only raises for anything but tensors and plain data
+        work_dir = file.parent.parent.parent  # work_dir / checkpoints / step-N / file
+        raise CompressError(
+            f"the checkpoint at {file.parent} is not trusted: {file.name} holds more than plain tensors and could run "
+            f"code if read; it was not read, remove {work_dir} to start over"
+        ) from err
+
+
+# ---------------------------------------------------------------------------- work directories
+
+
+_fresh_work_dirs: set[Path] = set()  # work directories prepare_work_dir created in this process (rank 0)
+
+
+def _holds_checkpoint(directory: Path) -> bool:
+    """Whether a complete checkpoint lies anywhere below ``directory`` (e.g. in a stage's subdirectory)."""
+    return any(directory.glob(f"**/{CHECKPOINTS}/step-*/{STATE_FILE}"))
+
+
+def discard_unused_work_dirs(around: Path | None = None) -> None:
+    """Remove the work directories this process created that hold no checkpoint: nothing in them can be resumed.
+
+    A command that succeeds removes its own; this catches one that failed before its
+    first checkpoint, at exit, or at once when training in ``around`` (the work
+    directory or a subdirectory of it, such as a distillation stage's) fails.
+    """
+    for work in sorted(_fresh_work_dirs):
+        if around is not None and work != around and work not in around.parents:
+            continue
+        if work.is_dir() and not _holds_checkpoint(work):
+            shutil.rmtree(work, ignore_errors=True)
+        if not work.is_dir():
+            _fresh_work_dirs.discard(work)
+
+
+atexit.register(discard_unused_work_dirs)  # a failure outside training (a later validation) leaves nothing behind either
+
+
+def _discard_failed_run(work_dir: Path, created: bool) -> None:
+    """After a failed run: unless it wrote a checkpoint (what --resume continues), remove what it left in ``work_dir``."""
+    if list_checkpoints(work_dir):
+        return
+    if created:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    else:  # a directory that was there before (e.g. made by prepare_work_dir): only this run's files
+        with contextlib.suppress(FileNotFoundError):
+            (work_dir / PROGRESS_FILE).unlink()
+        for name in (BEST, CHECKPOINTS):
+            shutil.rmtree(work_dir / name, ignore_errors=True)
+    discard_unused_work_dirs(around=work_dir.absolute())
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -343,10 +412,16 @@ class _Run:
     seconds: float = 0.0  # time spent in training steps since then (evaluations and checkpoints excluded)
     written_at: float = -math.inf  # when the progress file was last written (time.monotonic), and how long it took
     write_cost: float = 0.0
+    legacy_key: str = ""  # the key as computed before RESUMABLE_SETTINGS left it: older checkpoints still resume
 
     @property
     def main(self) -> bool:
         return self.accelerator.is_main_process
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The values of :data:`RESUMABLE_SETTINGS` this run trains with."""
+        return {name: getattr(self.cfg, name) for name in RESUMABLE_SETTINGS}
 
     @property
     def best_file(self) -> Path:
@@ -357,6 +432,7 @@ class _Run:
         return {
             "step": self.step, "key": self.key, "history": self.result.history, "best": self.result.best,
             "best_step": self.result.best_step, "best_value": self.best_value, "total": self.total,
+            "settings": self.settings,
         }
 
 
@@ -381,10 +457,26 @@ def train_phases(
     reproducible randomness (see :func:`step_seed`). ``select`` names the metric in
     ``evaluate``'s result that picks the best checkpoint (higher is better). ``run_key``
     (anything JSON-able: config, data sizes) must match for ``resume`` to accept a
-    checkpoint.
+    checkpoint. A run that fails before its first checkpoint removes what it wrote
+    (``work_dir`` itself if it created it, and an empty :func:`prepare_work_dir` around it).
     """
+    work_dir = Path(work_dir)
+    created = not work_dir.exists()
+    try:
+        return _train(model, phases, cfg, loss_fn, work_dir, evaluate, select, resume, run_key, desc, shuffle)
+    except BaseException:
+        if is_main_process():
+            with contextlib.suppress(OSError):  # the run's own error is the one to report
+                _discard_failed_run(work_dir, created)
+        raise
+
+
+def _train(model, phases: Sequence[Phase], cfg: TrainConfig, loss_fn: LossFn, work_dir: Path,
+           evaluate: Callable[[Any], dict[str, float]] | None, select: str | None, resume: bool, run_key: Any,
+           desc: str, shuffle: bool) -> TrainResult:
+    """The body of :func:`train_phases`."""
     started = time.monotonic()
-    run = _start(model, phases, cfg, Path(work_dir), run_key)
+    run = _start(model, phases, cfg, work_dir, run_key)
     run.desc = desc
     if resume:
         _resume(run, model)
@@ -405,9 +497,13 @@ def train_phases(
         bar.update(1)
         epoch = round((local + 1) / run.plan[p]["steps_per_epoch"], 3)  # epochs of this phase done, as logged
         _log(run, logs, epoch, phase.name, bar)
-        if evaluate is not None and (run.step % run.eval_every == 0 or run.step == run.total):
+        evaluating = evaluate is not None and (run.step % run.eval_every == 0 or run.step == run.total)
+        saving = run.step % run.save_every == 0 and run.step < run.total
+        if evaluating or saving or run.step == run.total:
+            _check_weights(run, model)  # no checkpoint, best or final weights are ever inf/nan
+        if evaluating:
             _evaluate_and_keep_best(run, model, evaluate, select, epoch)
-        if run.step % run.save_every == 0 and run.step < run.total:
+        if saving:
             _checkpoint(run, model)
     bar.close()
     model = run.accelerator.unwrap_model(model)
@@ -426,7 +522,8 @@ def _start(model, phases: Sequence[Phase], cfg: TrainConfig, work_dir: Path, run
     total = sum(p["steps"] for p in plan)
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total)
     sizes = [(len(p["phase"].dataset), p["batch_size"], p["steps"]) for p in plan]
-    key = fingerprint(asdict(cfg) | {"device": None, "keep_checkpoints": None}, sizes, world, run_key)
+    settings = asdict(cfg) | {"device": None, "keep_checkpoints": None}
+    key = fingerprint(settings | dict.fromkeys(RESUMABLE_SETTINGS), sizes, world, run_key)
     torch.manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
@@ -434,26 +531,53 @@ def _start(model, phases: Sequence[Phase], cfg: TrainConfig, work_dir: Path, run
     return _Run(
         cfg, plan, accelerator, optimizer, linear_schedule(optimizer, warmup, total), work_dir, key, total,
         eval_every=cfg.eval_every or plan[0]["steps_per_epoch"], save_every=cfg.save_every or plan[0]["steps_per_epoch"],
-        result=TrainResult(processes=world),
+        result=TrainResult(processes=world), legacy_key=fingerprint(settings, sizes, world, run_key),
     )
 
 
 def _resume(run: _Run, model) -> None:
-    """Continue from the newest complete checkpoint, if there is one; refuse one made with other settings or data."""
+    """Continue from the newest complete checkpoint, if there is one; refuse one made with other settings or data.
+
+    Only :data:`RESUMABLE_SETTINGS` may differ from the checkpoint's: the optimizer uses
+    the new values from this step on, and the history records the change at this step.
+    """
     checkpoints = list_checkpoints(run.work_dir)
     if not checkpoints:
         return
-    state = load_checkpoint(checkpoints[-1], model, run.optimizer, run.scheduler)  # also restores the RNG
-    if state.get("key") != run.key:
+    path = checkpoints[-1]
+    state = json.loads((path / STATE_FILE).read_text())
+    if state.get("key") not in (run.key, run.legacy_key):
+        flags = ", ".join("--" + name.replace("_", "-") for name in RESUMABLE_SETTINGS)
         raise CompressError(
-            f"the checkpoint in {checkpoints[-1]} was made with other settings or data; "
+            f"the checkpoint in {path} was made with other settings or data (only {flags} may change on --resume); "
             f"run with the same options, or remove {run.work_dir} to start over"
         )
+    built = [{k: v for k, v in group.items() if k not in ("params", "lr")} for group in run.optimizer.param_groups]
+    load_checkpoint(path, model, run.optimizer, run.scheduler)  # also restores the RNG
     run.step = state["step"]
     run.result.history = state["history"]
     run.result.best, run.result.best_step, run.best_value = state["best"], state["best_step"], state["best_value"]
+    saved = state.get("settings", {})  # absent in a checkpoint older than RESUMABLE_SETTINGS: then it matched the key
+    changed = {k: {"from": saved[k], "to": v} for k, v in run.settings.items() if k in saved and saved[k] != v}
+    if changed:
+        _use_settings(run, built)
+        run.result.history.append({"step": run.step, "changed": changed})
     if run.main:
-        log.info(f"resuming from {checkpoints[-1]} (step {run.step}/{run.total})")
+        log.info(f"resuming from {path} (step {run.step}/{run.total})"
+                 + "".join(f"; {k} {c['from']:g} -> {c['to']:g}" for k, c in changed.items()))
+
+
+def _use_settings(run: _Run, built: list[dict[str, Any]]) -> None:
+    """Give the optimizer and schedule just loaded from a checkpoint this run's hyper-parameters (``built``).
+
+    ``built`` holds each parameter group's hyper-parameters as this run constructed
+    them (peak lr as ``initial_lr``, weight decay, betas, eps); the learning rate at
+    the current step follows the same schedule from the new peak.
+    """
+    for group, fresh, factor in zip(run.optimizer.param_groups, built, run.scheduler.lr_lambdas):
+        group.update(fresh)
+        group["lr"] = fresh["initial_lr"] * factor(run.scheduler.last_epoch)
+    run.scheduler.base_lrs = [fresh["initial_lr"] for fresh in built]
 
 
 def _my_share(run: _Run, p: int, local: int, shuffle: bool) -> list[int]:
@@ -491,7 +615,7 @@ def _accumulate(run: _Run, model, phase: Phase, mine: list[int], loss_fn: LossFn
         with contextlib.nullcontext() if sync or world == 1 else accelerator.no_sync(model):
             with accelerator.autocast():
                 loss, logs = loss_fn(model, batch)
-            _check_finite(loss, run.step, run.work_dir, accelerator)
+            _check_finite(run, loss)
             accelerator.backward(loss / len(chunks))
         for k, v in {"loss": loss, **logs}.items():
             value = v.detach() if hasattr(v, "detach") else v
@@ -503,7 +627,12 @@ def _optimizer_step(run: _Run, model) -> None:
     """Clip the gradients, step the optimizer and the schedule, clear the gradients: one step done."""
     if run.cfg.max_grad_norm > 0:
         run.accelerator.clip_grad_norm_(model.parameters(), run.cfg.max_grad_norm)
-    run.optimizer.step()
+    try:
+        run.optimizer.step()
+    except RuntimeError as err:  # "value cannot be converted to type float without overflow": lr x update > float max
+        if "overflow" not in str(err):
+            raise
+        raise _stopped(run, "the optimizer step overflowed (the learning rate is far too large)", run.step + 1) from err
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.step += 1
@@ -634,17 +763,36 @@ def _locate(plan: list[dict[str, Any]], step: int) -> tuple[int, int]:
     return len(plan) - 1, plan[-1]["steps"] - 1
 
 
-def _check_finite(loss, step: int, work_dir: Path, accelerator) -> None:
+def _check_finite(run: _Run, loss) -> None:
+    """Stop the run if the loss of the step under way is inf/nan on any process."""
+    accelerator = run.accelerator
     finite = torch.isfinite(loss.detach()).to(torch.float32)
     if accelerator.num_processes > 1:
         finite = accelerator.reduce(finite, reduction="sum") / accelerator.num_processes
     if float(finite) < 1.0:
-        last = list_checkpoints(work_dir)
-        where = f"the last good checkpoint is {last[-1]} (resume with --resume)" if last else "no checkpoint was written yet"
-        raise CompressError(
-            f"the loss became {float(loss.detach())} at step {step + 1}; training stopped and {where}; "
-            "lower --lr, use fp32, or check the data"
-        )
+        raise _stopped(run, f"the loss became {float(loss.detach())}", run.step + 1)
+
+
+def _check_weights(run: _Run, model) -> None:
+    """Stop the run if the steps so far left an inf/nan weight (before it is evaluated, saved or returned)."""
+    trained = [torch.isfinite(p.detach()).all() for p in model.parameters() if p.requires_grad]
+    if trained and not bool(torch.stack(trained).all()):  # one sync, not one per tensor
+        raise _stopped(run, "the weights became inf or nan", run.step)
+
+
+def _stopped(run: _Run, what: str, step: int) -> CompressError:
+    """The one-line error that stops a diverged run: what happened, the last good checkpoint, what to do next.
+
+    The advice is what works: --resume accepts a lower --lr (see :data:`RESUMABLE_SETTINGS`),
+    but another --precision only by starting over.
+    """
+    last = list_checkpoints(run.work_dir)
+    if last:
+        where = f"the last good checkpoint is {last[-1]}; resume from it with the same options plus --resume and a lower --lr"
+    else:
+        where = "no checkpoint was written yet; run again with a lower --lr"
+    fp32 = ", or start over with --precision fp32" if run.cfg.precision != "fp32" else ""
+    return CompressError(f"{what} at step {step}; training stopped and {where}{fp32}, or check the data")
 
 
 def distributed_state(device: str = "auto"):
@@ -672,12 +820,19 @@ def work_dir_for(out: Path) -> Path:
 
 
 def prepare_work_dir(work: Path, resume: bool) -> Path:
-    """Create the checkpoint directory (emptied first unless resuming), once, on rank 0."""
+    """Create the checkpoint directory (emptied first unless resuming), once, on rank 0.
+
+    One this call creates is removed again, when training fails or at exit, as long as
+    it holds no checkpoint (see :func:`discard_unused_work_dirs`): a command that fails
+    before its first checkpoint (a bad option, a NaN at step 2) leaves nothing behind.
+    """
     with main_process_first():
         if is_main_process():
             if not resume and work.exists():
                 shutil.rmtree(work)
-            work.mkdir(parents=True, exist_ok=True)
+            if not work.is_dir():
+                work.mkdir(parents=True)
+                _fresh_work_dirs.add(Path(work).absolute())
     return work
 
 
