@@ -195,6 +195,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     probe = search.state["probe"] or _probe(teacher_dir, shapes, cfg, at, search, timer)
     search.state["probe"] = probe
     search.save()
+    # The held-out shapes measured the model's error (probe["error"]); the ranking then uses every probe.
     model = fit_latency_model([Sample(s["variant"], s["batch"], s["seq"], Shape(**s["shape"]), s["ms"]) for s in probe["samples"]])
     predicted = {shape.label: _predict(model, shape, probe, budgets, cfg.margin) for shape in shapes}
     fitting = [s for s in shapes if predicted[s.label]["variants"]]

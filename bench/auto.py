@@ -1,0 +1,134 @@
+"""``compress auto`` on real teachers: three budgets per task, each chosen model re-timed in a fresh run.
+
+    python -m bench.auto --data ../shared/data --teachers runs/retention --out bench/results/$(date +%F)/auto
+
+For each task (``teacher-TASK`` in --teachers): the teacher's fp32 batch-1 p50 at sequence
+128 is measured first; the budgets are 1/4, 1/8 and 1/16 of it (``--fractions``). Each
+search runs with ``--time-limit``; its chosen model is then timed again in a fresh
+latency run beside the teacher and the hand-made students found in ``--hand-made`` (the
+retention benchmark's folders: every ``TASK-*`` model directory), so the auto-chosen
+model is compared with the best hand-made one that meets the same budget there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from compress.auto import AutoConfig, auto
+from compress.core.artifacts import is_model_dir, read_metrics, utc_now, write_json_atomic
+from compress.core.config import from_dict
+from compress.core.errors import CompressError
+from compress.core.hardware import cpu_info, package_versions
+from compress.core.tasks import get_task
+from compress.eval.latency import LatencyConfig, measure_latency
+
+POINT = (1, 128)
+
+
+def p50(dirs: list[Path], repeats: int = 30) -> dict[str, float]:
+    """p50 ms at batch 1, sequence 128 of each folder, in one run (each model in its own process)."""
+    rows = measure_latency(dirs, LatencyConfig(batch=(POINT[0],), seq=(POINT[1],), repeats=repeats, peak=False, record=False))["rows"]
+    return {str(r["model"]): r["p50_ms"] for r in rows}
+
+
+def dev_score(model_dir: Path, task: str) -> float | None:
+    metric = get_task(task).primary_metric
+    evals = [r for r in read_metrics(model_dir) if r.get("kind") == "eval" and r.get("task") == get_task(task).name]
+    return evals[-1]["metrics"].get(metric) if evals else None
+
+
+def hand_made(root: Path | None, task: str) -> list[Path]:
+    if root is None or not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith(f"{task}-") and is_model_dir(p) and dev_score(p, task) is not None)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--teachers", type=Path, default=Path("runs/retention"))
+    parser.add_argument("--hand-made", type=Path, default=None, help="folder of hand-made students (default: TEACHERS/students)")
+    parser.add_argument("--models", type=Path, default=Path("runs/auto"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tasks", default="sst2,mrpc")
+    parser.add_argument("--fractions", default="4,8,16")
+    parser.add_argument("--time-limit", default="90m")
+    parser.add_argument("--max-train", type=int, default=4000, help="the teachers' training sample")
+    parser.add_argument("--glue", type=Path, default=None, help="GLUE folder (default: DATA/glue)")
+    parser.add_argument("--options", default="{}", help="extra AutoConfig options as JSON (reduced settings, say so)")
+    args = parser.parse_args(argv)
+    args.hand_made = args.hand_made or args.teachers / "students"
+    glue = args.glue or args.data / "glue"
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = args.out / "auto.json"
+    results = json.loads(store.read_text())["rows"] if store.is_file() else {}
+    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"], "threads": torch.get_num_threads(),
+              "packages": package_versions(), "command": "python -m bench.auto " + " ".join(sys.argv[1:] if argv is None else argv)}
+
+    def save():
+        write_json_atomic(store, {"header": header, "rows": results})
+        (args.out / "auto.md").write_text(render(results, header), encoding="utf-8")
+
+    for task in args.tasks.split(","):
+        teacher = args.teachers / f"teacher-{task}"
+        teacher_ms = p50([teacher])[str(teacher)]
+        for fraction in (int(f) for f in args.fractions.split(",")):
+            key = f"{task}/1/{fraction}"
+            if key in results:
+                continue
+            budget = f"p50<={teacher_ms / fraction:.2f}ms@b1,s128"
+            out = args.models / f"{task}-1of{fraction}"
+            options = {"task": task, "budget": budget, "data_dir": str(glue), "max_train_examples": args.max_train,
+                       "time_limit": args.time_limit, **json.loads(args.options)}
+            started = time.monotonic()
+            row = {"task": task, "fraction": fraction, "teacher_ms": teacher_ms, "budget": budget, "options": options}
+            try:
+                auto(teacher, out, from_dict(AutoConfig, options), overwrite=True)
+                row["chosen"] = json.loads((out / "search" / "search.json").read_text())["chosen"]
+            except CompressError as err:
+                row["error"] = str(err)
+            row["minutes"] = round((time.monotonic() - started) / 60, 1)
+            others = hand_made(args.hand_made, task)
+            fresh = p50([teacher, *([out] if "chosen" in row else []), *others])
+            limit = teacher_ms / fraction
+            if "chosen" in row:
+                row["chosen"].update(fresh_ms=fresh[str(out)], meets=fresh[str(out)] <= limit,
+                                     retention=row["chosen"]["accuracy"] / dev_score(teacher, task))
+            fitting = [(dev_score(p, task), str(p), fresh[str(p)]) for p in others if fresh[str(p)] <= limit]
+            row["hand_made_best"] = max(fitting) if fitting else None
+            row["fresh_teacher_ms"] = fresh[str(teacher)]
+            results[key] = row
+            save()
+    save()
+    print((args.out / "auto.md").read_text())
+    return 0
+
+
+def render(results: dict, header: dict) -> str:
+    lines = ["# compress auto: the most accurate model under a budget, chosen and re-measured on this machine", "",
+             f"- date: {header['date']}; hardware: {header['cpu']} ({header['cores']} cores); torch threads: {header['threads']}",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in header['packages'].items())}",
+             f"- command: `{header['command']}`", "",
+             "| task | budget (teacher / N) | search min | chosen | dev | retention | fresh p50 ms | meets | best hand-made under it |",
+             "|---|---|--:|---|--:|--:|--:|---|---|"]
+    for r in results.values():
+        c = r.get("chosen")
+        hand = r.get("hand_made_best")
+        hand_text = f"{Path(hand[1]).name} ({hand[0]:.2f}, {hand[2]:.2f} ms)" if hand else "none"
+        if c:
+            lines.append(f"| {r['task']} | {r['budget']} (1/{r['fraction']}) | {r['minutes']} | {c['name']} | {c['accuracy']:.2f} | "
+                         f"{100 * c['retention']:.1f}% | {c['fresh_ms']:.2f} | {'yes' if c['meets'] else 'NO'} | {hand_text} |")
+        else:
+            lines.append(f"| {r['task']} | {r['budget']} (1/{r['fraction']}) | {r['minutes']} | nothing: {r['error']} | | | | | "
+                         f"{hand_text} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
