@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.core.artifacts import check_writable, dir_hash, write_json_atomic, write_text_atomic
+from compress.core.artifacts import check_output, check_writable, dir_hash, write_json_atomic, write_text_atomic
 from compress.core.config import field_names, from_dict, load_file
 from compress.core.errors import CompressError
 from compress.core.train import fingerprint
@@ -232,6 +232,13 @@ def run_recipe(
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST
     previous = json.loads(manifest_path.read_text())["stages"] if manifest_path.is_file() else {}
+    for stage in recipe.stages:  # a stage re-runs into its own folder: never an input, never one the recipe did not make
+        out = run_dir / stage.name
+        if out.exists():
+            check_output(out, overwrite=True, inputs=([_resolve(v, run_dir) for v in stage.inputs.values()], stage.config))
+            if stage.name not in previous and not overwrite and (not out.is_dir() or any(out.iterdir())):
+                raise CompressError(f"recipe stage '{stage.name}': {out} exists and was not made by this recipe; "
+                                    "pass --overwrite to replace it or choose another --out")
     outcome: dict[str, str] = {}  # stage name -> what this run did with it, for the report
     for stage in recipe.stages:
         inputs = {k: _resolve(v, run_dir) for k, v in stage.inputs.items()}
@@ -249,13 +256,13 @@ def run_recipe(
         start = time.monotonic()
         previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "running"}
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
-        if out.exists():
-            shutil.rmtree(out)
         config = stage.config
         if stage.config_refs:
             config = dataclasses.replace(config, **{k: str(_resolve(v, run_dir)) for k, v in stage.config_refs.items()})
             for key, value in stage.config_refs.items():
                 _check_exists(_resolve(value, run_dir), stage, key)
+        if out.exists():  # checked above: the recipe's own folder, or --overwrite
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
         STAGES.get(stage.kind).run_in_recipe(inputs, config, out)
         previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1)}
         outcome[stage.name] = f"ran ({previous[stage.name]['seconds']:g} s)"

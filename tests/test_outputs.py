@@ -276,3 +276,24 @@ def test_device_cuda_without_cuda_is_refused_by_training_as_by_eval(model, tmp_p
         code, err = _run(argv + ["--task", "sst2", "--data-dir", str(data), "--device", "cuda"], capsys)
         assert code != 0 and len(err) == 1 and "CUDA is not available" in err[0], (argv, err)
     assert not (tmp_path / "f").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_recipe_never_replaces_a_folder_it_did_not_make_or_an_input(model, tmp_path, capsys):
+    import yaml
+
+    run = tmp_path / "run"
+    (run / "int8").mkdir(parents=True)
+    (run / "int8" / "canary.txt").write_text("mine")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "r", "report": False, "stages": [
+        {"name": "int8", "run": "quantize", "model": str(model), "config": {"backend": "torch"}}]}))
+    code, err = _run(["run", str(recipe), "--out", str(run)], capsys)
+    assert code != 0 and len(err) == 1 and "was not made by this recipe" in err[0], err
+    assert (run / "int8" / "canary.txt").read_text() == "mine"
+    # A stage named like the folder of its own input, the run directory being that input's parent.
+    recipe.write_text(yaml.safe_dump({"name": "r", "report": False, "stages": [
+        {"name": "model", "run": "quantize", "model": str(model), "config": {"backend": "torch"}}]}))
+    before = sorted(p.name for p in model.iterdir())
+    code, err = _run(["run", str(recipe), "--out", str(model.parent), "--overwrite"], capsys)
+    assert code != 0 and len(err) == 1 and "destroy it" in err[0], err
+    assert sorted(p.name for p in model.iterdir()) == before
