@@ -21,7 +21,12 @@ term           what                                                             
 When only ``kd``/``hard`` are used (or hidden states are cached too), the teacher runs
 once over the training set and its outputs are cached on disk (``compress.teacher_cache``);
 otherwise it runs alongside the student. TinyBERT's order (intermediate layers first,
-then the prediction layer) is ``two_stage``. Without a task, ``distill_general``
+then the prediction layer) is ``two_stage``. Rows without gold labels can be added to the
+training set (``--augment N``: TinyBERT's word-replacement copies; ``--transfer-text``:
+unlabelled text in the task's format; both from :mod:`compress.augment`): they are
+marked ``gold = 0``, the teacher's outputs are their only targets and the ``hard`` term
+skips them; with ``two_stage`` the prediction stage reads them (the intermediate one too
+with ``--augment-intermediate``). Without a task, ``distill_general``
 distils an encoder on a text corpus (MiniLM's attention + value relations, or
 DistilBERT's MLM + KD + cosine when the teacher has an MLM head), and
 ``distill_embedding`` distils a sentence-embedding model (a sentence-transformers
@@ -522,7 +527,7 @@ def _record(stage: str, cfg: DistillConfig | GeneralDistillConfig, teacher: _Tea
 
 def _write_student(student: _Student, out: Path, teacher: _Teacher, record: dict, metrics: list[dict], *,
                    resume: bool, overwrite: bool, work: Path, files: dict[str, Path] | None = None) -> Path:
-    """Save the student (over an interrupted run's output when resuming), then drop the checkpoints."""
+    """Save the student, then drop the checkpoints."""
     save_model_dir(student.model, out, tokenizer=teacher.tokenizer, record=record,
                    overwrite=overwrite, metrics=metrics, files=files)
     shutil.rmtree(work, ignore_errors=True)
