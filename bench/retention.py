@@ -13,7 +13,8 @@ task and student shape, the rows add one method at a time:
   the prediction layer (KD + hard) on the set plus ``--augment`` teacher-labelled copies
   of each example (embedding-neighbour replacements: the teacher folder has no MLM head);
 * (d) (c) from a general-distilled student (MiniLM attention + value relations on the
-  text corpus, once per shape, shared by every task).
+  text corpus, once per shape, shared by every task);
+* (e) (a) on the augmented set, no intermediate terms: what augmentation does alone.
 
 Then the best 3L-384 row of each task is quantized (ONNX Runtime dynamic int8) and scored.
 Each row's dev metric, retention of its teacher's, and training seconds are recorded;
@@ -44,6 +45,7 @@ ROWS = {
     "b": "+ hidden + attention",
     "c": "+ augmentation (two-stage)",
     "d": "+ general distillation first",
+    "e": "(a) + augmentation, no intermediate terms",
 }
 MAX_LENGTH = {"sst2": 64, "cola": 64}  # other tasks: 128
 INTERMEDIATE = ["hidden", "attention"]
@@ -63,6 +65,8 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
         cfg.update(two_stage=True, augment=args.augment, intermediate_epochs=args.epochs, epochs=args.prediction_epochs)
     if row == "d":
         cfg["init"] = str(general)
+    if row == "e":
+        cfg.update(augment=args.augment, epochs=args.prediction_epochs)
     return cfg
 
 
@@ -203,7 +207,8 @@ def render(results: dict, header: dict) -> str:
         f"(uniform layer map), joint; (c) two stages: intermediate terms {s['epochs']} epochs on the training set, then KD + hard "
         f"{s['prediction_epochs']} epochs on it plus {s['augment']} augmented copies per example (p 0.4, K 15, embedding "
         f"neighbours; the copies have teacher targets only); (d) as (c) from a general-distilled student "
-        f"(MiniLM relations, {s['general_minutes']} minutes on the text corpus). 3L-384 starts from teacher layers 1,3,5; "
+        f"(MiniLM relations, {s['general_minutes']} minutes on the text corpus); (e) (a)'s terms for {s['prediction_epochs']} "
+        f"epochs on the set plus {s['augment']} augmented copies, no intermediate stage. 3L-384 starts from teacher layers 1,3,5; "
         "4L-312 at random (other width).",
         "- seconds: wall-clock training time of the row (teacher cache and augmentation included when built); cpu: process CPU time.",
     ]
