@@ -389,3 +389,19 @@ def test_masked_lm_of_the_teachers_vocabulary_proposes_the_candidates(setting, t
                                                   cache_dir=str(tmp_path / "cache")))
     record = read_compression(out)["extra_data"]["augment"]
     assert record["method"] == "masked-lm" and record["candidate_model"] == str(mlm.resolve()) and record["rows"] == 50
+
+
+def test_transfer_text_from_a_datasets_folder_and_from_another_task(setting, tmp_path):
+    import datasets
+
+    _, data, teacher = setting
+    folder = tmp_path / "corpus-ds"
+    datasets.Dataset.from_dict({"text": ["the film was good . it was long .", "the plot was thin ."]}).save_to_disk(str(folder))
+    out = distill(teacher, tmp_path / "a", _cfg(setting, epochs=1, max_train_examples=50, transfer_text=[str(folder)]))
+    assert read_compression(out)["extra_data"]["transfer"]["rows"] == 3  # three distinct sentences
+    # Another task's training texts (here the same generated task's, read as task:sst2 from --data-dir).
+    out = distill(teacher, tmp_path / "b", _cfg(setting, epochs=1, max_train_examples=50, transfer_text=["task:sst2"],
+                                                 transfer_examples=40))
+    assert read_compression(out)["extra_data"]["transfer"]["rows"] == 40
+    with pytest.raises(CompressError, match="only GLUE tasks"):
+        distill(teacher, tmp_path / "c", _cfg(setting, epochs=1, transfer_text=["task:squad"]))
