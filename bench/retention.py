@@ -33,7 +33,7 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
-from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_info, package_versions
 from compress.core.tasks import get_task
@@ -85,6 +85,9 @@ def student_run(teacher: Path, out: Path, cfg: dict) -> dict:
         "metric": retention["metric"], "value": retention["student"], "teacher": retention["teacher"],
         "retention": retention["ratio"], "seconds": training["seconds"], "n_train": training["n_train"],
         "extra_rows": training.get("extra_rows", 0),
+        # whether this run built the augmented set / teacher outputs or read them from the cache
+        "augmented_set": (read_compression(out).get("extra_data") or {}).get("augment", {}).get("hit"),
+        "teacher_cache": [c["hit"] for c in training.get("cache", [])],
         "cpu_seconds": float(cpu_file.read_text()) if cpu_file.is_file() else None,
     }
 
@@ -214,8 +217,10 @@ def render(results: dict, header: dict) -> str:
     ]
     if header.get("note"):
         lines.append(f"- note: {header['note']}")
-    lines += ["", "| task | student | row | dev metric | teacher | retention | train s | cpu s | train rows |",
-              "|---|---|---|--:|--:|--:|--:|--:|--:|"]
+    lines += ["- caches: 'built' when the run made the augmented set / teacher outputs, 'read' when it found them cached "
+              "(a second run of the same recipe, or another student of the same teacher and data).",
+              "", "| task | student | row | dev metric | teacher | retention | train s | cpu s | train rows | augmented set | teacher outputs |",
+              "|---|---|---|--:|--:|--:|--:|--:|--:|---|---|"]
     groups: dict[tuple, list[dict]] = {}
     for r in results.values():
         if r["row"] != "int8":
@@ -224,13 +229,13 @@ def render(results: dict, header: dict) -> str:
         values = [r["value"] for r in rs]
         ratio = [100 * r["retention"] for r in rs if r["retention"] is not None]
         cpu = [r["cpu_seconds"] for r in rs if r.get("cpu_seconds")]
+        cpu_text = f"{statistics.mean(cpu):.0f}" if cpu else "—"
+        aug = {None: "—", True: "read", False: "built"}[rs[0].get("augmented_set")]
+        cache = ", ".join("read" if hit else "built" for hit in rs[0].get("teacher_cache") or []) or "online"
         lines.append(
             f"| {get_task(task).display} | {student} | ({row}) {ROWS[row]} | {rs[0]['metric']} {_mean_std(values)} | "
-            f"{rs[0]['teacher']:.2f} | {_mean_std(ratio)}% | {statistics.mean(r['seconds'] for r in rs):.0f} | "
-            f"{statistics.mean(cpu):.0f} | {rs[0]['n_train']} + {rs[0]['extra_rows']} |" if cpu else
-            f"| {get_task(task).display} | {student} | ({row}) {ROWS[row]} | {rs[0]['metric']} {_mean_std(values)} | "
-            f"{rs[0]['teacher']:.2f} | {_mean_std(ratio)}% | {statistics.mean(r['seconds'] for r in rs):.0f} | — | "
-            f"{rs[0]['n_train']} + {rs[0]['extra_rows']} |"
+            f"{rs[0]['teacher']:.2f} | {_mean_std(ratio)}% | {statistics.mean(r['seconds'] for r in rs):.0f} | {cpu_text} | "
+            f"{rs[0]['n_train']} + {rs[0]['extra_rows']} | {aug} | {cache} |"
         )
     int8 = [r for r in results.values() if r["row"] == "int8"]
     if int8:
