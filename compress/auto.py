@@ -197,7 +197,8 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     search.save()
     # The held-out shapes measured the model's error (probe["error"]); the ranking then uses every probe.
     model = fit_latency_model([Sample(s["variant"], s["batch"], s["seq"], Shape(**s["shape"]), s["ms"]) for s in probe["samples"]])
-    predicted = {shape.label: _predict(model, shape, probe, budgets, cfg.margin) for shape in shapes}
+    sizes = _size_model(probe)
+    predicted = {shape.label: _predict(model, sizes, shape, probe, budgets, cfg.margin) for shape in shapes}
     fitting = [s for s in shapes if predicted[s.label]["variants"]]
     if not fitting:
         best = min(probe["rows"], key=lambda r: r["p50_ms"] if (r["batch"], r["seq"]) == at[0] else math.inf)
@@ -369,9 +370,9 @@ def _encoder_params(shape: Shape) -> int:
     return shape.layers * (4 * shape.hidden * shape.hidden + 2 * shape.hidden * shape.ffn)
 
 
-def _predict(model, shape: Shape, probe: dict, budgets: tuple[Budget, ...], margin: float) -> dict:
-    """Predicted measurement of ``shape`` per variant, and the variants predicted to meet every budget (within margin)."""
-    sizes = _size_model(probe)
+def _predict(model, sizes: dict, shape: Shape, probe: dict, budgets: tuple[Budget, ...], margin: float) -> dict:
+    """Predicted measurement of ``shape`` per variant (``sizes``: :func:`_size_model`), and the variants predicted
+    to meet every budget (within margin)."""
     out = {"measurements": {}, "variants": []}
     for variant in sorted({s["variant"] for s in probe["samples"]}):
         pts = {}

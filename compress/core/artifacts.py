@@ -189,7 +189,7 @@ def check_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), 
                                 f"(that lives in {out.absolute().parent / ('.' + out.name + '.work')} until the output is written); "
                                 "pass --overwrite to replace it or choose another --out")
         raise CompressError(f"output directory {out} is not empty; pass --overwrite to replace it or choose another --out")
-    place = next(p for p in (out.absolute().parent, *out.absolute().parent.parents) if p.exists())
+    place = _nearest_existing(out.absolute().parent)
     if not _writable(place):
         raise CompressError(f"cannot write --out {out}: {place} is not writable; choose another --out or fix its permissions")
     _remove_leftovers(out)
@@ -201,10 +201,15 @@ def check_writable(folder: Path | str, what: str, hint: str) -> Path:
     folder = Path(folder).expanduser()
     if folder.exists() and not folder.is_dir():
         raise CompressError(f"{what} {folder} is a file, not a directory; {hint}")
-    place = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    place = _nearest_existing(folder.absolute())
     if not _writable(place):
         raise CompressError(f"cannot write {what} into {folder}: {place} is not writable; {hint}")
     return folder
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` itself or its nearest ancestor that exists: where a new folder would be created."""
+    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def _writable(folder: Path) -> bool:
