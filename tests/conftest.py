@@ -22,6 +22,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # running beside the suite) oversubscribing 2 cores slow OpenMP down many times over.
 torch.set_num_threads(1)
 
+
+
+@pytest.fixture(autouse=True)
+def _no_default_augmentation(monkeypatch):
+    """Distillation augments small training sets by default, and every test set is small:
+    tests about other things train on their rows alone (tests of the default set it back)."""
+    monkeypatch.setattr("compress.augment.AUTO_MAX_EXAMPLES", 0)
+
+
 WORDS = (
     "the a an of and to in is was it that this good bad great awful movie film plot actor "
     "acting story fun boring not very really love hate man woman dog cat sat on mat did "

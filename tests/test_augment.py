@@ -103,6 +103,18 @@ def test_augmented_examples_carry_texts_and_source_but_no_label(tok):
     assert augment_examples(tok, rows, ("sentence1", "sentence2"), neighbours, copies=4, prob=0.4, seed=4) != out
 
 
+def test_default_copies_follow_the_measured_rule(monkeypatch):
+    monkeypatch.setattr("compress.augment.AUTO_MAX_EXAMPLES", 10_000)
+    auto = AugmentConfig()
+    assert auto.copies(4000, spans=False, soft_targets=True) == 4
+    assert auto.copies(10_000, spans=False, soft_targets=True) == 4 and auto.copies(10_001, spans=False, soft_targets=True) == 0
+    assert auto.copies(100, spans=True, soft_targets=True) == 0  # SQuAD: answers are spans, copies would move them
+    assert auto.copies(100, spans=False, soft_targets=False) == 0  # hard labels only: nothing would label the copies
+    assert AugmentConfig(augment=2).copies(10**6, spans=False, soft_targets=True) == 2  # asked for: always
+    assert AugmentConfig(augment=0).copies(10, spans=False, soft_targets=True) == 0
+    assert not auto.active and AugmentConfig(augment=2).active  # the default never trips the refusals of an explicit --augment
+
+
 def test_augmented_set_is_cached_under_a_key_of_model_texts_and_settings(tok, tmp_path):
     model = make_tiny_model("base")
     built = []

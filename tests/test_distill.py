@@ -357,6 +357,23 @@ def test_augmented_rows_are_teacher_targets_only_and_cached(setting, tmp_path):
     assert next(r for r in read_metrics(second) if r["kind"] == "training")["cache"][0]["hit"] is True
 
 
+def test_small_training_sets_are_augmented_by_default(setting, tmp_path, monkeypatch):
+    monkeypatch.setattr("compress.augment.AUTO_MAX_EXAMPLES", 10_000)  # the shipped default (tests set it to 0)
+    _, _, teacher = setting
+    cache = str(tmp_path / "cache")
+    out = distill(teacher, tmp_path / "s", _cfg(setting, epochs=1, max_train_examples=40, cache_dir=cache))
+    record = read_compression(out)["extra_data"]["augment"]
+    assert (record["copies"], record["default"], record["rows"]) == (4, True, 160)
+    assert next(r for r in read_metrics(out) if r["kind"] == "training")["extra_rows"] == 160
+    off = distill(teacher, tmp_path / "off", _cfg(setting, epochs=1, max_train_examples=40, augment=0, cache_dir=cache))
+    assert "augment" not in (read_compression(off).get("extra_data") or {})
+    hard_only = distill(teacher, tmp_path / "h", _cfg(setting, epochs=1, max_train_examples=40, losses=["hard"], cache_dir=cache))
+    assert "augment" not in (read_compression(hard_only).get("extra_data") or {})  # no teacher targets to label copies
+    monkeypatch.setattr("compress.augment.AUTO_MAX_EXAMPLES", 39)  # a set larger than the limit is left alone
+    big = distill(teacher, tmp_path / "big", _cfg(setting, epochs=1, max_train_examples=40, cache_dir=cache))
+    assert "augment" not in (read_compression(big).get("extra_data") or {})
+
+
 def test_transfer_text_adds_corpus_sentences_scored_by_the_teacher(setting, tmp_path):
     _, _, teacher = setting
     corpus = tmp_path / "corpus.txt"
