@@ -46,6 +46,7 @@ import torch
 
 from compress.core.artifacts import (
     append_metrics,
+    load_tokenizer,
     artifact_format,
     check_writable,
     is_quantized,
@@ -65,6 +66,8 @@ from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner,
 from compress.core.registry import Registry
 from compress.core.runtime import load_model, parameter_count, structure_of
 from compress.core.structure import count_parameters, describe, flops_per_sequence, model_inputs
+from compress.eval.lengths import real_inputs, time_real
+from compress.eval.peak import PRECISIONS, cpu_theoretical_peaks, floor_ms, measure_peaks, peak_notes, precision_of_backend
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +77,16 @@ REPORT_MD = "latency.md"
 # File names that hold weights, for the size column (config and tokenizer files are noise).
 WEIGHT_SUFFIXES = (".safetensors", ".onnx", ".onnx_data", ".onnx.data", ".bin", ".pt2")
 
-# Square fp32 matmuls for the GEMM peak: big enough to be compute-bound on a CPU,
-# small enough to take about a second on 2 cores. 2*n^3 FLOPs per matmul.
+# Square matmuls for the GEMM peaks (compress.eval.peak: every engine, fp32 / bf16 / int8):
+# big enough to be compute-bound on a CPU, small enough for seconds on 2 cores.
 PEAK_SIZES = (1024, 2048)
-PEAK_WARMUP = 2
-# The best of at least this many products and this many seconds per size: noise from
-# other processes only ever slows a product down, so the best is the peak.
-PEAK_REPEATS = 5
-PEAK_SECONDS = 0.5
+PEAK_SECONDS = 0.3
+
+# The backends that run an fp32 folder in fp32: the candidates for the reference's fastest.
+FP32_BACKENDS = ("torch", "onnxruntime", "openvino")
+
+# Real inputs are cut where tasks cut them by default (a longer model still sees the same set).
+MAX_REAL_LENGTH = 128
 
 # Seed for the random token ids, so every model sees the same inputs.
 INPUT_SEED = 0
@@ -98,6 +103,19 @@ class LatencyConfig:
     backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc, openvino, openvino-bf16",
                           choices=lambda: [name for name, _ in BACKENDS.items()])
     peak: bool = option(True, "also measure the fp32 GEMM peak and report each model's % of it")
+    repeat_runs: int = option(1, "repeat the whole measurement (every model in turn) K times: rows give the median of the "
+                              "runs' medians, their spread, and the speed-up of the worst run (a speed-up holds only if it "
+                              "holds in every run)", metavar="K")
+    reference_backends: tuple[str, ...] = option((), "also time the FIRST model on these fp32 backends (e.g. torch,"
+                                                 "onnxruntime,openvino): rows then give speed-ups against its fastest "
+                                                 "fp32 backend and against PyTorch eager", metavar="B[,...]")
+    lengths: str | None = option(None, "also time on real inputs at their own lengths: a TASK's dev set (with --data-dir) or a "
+                                 "FILE of texts (.txt lines, .tsv/.jsonl with sentence or sentence1/sentence2): batch 1 one "
+                                 "sentence at a time, and --lengths-batch sorted by length with dynamic padding",
+                                 metavar="TASK|FILE")
+    lengths_batch: int = option(32, "the batch size of the sorted, dynamically padded pass of --lengths")
+    lengths_passes: int = option(3, "timed passes over the --lengths set (each batch's median is kept)")
+    data_dir: str | None = option(None, "GLUE data folder for --lengths TASK (default: the hub's copy)", metavar="DIR")
     record: bool = option(True, "append the results to each model's metrics.json")
     out: str | None = option(None, "directory for latency.json and latency.md", metavar="DIR")
 
@@ -114,6 +132,13 @@ class LatencyConfig:
             raise CompressError(f"--repeats must be at least 1, got {self.repeats}")
         if self.min_seconds < 0:
             raise CompressError(f"--min-seconds must be 0 or more, got {self.min_seconds}")
+        if self.lengths_batch < 1 or self.lengths_passes < 1:
+            raise CompressError("--lengths-batch and --lengths-passes must be at least 1")
+        if self.repeat_runs < 1:
+            raise CompressError(f"--repeat-runs must be at least 1, got {self.repeat_runs}")
+        for name in self.reference_backends:
+            if name not in FP32_BACKENDS:
+                raise CompressError(f"--reference-backends takes fp32 backends ({', '.join(FP32_BACKENDS)}); got {name!r}")
         if self.threads is not None and self.threads < 1:
             raise CompressError(f"--threads must be at least 1, got {self.threads}")
         if self.backend not in BACKENDS:
@@ -131,14 +156,28 @@ class LatencyConfig:
 
 @dataclass
 class Session:
-    """One model loaded by a backend, ready to be timed at any (batch, seq)."""
+    """One model loaded by a backend, ready to be timed on any batch.
 
-    run: Callable[[int, int], list[float]]  # (batch, seq) -> seconds of each timed forward
+    A batch is a dict of int64 numpy arrays of shape (batch, seq): ``input_ids``,
+    ``attention_mask``, ``token_type_ids``. ``prepare`` turns it into what ``forward``
+    takes (tensors, the family's inputs only), outside the timed region; ``forward``
+    runs the model once.
+    """
+
+    prepare: Callable[[dict[str, np.ndarray]], Any]
+    forward: Callable[[Any], Any]
+    vocab_size: int
     params: int  # distinct parameters
     structure: dict[str, Any]  # compress.core.structure dict, for the FLOP count
     max_positions: int  # longest sequence the model accepts
     backend: str = ""  # the backend that ran, as rows name it (e.g. onnxruntime-int8)
     note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
+
+    def run(self, batch: int, seq: int, cfg: LatencyConfig) -> list[float]:
+        """Seconds of each timed forward on random token ids of shape (batch, seq)."""
+        prepared = self.prepare(random_batch(self.vocab_size, batch, seq))
+        self.forward(prepared)  # untimed, beyond warm-up: inc compiles for this shape here
+        return time_calls(lambda: self.forward(prepared), cfg)
 
 
 # A backend: (model_dir, cfg) -> Session, called inside a worker process after the
@@ -149,22 +188,9 @@ BACKENDS: Registry[Callable[[Path, LatencyConfig], Session]] = Registry("latency
 @BACKENDS.register("torch")
 def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
     """PyTorch eager fp32 with the directory's saved head, under ``torch.inference_mode``."""
-
     require_format(model_dir, "torch", "torch")
     model = load_model(model_dir)  # eval mode, fp32, pruned shapes rebuilt
-    config = model.config
-
-    def run(batch: int, seq: int) -> list[float]:
-        ids = random_input_ids(config.vocab_size, batch, seq)
-        inputs = model_inputs(model, {  # those the family takes
-            "input_ids": torch.from_numpy(ids),  # (batch, seq) int64
-            "token_type_ids": torch.zeros(batch, seq, dtype=torch.long),
-            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
-        })
-        with torch.inference_mode():
-            return time_calls(lambda: model(**inputs), cfg)
-
-    return Session(run, count_parameters(model), describe(model), config.max_position_embeddings, "torch")
+    return runtime_session(model, model_dir, cfg, "torch", counted=model)
 
 
 # The backend ``auto`` picks for each directory format (compression.json "format").
@@ -188,23 +214,27 @@ def require_format(model_dir: Path, fmt: str, backend: str) -> None:
         raise CompressError(f"the {backend} latency backend runs {fmt} directories; {model_dir} is {found} (use --backend auto)")
 
 
-def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, note: str | None = None) -> Session:
-    """A Session timing any model from ``compress.core.runtime`` (HF call convention, torch tensors in)."""
+def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, note: str | None = None,
+                    counted=None) -> Session:
+    """A Session timing any model from ``compress.core.runtime`` (HF call convention, torch tensors in).
 
+    ``counted``: an fp32 torch model to count parameters and shapes on; otherwise they come
+    from the directory (an int8 file has no fp32 tensors to count).
+    """
     config = model.config
 
-    def run(batch: int, seq: int) -> list[float]:
-        inputs = model_inputs(model, {  # those the family takes
-            "input_ids": torch.from_numpy(random_input_ids(config.vocab_size, batch, seq)),  # (batch, seq) int64
-            "token_type_ids": torch.zeros(batch, seq, dtype=torch.long),
-            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
-        })
-        with torch.inference_mode():
-            model(**inputs)  # untimed, beyond warm-up: inc compiles for this shape here
-            return time_calls(lambda: model(**inputs), cfg)
+    def prepare(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return model_inputs(model, {k: torch.from_numpy(v) for k, v in batch.items()})  # those the family takes
 
-    # Parameters and shapes of the fp32 architecture: an int8 file has no fp32 tensors to count.
-    return Session(run, parameter_count(model_dir), structure_of(model_dir), config.max_position_embeddings, backend, note)
+    def forward(inputs: dict[str, torch.Tensor]):
+        with torch.inference_mode():
+            return model(**inputs)
+
+    if counted is not None:
+        params, structure = count_parameters(counted), describe(counted)
+    else:
+        params, structure = parameter_count(model_dir), structure_of(model_dir)
+    return Session(prepare, forward, config.vocab_size, params, structure, config.max_position_embeddings, backend, note)
 
 
 @BACKENDS.register("torch-int8")
@@ -285,6 +315,15 @@ def random_input_ids(vocab_size: int, batch: int, seq: int):
     """Token ids in [1, vocab) of shape (batch, seq), int64; 0 is [PAD] in BERT vocabularies."""
     rng = np.random.default_rng(INPUT_SEED)
     return rng.integers(1, max(vocab_size, 2), size=(batch, seq), dtype=np.int64)
+
+
+def random_batch(vocab_size: int, batch: int, seq: int) -> dict[str, np.ndarray]:
+    """A full (unpadded) batch of random ids: every model of a report sees the same one."""
+    return {
+        "input_ids": random_input_ids(vocab_size, batch, seq),
+        "attention_mask": np.ones((batch, seq), dtype=np.int64),
+        "token_type_ids": np.zeros((batch, seq), dtype=np.int64),
+    }
 
 
 def time_calls(fn: Callable[[], Any], cfg: LatencyConfig) -> list[float]:
@@ -376,8 +415,9 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
     threads = cfg.threads or default_threads()
     names = display_names(paths)
 
-    peak, results = run_all(paths, names, cfg, threads)
-    rows = build_rows(paths, names, results, cfg, peak)
+    peaks, results, references = run_all(paths, names, cfg, threads)
+    rows = build_rows(paths, names, results, cfg, peaks, references)
+    theoretical = cpu_theoretical_peaks(threads) if cfg.peak else None
     report = {
         "kind": "latency",
         "when": utc_now(),
@@ -386,10 +426,17 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
         "threads": threads,
         # The backends that ran (auto resolves per directory), e.g. "torch, onnxruntime-int8".
         "backend": ", ".join(dict.fromkeys(r["backend"] for r in rows)),
-        "notes": list(dict.fromkeys(r["note"] for r in results if r.get("note"))),
+        "notes": list(dict.fromkeys(r["note"] for runs in results for r in runs if r.get("note"))),
         "load_avg_1min": load_before,  # near 0 when idle; higher means shared cores
-        "peak_gflops": peak,
+        "peak_gflops": peaks["fp32"]["gflops"] if peaks else None,  # the fp32 peak: the best engine's
+        "peaks": peaks,
+        "theoretical_peaks": theoretical,
+        "peak_notes": peak_notes(peaks, theoretical) if peaks else [],
         "peak_sizes": list(PEAK_SIZES) if cfg.peak else None,
+        "repeat_runs": cfg.repeat_runs,
+        "reference": reference_summary(names[0], references),
+        "real_inputs": results[0][0]["real"]["inputs"] if cfg.lengths else None,
+        "real_rows": build_real_rows(paths, names, results, references) if cfg.lengths else [],
         "config": {**dataclasses.asdict(cfg), "threads": threads},
         "rows": rows,
     }
@@ -402,23 +449,58 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
 
 def run_all(
     paths: list[Path], names: list[str], cfg: LatencyConfig, threads: int
-) -> tuple[float | None, list[dict[str, Any]]]:
-    """The GEMM peak (or None) and each model's worker result, one process after another."""
+) -> tuple[float | None, list[list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """The GEMM peak (or None), each model's worker result per run, and the reference's per fp32 backend per run.
 
-    total = len(paths) * len(cfg.grid()) + (1 if cfg.peak else 0)
-    peak, results = None, []
+    A run is the whole sequence (peak, every model, the reference on each backend), one
+    process after another; runs repeat it, so a load change hits every model alike and
+    shows as spread instead of as one model's speed-up.
+    """
+    jobs = [(name, {"mode": "model", "model": str(path), "config": worker_config(cfg, threads)})
+            for path, name in zip(paths, names)]
+    jobs += [(f"{names[0]} [{b}]", {"mode": "model", "model": str(paths[0]),
+                                    "config": {**worker_config(cfg, threads), "backend": b}, "reference": b})
+             for b in cfg.reference_backends]
+    total = cfg.repeat_runs * (len(jobs) * len(cfg.grid()) + (1 if cfg.peak else 0))
+    peaks: list[dict[str, Any]] = []
+    results: list[list[dict[str, Any]]] = [[] for _ in paths]
+    references: dict[str, list[dict[str, Any]]] = {b: [] for b in cfg.reference_backends}
     # The bar is on stderr (hidden when not a terminal); one log line per model.
     with progress(total=total, desc="latency", unit="point", file=sys.stderr) as bar:
-        if cfg.peak:
-            peak = run_worker({"mode": "peak", "sizes": list(PEAK_SIZES)}, threads, "GEMM peak", bar)["gflops"]
-            log.info(f"GEMM peak: {peak:.1f} GFLOP/s fp32 on {threads} threads")
-        for path, name in zip(paths, names):
-            job = {"mode": "model", "model": str(path), "config": worker_config(cfg, threads)}
-            results.append(run_worker(job, threads, name, bar))
-            first = results[-1]["points"][0]
-            p50 = percentile_stats(first["seconds"])["p50_ms"]
-            log.info(f"{name}: p50 {p50:.2f} ms at batch {first['batch']} seq {first['seq']}")
-    return peak, results
+        for run in range(cfg.repeat_runs):
+            tag = f" (run {run + 1}/{cfg.repeat_runs})" if cfg.repeat_runs > 1 else ""
+            if cfg.peak:
+                peaks.append(run_worker({"mode": "peak", "sizes": list(PEAK_SIZES)}, threads, "GEMM peak", bar)["peaks"])
+                log.info("GEMM peaks%s: %s", tag, ", ".join(
+                    f"{p} {peaks[-1][p]['gflops']:.0f} ({peaks[-1][p]['best']})" for p in PRECISIONS if peaks[-1][p]["gflops"]))
+            for i, (name, job) in enumerate(jobs):
+                result = run_worker(job, threads, name, bar)
+                if "reference" in job:
+                    references[job["reference"]].append(result)
+                else:
+                    results[i].append(result)
+                first = result["points"][0]
+                p50 = percentile_stats(first["seconds"])["p50_ms"]
+                log.info(f"{name}: p50 {p50:.2f} ms at batch {first['batch']} seq {first['seq']}{tag}")
+    return best_peaks(peaks), results, references
+
+
+def best_peaks(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per precision and engine, the best of the runs' peaks: noise only ever slows a product down."""
+    if not runs:
+        return None
+    out: dict[str, Any] = {"threads": runs[0]["threads"], "sizes": runs[0]["sizes"]}
+    for precision in PRECISIONS:
+        engines: dict[str, Any] = {}
+        for run in runs:
+            for name, record in run[precision]["engines"].items():
+                if "gflops" in record and record["gflops"] > engines.get(name, {}).get("gflops", -1.0):
+                    engines[name] = record
+                engines.setdefault(name, record)  # an engine that never ran keeps its error
+        ran = {name: r["gflops"] for name, r in engines.items() if "gflops" in r}
+        best = max(ran, key=ran.get) if ran else None
+        out[precision] = {**runs[0][precision], "engines": engines, "best": best, "gflops": ran.get(best)}
+    return out
 
 
 def precheck(path: Path, cfg: LatencyConfig) -> None:
@@ -426,6 +508,8 @@ def precheck(path: Path, cfg: LatencyConfig) -> None:
     require_model_dir(path)
     config = load_config(path)  # config.json only: no torch, no weights
     check_seq(cfg.seq, config.max_position_embeddings, path)
+    if cfg.lengths:  # a wrong task, file or data folder is said now, not after minutes of timing
+        real_inputs(cfg.lengths, load_tokenizer(path), data_dir=cfg.data_dir, limit=1)
 
 
 def worker_config(cfg: LatencyConfig, threads: int) -> dict[str, Any]:
@@ -433,39 +517,130 @@ def worker_config(cfg: LatencyConfig, threads: int) -> dict[str, Any]:
     return {**dataclasses.asdict(cfg), "threads": threads, "out": None}
 
 
+def _point_p50s(runs: list[dict[str, Any]]) -> dict[tuple[int, int], list[float]]:
+    """(batch, seq) -> the p50 (ms) of each run."""
+    out: dict[tuple[int, int], list[float]] = {}
+    for result in runs:
+        for point in result["points"]:
+            out.setdefault((point["batch"], point["seq"]), []).append(percentile_stats(point["seconds"])["p50_ms"])
+    return out
+
+
+def _ratios(base: list[float], p50s: list[float]) -> list[float]:
+    """Per run: the base's p50 over this p50 (> 1 means faster than the base)."""
+    return [b / p for b, p in zip(base, p50s)]
+
+
 def build_rows(
-    paths: list[Path], names: list[str], results: list[dict[str, Any]], cfg: LatencyConfig, peak: float | None
+    paths: list[Path], names: list[str], results: list[list[dict[str, Any]]], cfg: LatencyConfig,
+    peaks: dict[str, Any] | float | None, references: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per model x (batch, seq), with the speed-up against the first model's p50."""
+    """One row per model x (batch, seq): the median over runs of each run's statistics, and speed-ups.
+
+    ``speedup`` is against the first model (its median p50 over this one's), ``speedup_min``
+    the worst run's; with reference backends, ``speedup_vs_best_fp32`` is against the first
+    model on its fastest fp32 backend (per point, fastest by median) and ``speedup_vs_torch``
+    against it in PyTorch eager.
+    """
+    if isinstance(peaks, (int, float)):  # a bare fp32 figure
+        peaks = {"fp32": {"gflops": float(peaks), "best": "given"}}
     rows = []
-    for path, name, result in zip(paths, names, results):
+    for path, name, runs in zip(paths, names, results):
         size_mb = megabytes(size_on_disk(path))
+        p50s = _point_p50s(runs)
+        backend = runs[0].get("backend") or cfg.backend
+        precision = precision_of_backend(backend, runs[0].get("note"))
+        # The peak of the precision the GEMMs really ran in (an int8 row against the int8 peak).
+        peak = ((peaks or {}).get(precision) or {}).get("gflops")
+        result = runs[0]
         for point in result["points"]:
             batch, seq = point["batch"], point["seq"]
-            stats = percentile_stats(point["seconds"])
+            per_run = [percentile_stats(r["points"][i]["seconds"]) for r in runs for i, q in enumerate(r["points"])
+                       if (q["batch"], q["seq"]) == (batch, seq)]
+            stats = {k: float(np.median([st[k] for st in per_run])) for k in per_run[0]}
             p50_s = stats["p50_ms"] / 1e3
             flops = result["flops"][str(seq)]  # per sequence, whole encoder
             achieved = flops * batch / p50_s / 1e9
+            runs_p50 = p50s[batch, seq]
             rows.append({
                 "model": str(path),
                 "name": name,
-                "backend": result.get("backend") or cfg.backend,
+                "backend": backend,
+                "precision": precision,
                 "batch": batch,
                 "seq": seq,
                 **stats,
+                "runs_p50_ms": runs_p50,
+                # (slowest - fastest run) / median, in %: how far apart the runs were
+                "spread_pct": 100.0 * (max(runs_p50) - min(runs_p50)) / stats["p50_ms"],
                 "throughput": batch / p50_s,  # sequences per second at the median
                 "params": result["params"],
                 "size_mb": size_mb,
                 "gflops_per_seq": flops / 1e9,
                 "achieved_gflops": achieved,
                 "pct_peak": 100.0 * achieved / peak if peak else None,
+                # FLOPs at the peak of its precision: what no engine measured here could beat
+                "floor_ms": floor_ms(flops * batch, peak) if peak else None,
+                "x_floor": stats["p50_ms"] / floor_ms(flops * batch, peak) if peak else None,
                 **({"note": result["note"]} if result.get("note") else {}),  # e.g. OpenVINO's inference precision
             })
-    first = {(r["batch"], r["seq"]): r["p50_ms"] for r in rows[: len(results[0]["points"])]}
+    first = {(r["batch"], r["seq"]): r for r in rows[: len(results[0][0]["points"])]}
+    ref = {b: _point_p50s(runs) for b, runs in (references or {}).items() if runs}
     for row in rows:
-        # > 1 means faster than the first model at the same (batch, seq).
-        row["speedup"] = first[(row["batch"], row["seq"])] / row["p50_ms"]
+        point = (row["batch"], row["seq"])
+        base = first[point]
+        row["speedup"] = base["p50_ms"] / row["p50_ms"]
+        row["speedup_min"] = min(_ratios(base["runs_p50_ms"], row["runs_p50_ms"]))
+        if ref:
+            best = min(ref, key=lambda b: float(np.median(ref[b][point])))
+            row["best_fp32_backend"] = best
+            row["speedup_vs_best_fp32"] = float(np.median(ref[best][point])) / row["p50_ms"]
+            row["speedup_vs_best_fp32_min"] = min(_ratios(ref[best][point], row["runs_p50_ms"]))
+            if "torch" in ref:
+                row["speedup_vs_torch"] = float(np.median(ref["torch"][point])) / row["p50_ms"]
     return rows
+
+
+def build_real_rows(paths: list[Path], names: list[str], results: list[list[dict[str, Any]]],
+                    references: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per model x real-input batch size: medians over runs, sentences/s speed-ups (median and worst run)."""
+    def per_run(runs, batch, key):
+        return [r["real"]["batches"][batch][key] for r in runs]
+
+    rows = []
+    for path, name, runs in zip(paths, names, results):
+        backend = runs[0].get("backend", "")
+        for batch in runs[0]["real"]["batches"]:
+            rate = per_run(runs, batch, "sentences_per_s")
+            rows.append({
+                "model": str(path), "name": name, "backend": backend, "batch": int(batch),
+                "p50_ms": float(np.median(per_run(runs, batch, "p50_ms"))),
+                "p99_ms": float(np.median(per_run(runs, batch, "p99_ms"))),
+                "sentences_per_s": float(np.median(rate)), "runs_sentences_per_s": rate,
+                "padded_tokens": runs[0]["real"]["batches"][batch]["padded_tokens"],
+            })
+    first = {r["batch"]: r for r in rows[: len(results[0][0]["real"]["batches"])]}
+    ref = {b: runs for b, runs in references.items() if runs}
+    for row in rows:
+        base = first[row["batch"]]
+        row["speedup"] = row["sentences_per_s"] / base["sentences_per_s"]
+        row["speedup_min"] = min(a / b for a, b in zip(row["runs_sentences_per_s"], base["runs_sentences_per_s"]))
+        if ref:
+            key = str(row["batch"])
+            best = max(ref, key=lambda b: float(np.median(per_run(ref[b], key, "sentences_per_s"))))
+            best_rate = per_run(ref[best], key, "sentences_per_s")
+            row["best_fp32_backend"] = best
+            row["speedup_vs_best_fp32"] = row["sentences_per_s"] / float(np.median(best_rate))
+            row["speedup_vs_best_fp32_min"] = min(a / b for a, b in zip(row["runs_sentences_per_s"], best_rate))
+    return rows
+
+
+def reference_summary(name: str, references: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The first model's median p50 per fp32 backend and point, as the report's ``reference``."""
+    if not any(references.values()):
+        return None
+    return {"model": name, "p50_ms": {b: {f"b{bs},s{sq}": float(np.median(v)) for (bs, sq), v in _point_p50s(runs).items()}
+                                      for b, runs in references.items()}}
 
 
 def record_metrics(report: dict[str, Any], paths: list[Path]) -> None:
@@ -564,23 +739,65 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def format_markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown: a header naming the machine and settings, then one table."""
-    lines = [f"# Latency ({report['backend']})", "", *_header(report), "", *TABLE_HEAD]
+    """The report as Markdown: a header naming the machine and settings, the grid table, and the real-input table."""
+    runs = report.get("repeat_runs") or 1
+    ref = report.get("reference")
+    extra_head, extra_rule = "", ""
+    if runs > 1:
+        extra_head += f" | spread over {runs} runs | worst-run speed-up"
+        extra_rule += "|--:|--:"
+    if ref:
+        extra_head += " | vs best fp32 (worst run) | vs PyTorch eager"
+        extra_rule += "|--:|--:"
+    lines = [f"# Latency ({report['backend']})", "", *_header(report), "",
+             TABLE_HEAD[0] + extra_head.removeprefix(" ") + (" |" if extra_head else ""), TABLE_HEAD[1] + extra_rule.removeprefix("|") + ("|" if extra_rule else "")]
     for r in report["rows"]:
-        lines.append(
+        line = (
             f"| {r['name']} | {r['batch']} | {r['seq']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
             f"{r['p99_ms']:.2f} | {r['throughput']:.1f} | {r['params'] / 1e6:.2f} | {r['size_mb']:.1f} | "
             f"{r['gflops_per_seq']:.4g} | {r['achieved_gflops']:.1f} | {_fmt(r['pct_peak'], '.0f')} | "
-            f"{r['speedup']:.2f}x |"
+            f"{r['speedup']:.2f}x | {r.get('precision', '?')} | {_fmt(r.get('x_floor'), '.1f')} |"
         )
+        if runs > 1:
+            line += f" {r['spread_pct']:.0f}% | {r['speedup_min']:.2f}x |"
+        if ref:
+            line += (f" {r['speedup_vs_best_fp32']:.2f}x ({r['speedup_vs_best_fp32_min']:.2f}x) |"
+                     f" {_fmt(r.get('speedup_vs_torch'), '.2f')}x |")
+        lines.append(line)
+    if ref:
+        lines += ["", f"Reference: {ref['model']} in fp32 on " + "; ".join(
+            f"{b} " + ", ".join(f"{k} {v:.2f} ms" for k, v in points.items()) for b, points in ref["p50_ms"].items())
+            + " (median p50 over runs); 'vs best fp32' divides its fastest backend's p50 by the row's."]
+    if report.get("real_rows"):
+        lines += ["", *format_real(report)]
     return "\n".join(lines) + "\n"
 
 
 TABLE_HEAD = (
     "| model | batch | seq | p50 ms | p90 ms | p99 ms | seq/s | params (M) | size (MB) "
-    "| GFLOPs/seq | GFLOP/s | % peak | speed-up vs first |",
-    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    "| GFLOPs/seq | GFLOP/s | % peak | speed-up vs first | precision | x floor |",
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|",
 )
+
+
+def format_real(report: dict[str, Any]) -> list[str]:
+    """The real-input table: each model on the set's sentences at their own lengths."""
+    info, ref = report["real_inputs"], report.get("reference")
+    lines = [f"## Real inputs: {info['source']}", "",
+             f"{info['n']} sentences, {info['mean_tokens']:.1f} tokens on average (median {info['median_tokens']:.0f}, "
+             f"longest {info['max_tokens']}, {info['n_truncated']} cut at {info['max_length']}). Batch 1: one sentence at a "
+             "time, in order (p50/p99 per sentence); larger batches: sorted by length, each padded to its longest "
+             "(p50/p99 per batch). Speed-ups compare sentences per second.", "",
+             "| model | backend | batch | p50 ms | p99 ms | sentences/s | speed-up vs first (worst run)"
+             + (" | vs best fp32 (worst run) |" if ref else " |"),
+             "|---|---|--:|--:|--:|--:|--:|" + ("--:|" if ref else "")]
+    for r in report["real_rows"]:
+        line = (f"| {r['name']} | {r['backend']} | {r['batch']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                f"{r['sentences_per_s']:.0f} | {r['speedup']:.2f}x ({r['speedup_min']:.2f}x) |")
+        if ref:
+            line += f" {r['speedup_vs_best_fp32']:.2f}x ({r['speedup_vs_best_fp32_min']:.2f}x) |"
+        lines.append(line)
+    return lines
 
 
 def _header(report: dict[str, Any]) -> list[str]:
@@ -593,22 +810,43 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"- flags: {', '.join(hw.get('flags', [])) or 'none of interest'}",
         f"- threads: {report['threads']} intra-op, 1 inter-op; one process per model",
         f"- torch {packages.get('torch', '?')}, transformers {packages.get('transformers', '?')}; {report['when']}",
-        f"- fp32 GEMM peak: {_fmt(peak, '.1f')} GFLOP/s" + (f" (best torch.mm, square n = {sizes})" if peak else ""),
-        f"- {cfg.get('warmup', '?')} warm-up + {cfg.get('repeats', '?')} timed passes per point, random token ids; "
-        "GFLOPs = encoder matmuls only; speed-up vs first = first model's p50 / this p50",
+        *peak_lines(report),
+        f"- {cfg.get('warmup', '?')} warm-up + {cfg.get('repeats', '?')} timed passes per point, random token ids"
+        + (f", the whole measurement repeated {report['repeat_runs']} times (rows: median of the runs' medians)"
+           if (report.get("repeat_runs") or 1) > 1 else "")
+        + "; GFLOPs = encoder matmuls only; speed-up vs first = first model's p50 / this p50; % peak and x floor are "
+        "against the measured peak of the precision the row's matrix multiplications ran in (x floor = p50 / "
+        "(FLOPs / that peak))",
     ]
     lines.extend(f"- note: {note}" for note in report.get("notes") or ())
     if report.get("load_avg_1min") is not None:
         lines.append(f"- 1-minute load average before the run: {report['load_avg_1min']:.2f} on {hw.get('usable_cores')} cores")
-    # int8/bf16 kernels are not bound by the fp32 peak: only fp32 rows above it mean a slowed peak run.
-    fp32_rows = [r for r in report["rows"] if not any(p in r.get("backend", "") for p in ("int8", "bf16"))]
-    if len(fp32_rows) < len(report["rows"]):
-        lines.append("- % peak is against the fp32 GEMM peak: int8 and bf16 rows may exceed 100")
-    if any((r["pct_peak"] or 0) > 100 for r in fp32_rows):
+    # Each row is against the peak of its own precision: above 100% means that peak run was slowed.
+    if any((r["pct_peak"] or 0) > 100 for r in report["rows"]):
         lines.append(
             "- note: some rows exceed the measured GEMM peak, so the peak run was slowed "
             "(another busy process?); re-run on an idle machine"
         )
+    return lines
+
+
+def peak_lines(report: dict[str, Any]) -> list[str]:
+    """The measured GEMM peaks (best engine per precision, every engine's figure) and the paper ones."""
+    peaks, theory = report.get("peaks"), report.get("theoretical_peaks")
+    if not peaks:
+        return [f"- GEMM peak: {_fmt(report.get('peak_gflops'), '.1f')} GFLOP/s fp32"]
+    lines = []
+    for precision in PRECISIONS:
+        p = peaks[precision]
+        engines = ", ".join(f"{name} {r['gflops']:.0f}" if "gflops" in r else f"{name} n/a"
+                            for name, r in p["engines"].items())
+        bound = ((theory or {}).get(precision) or {}).get("gflops")
+        lines.append(f"- {precision} GEMM peak: {_fmt(p['gflops'], '.0f')} {p['unit']} ({p['best'] or 'no engine ran'}; "
+                     f"{engines}; square n = {', '.join(map(str, peaks['sizes']))})"
+                     + (f"; theoretical {bound:.0f}" if bound else ""))
+    if theory:
+        lines.append(f"- theoretical peaks: {theory.get('basis', '')}")
+    lines.extend(f"- note: {note}" for note in report.get("peak_notes") or ())
     return lines
 
 
@@ -642,7 +880,8 @@ def worker_main(stdin, proto) -> int:
         job = json.loads(stdin.read())
         set_threads(int(job["threads"]))
         if job["mode"] == "peak":
-            emit({"done": {"gflops": gemm_peak(tuple(job["sizes"]))}})
+            peaks = measure_peaks(int(job["threads"]), tuple(job["sizes"]), job.get("min_seconds", PEAK_SECONDS))
+            emit({"done": {"gflops": peaks["fp32"]["gflops"], "peaks": peaks}})
         else:
             emit({"done": time_model(Path(job["model"]), job["config"], emit)})
     except CompressError as err:
@@ -670,11 +909,13 @@ def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], N
     check_seq(cfg.seq, session.max_positions, model_dir)
     points = []
     for batch, seq in cfg.grid():
-        point = {"batch": batch, "seq": seq, "seconds": session.run(batch, seq)}
+        point = {"batch": batch, "seq": seq, "seconds": session.run(batch, seq, cfg)}
         points.append(point)
         emit({"point": {"batch": batch, "seq": seq}})
+    real = time_real_lengths(session, model_dir, cfg) if cfg.lengths else None
     return {
         "points": points,
+        **({"real": real} if real else {}),
         "backend": session.backend or cfg.backend,
         "note": session.note,
         "params": session.params,
@@ -683,22 +924,16 @@ def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], N
     }
 
 
-def gemm_peak(sizes: tuple[int, ...]) -> float:
-    """Best fp32 ``torch.mm`` GFLOP/s over square sizes ``sizes`` (2*n^3 FLOPs per product)."""
-    best = 0.0
-    gen = torch.Generator().manual_seed(0)
-    for n in sizes:
-        a = torch.randn(n, n, generator=gen)  # (n, n) fp32
-        b = torch.randn(n, n, generator=gen)
-        for _ in range(PEAK_WARMUP):
-            torch.mm(a, b)
-        spent, repeats = 0.0, 0
-        while repeats < PEAK_REPEATS or spent < PEAK_SECONDS:
-            start = time.perf_counter()
-            torch.mm(a, b)
-            seconds = time.perf_counter() - start
-            best, spent, repeats = max(best, 2 * n**3 / seconds / 1e9), spent + seconds, repeats + 1
-    return best
+def time_real_lengths(session: Session, model_dir: Path, cfg: LatencyConfig) -> dict[str, Any]:
+    """The session on the real inputs of ``cfg.lengths`` at batch 1 (in order) and ``cfg.lengths_batch`` (sorted, padded)."""
+    inputs = real_inputs(cfg.lengths, load_tokenizer(model_dir), data_dir=cfg.data_dir,
+                         max_length=min(session.max_positions, MAX_REAL_LENGTH))
+    timed = {}
+    for batch in dict.fromkeys((1, cfg.lengths_batch)):
+        timed[str(batch)] = time_real(session.forward, inputs, batch, prepare=session.prepare, warmup=cfg.warmup,
+                                      passes=cfg.lengths_passes)
+    return {"inputs": inputs.stats(), "batches": timed,
+            "flops_per_sentence": float(np.mean([flops_per_sequence(session.structure, int(n)) for n in inputs.lengths]))}
 
 
 def _worker_entry() -> int:

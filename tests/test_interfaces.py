@@ -266,7 +266,7 @@ def test_quantize_latency_and_leaderboard_print_sizes_in_one_unit(tmp_path):
     assert "weights 3.0 MB -> 1.5 MB" in text
 
     result = {"points": [{"batch": 1, "seq": 8, "seconds": [0.01] * 5}], "flops": {"8": 1e9}, "params": 1000, "backend": "torch"}
-    rows = build_rows([fp32], ["fp32"], [result], __import__("compress.eval.latency", fromlist=["LatencyConfig"]).LatencyConfig(), None)
+    rows = build_rows([fp32], ["fp32"], [[result]], __import__("compress.eval.latency", fromlist=["LatencyConfig"]).LatencyConfig(), None)
     assert rows[0]["size_mb"] == pytest.approx(3.0)
     report = {"backend": "torch", "rows": rows, "hardware": {"flags": []}, "packages": {}, "threads": 1, "when": "now"}
     row = next(line for line in latency_markdown(report).splitlines() if line.startswith("| fp32 |"))

@@ -20,6 +20,7 @@ from tests.conftest import make_tiny_model, save_tiny
 ROW_KEYS = {
     "model", "name", "backend", "batch", "seq", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
     "throughput", "params", "size_mb", "gflops_per_seq", "achieved_gflops", "pct_peak", "speedup",
+    "runs_p50_ms", "spread_pct", "speedup_min", "precision", "floor_ms", "x_floor",
 }
 
 
@@ -73,6 +74,14 @@ def test_one_row_per_model_and_grid_point(grid_report):
         assert row["throughput"] == pytest.approx(row["batch"] / (row["p50_ms"] / 1e3))
     assert report["peak_gflops"] > 0
     assert all(r["pct_peak"] == pytest.approx(100 * r["achieved_gflops"] / report["peak_gflops"]) for r in rows)
+    # torch fp32 rows: against the fp32 peak of the best engine, whose figure is the report's fp32 peak
+    peaks = report["peaks"]
+    assert peaks["fp32"]["gflops"] == report["peak_gflops"] == peaks["fp32"]["engines"][peaks["fp32"]["best"]]["gflops"]
+    assert all(r["precision"] == "fp32" for r in rows)
+    for r in rows:
+        floor = r["gflops_per_seq"] * 1e9 * r["batch"] / (report["peak_gflops"] * 1e9) * 1e3  # ms at the peak
+        assert r["floor_ms"] == pytest.approx(floor) and r["x_floor"] == pytest.approx(r["p50_ms"] / floor)
+    assert set(report["theoretical_peaks"]) >= {"fp32", "int8", "basis"}
 
 
 def test_speedup_is_against_the_first_model(grid_report):
@@ -165,6 +174,36 @@ def test_parent_arithmetic_without_peak_or_recording(monkeypatch, two_models):
     assert [read_metrics(d) for d in two_models] == before
 
 
+def test_repeated_runs_report_the_median_the_spread_and_the_worst_speedup(monkeypatch, two_models):
+    import compress.eval.latency as latency
+
+    # Per call, in order: run 1 (teacher, student, teacher on torch, teacher on openvino), run 2, run 3.
+    # p50s (ms): teacher 20, 30, 22; student 5, 10, 4; teacher-torch 40, 42, 41; teacher-openvino 10, 12, 11.
+    p50s = iter([20, 5, 40, 10, 30, 10, 42, 12, 22, 4, 41, 11])
+    calls: list[dict] = []
+
+    def run(job, threads, label, bar=None):
+        calls.append(job)
+        seconds = [next(p50s) / 1e3] * 3
+        return {"points": [{"batch": 1, "seq": 16, "seconds": seconds}], "params": 1000, "flops": {"16": 2_000_000},
+                "backend": job["config"]["backend"]}
+
+    monkeypatch.setattr(latency, "run_worker", run)
+    report = measure_latency(two_models, fast(peak=False, record=False, repeat_runs=3, reference_backends=("torch", "openvino")))
+    assert [(Path(j["model"]).name, j.get("reference")) for j in calls] == [
+        ("teacher", None), ("student", None), ("teacher", "torch"), ("teacher", "openvino")] * 3  # interleaved runs
+    teacher, student = report["rows"]
+    assert teacher["runs_p50_ms"] == pytest.approx([20, 30, 22]) and teacher["p50_ms"] == pytest.approx(22.0)
+    assert student["p50_ms"] == pytest.approx(5.0) and student["spread_pct"] == pytest.approx(100 * (10 - 4) / 5)
+    assert student["speedup"] == pytest.approx(22 / 5)
+    assert student["speedup_min"] == pytest.approx(min(20 / 5, 30 / 10, 22 / 4))  # run 2: only 3x
+    # the fastest fp32 reference is openvino (median 11 ms); torch eager's median is 41 ms
+    assert student["best_fp32_backend"] == "openvino" and student["speedup_vs_best_fp32"] == pytest.approx(11 / 5)
+    assert student["speedup_vs_best_fp32_min"] == pytest.approx(min(10 / 5, 12 / 10, 11 / 4))
+    assert student["speedup_vs_torch"] == pytest.approx(41 / 5)
+    assert report["reference"]["p50_ms"] == {"torch": {"b1,s16": 41.0}, "openvino": {"b1,s16": 11.0}}
+
+
 def test_same_directory_names_are_told_apart(monkeypatch, tmp_path, tokenizer):
     import compress.eval.latency as latency
 
@@ -229,6 +268,8 @@ def test_worker_failures_become_one_line_errors(job, match):
         ({"threads": 0}, "--threads"),
         ({"min_seconds": -1.0}, "--min-seconds"),
         ({"backend": "tensorrt"}, "valid: torch"),
+        ({"repeat_runs": 0}, "--repeat-runs"),
+        ({"reference_backends": ("torch-int8",)}, "fp32 backends"),
     ],
 )
 def test_config_validation(changes, match):
@@ -253,3 +294,31 @@ def test_markdown_flags_rows_above_the_peak(grid_report):
     assert "exceed the measured GEMM peak" not in format_markdown({**report, "rows": [{**r, "pct_peak": 50.0} for r in report["rows"]]})
     above = {**report, "rows": [{**r, "pct_peak": 150.0} for r in report["rows"]]}
     assert "exceed the measured GEMM peak" in format_markdown(above)
+
+
+def test_real_lengths_time_every_sentence_at_its_own_length(two_models, tmp_path):
+    texts = ["the movie was good .", "bad", "the plot was not very fun and the actor was awful .", "great film", "a dog sat"]
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    report = measure_latency(two_models, fast(record=False, repeat_runs=2, lengths=str(source), lengths_batch=2,
+                                              lengths_passes=1, reference_backends=("torch",)))
+    info = report["real_inputs"]
+    assert info["n"] == 5 and info["source"] == str(source)
+    rows = report["real_rows"]
+    assert [(r["name"], r["batch"]) for r in rows] == [("teacher", 1), ("teacher", 2), ("student", 1), ("student", 2)]
+    for r in rows:
+        assert len(r["runs_sentences_per_s"]) == 2 and r["sentences_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
+        assert r["speedup_min"] <= max(r["speedup"], r["speedup_min"]) and r["best_fp32_backend"] == "torch"
+    # batch 2, sorted: lengths (each + [CLS]/[SEP]) padded per pair; batch 1 computes on the real tokens alone
+    assert rows[1]["padded_tokens"] >= rows[0]["padded_tokens"] == info["mean_tokens"] * 5
+    assert rows[0]["speedup"] == 1.0
+    text = format_markdown(report)
+    assert "## Real inputs" in text and "5 sentences" in text and "worst-run speed-up" in text and "vs best fp32" in text
+
+
+def test_a_wrong_lengths_source_is_refused_before_any_timing(two_models, tmp_path, monkeypatch):
+    import compress.eval.latency as latency
+
+    monkeypatch.setattr(latency, "run_worker", lambda *a, **k: pytest.fail("a worker ran"))
+    with pytest.raises(CompressError, match="missing.txt"):
+        measure_latency(two_models, fast(record=False, lengths=str(tmp_path / "missing.txt")))

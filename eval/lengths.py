@@ -1,0 +1,279 @@
+"""Latency on real inputs at their own lengths, batched with dynamic padding.
+
+``compress latency`` times random token ids at a fixed length (128 by default), but
+GLUE sentences are far shorter and vary (SST-2 dev: about 25 tokens). This module
+times a model the way it is served:
+
+    real_inputs(source, tokenizer)   a task's dev split or a text file, tokenised, unpadded
+        -> batches(inputs, batch)    batch 1: one sentence at its own length, in the set's order;
+                                     batch > 1: sorted by length, each chunk padded to its longest
+        -> time_real(forward, ...)   warm-up, then timed passes; p50/p99 per batch, sentences/s
+
+It knows no backend: ``forward`` takes one batch of numpy arrays and runs the model once
+(``compress.eval.latency`` adapts each of its backends), so this module imports no
+runtime and ``compress.eval.latency`` may import it without a cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from compress.core.data import DataSource, check_max_length, encode_examples, load_split, read_text_file, read_tsv_rows
+from compress.core.errors import CompressError
+from compress.core.tasks import TASKS, Task, get_task
+
+# The file sources and how each names its text columns (a pair wins over a single sentence).
+FILE_SUFFIXES = (".txt", ".tsv", ".jsonl")
+PAIR_COLUMNS = ("sentence1", "sentence2")
+SINGLE_COLUMNS = ("sentence",)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: numpy arrays have no single truth value to compare
+class RealInputs:
+    """Tokenised real inputs, unpadded: sentence ``i`` is ``ids[i]`` with segments ``type_ids[i]``."""
+
+    ids: tuple[np.ndarray, ...]  # each (len_i,) int64, [CLS] ... [SEP] as the tokenizer wrote it
+    type_ids: tuple[np.ndarray, ...]  # each (len_i,) int64: 0 for the first text, 1 for a pair's second
+    source: str  # what was read, e.g. "SST-2 dev (/data/glue)" or a file path
+    max_length: int = 128  # the truncation limit the sentences were cut at
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.type_ids):
+            raise ValueError(f"{len(self.ids)} id arrays but {len(self.type_ids)} type-id arrays")
+        for ids, types in zip(self.ids, self.type_ids):
+            if ids.ndim != 1 or ids.shape != types.shape:
+                raise ValueError(f"each sentence needs 1-D ids and type ids of one shape, got {ids.shape} and {types.shape}")
+            # Frozen all the way down: batches and timings must not see a sentence change.
+            ids.flags.writeable = False
+            types.flags.writeable = False
+
+    @property
+    def n(self) -> int:
+        """Number of sentences (a pair counts once)."""
+        return len(self.ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(n,) int64: tokens per sentence, special tokens included."""
+        return np.array([len(ids) for ids in self.ids], dtype=np.int64)
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def mean_tokens(self) -> float:
+        return float(self.lengths.mean())
+
+    @property
+    def median_tokens(self) -> float:
+        return float(np.median(self.lengths))
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.lengths.max())
+
+    @property
+    def n_truncated(self) -> int:
+        """Sentences cut at ``max_length`` (they reached it; a few may have fitted exactly)."""
+        return int((self.lengths >= self.max_length).sum())
+
+    def stats(self) -> dict[str, Any]:
+        """The length figures a report shows, as plain JSON values."""
+        return {
+            "source": self.source,
+            "n": self.n,
+            "mean_tokens": self.mean_tokens,
+            "median_tokens": self.median_tokens,
+            "max_tokens": self.max_tokens,
+            "max_length": self.max_length,
+            "n_truncated": self.n_truncated,
+        }
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def real_inputs(source: str, tokenizer, *, data_dir: str | None = None, max_length: int = 128,
+                limit: int | None = None) -> RealInputs:
+    """Tokenise a task's dev split or a text file at each text's own length (truncated, not padded).
+
+    ``source`` is a task name (its first dev split, e.g. MNLI's dev_matched, read from
+    ``data_dir`` or the hub through ``compress.core.data``, encoded as training encodes
+    it) or a ``.txt`` (one text per line), ``.tsv`` or ``.jsonl`` file (a ``sentence``
+    column, or ``sentence1`` + ``sentence2`` for pairs). ``limit`` keeps the first N.
+    """
+    check_max_length(max_length, None)
+    if limit is not None and limit < 1:
+        raise CompressError(f"the input limit must be at least 1, got {limit}")
+    path = Path(source)
+    if path.suffix.lower() in FILE_SUFFIXES or path.is_file() or "/" in source:
+        if data_dir is not None:
+            raise CompressError(f"data_dir {data_dir} is for a task source, not the file {source}; pass one or the other")
+        texts, where = tuple(column[:limit] for column in _read_file(path)), str(path)
+        if not texts[0]:
+            raise CompressError(f"{where} has no texts to time; pass a file with at least one non-blank text, or a task name")
+        # The same call training makes for sentences: pairs as pairs, the longest text cut first.
+        encoded = tokenizer(*[list(column) for column in texts], truncation=True, max_length=max_length)
+    else:
+        task = _task(source)
+        split = task.resolve_splits("dev")[0]  # MNLI: dev_matched
+        ds = load_split(task, split.name, DataSource(data_dir=data_dir), limit)
+        where = f"{task.display} {split.name} ({data_dir or 'the Hugging Face hub'})"
+        encoded = encode_examples(task, tokenizer, ds, max_length)
+    ids = tuple(np.asarray(row, dtype=np.int64) for row in encoded["input_ids"])
+    # A tokenizer without segments (e.g. RoBERTa's) gives none: every token is segment 0.
+    types = encoded.get("token_type_ids") or [[0] * len(row) for row in ids]
+    return RealInputs(ids, tuple(np.asarray(row, dtype=np.int64) for row in types), where, max_length)
+
+
+def _task(name: str) -> Task:
+    """The registered task called ``name``, or one line saying a source is a task or a file."""
+    try:
+        return get_task(name)
+    except CompressError:
+        raise CompressError(
+            f"unknown input source {name!r}: not a task ({', '.join(TASKS)}) and not a file; "
+            f"pass a task name or a {'/'.join(FILE_SUFFIXES)} file"
+        ) from None
+
+
+def _read_file(path: Path) -> tuple[list[str], ...]:
+    """The texts of a file as columns: (texts,) or (first texts, second texts) for pairs."""
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise CompressError(f"input file {path} does not exist; pass an existing {'/'.join(FILE_SUFFIXES)} file or a task name")
+    if suffix == ".txt":
+        return ([line.strip() for line in read_text_file(path).splitlines() if line.strip()],)
+    if suffix == ".tsv":
+        rows = read_tsv_rows(path)  # GLUE's convention: tabs, no quoting, a header row
+        header, body, first_line = (rows[0] if rows else []), rows[1:], 2
+    elif suffix == ".jsonl":
+        header, body, first_line = _jsonl_rows(path)
+    else:
+        raise CompressError(f"input file {path}: unsupported extension {path.suffix!r}; use {', '.join(FILE_SUFFIXES)}")
+    names = [h.strip().lstrip("\ufeff") for h in header]
+    wanted = next((cols for cols in (PAIR_COLUMNS, SINGLE_COLUMNS) if all(c in names for c in cols)), None)
+    if wanted is None:
+        raise CompressError(
+            f"{path}: no 'sentence' column and no 'sentence1' + 'sentence2' columns (found: {', '.join(names) or 'none'}); "
+            "rename the text column(s), or pass the task name for a GLUE file"
+        )
+    where = [names.index(c) for c in wanted]
+    columns: tuple[list[str], ...] = tuple([] for _ in wanted)
+    for line, row in enumerate(body, start=first_line):
+        if not any(cell.strip() for cell in row):
+            continue  # a blank line
+        if len(row) <= max(where):
+            raise CompressError(f"{path}:{line}: malformed row: {len(row)} fields where the header has {len(names)}")
+        for column, i in zip(columns, where):
+            column.append(row[i])
+    return columns
+
+
+def _jsonl_rows(path: Path) -> tuple[list[str], list[list[str]], int]:
+    """A JSON-lines file as (header, rows, first line number): the keys of its first object name the columns."""
+    records: list[tuple[int, dict]] = []
+    for n, line in enumerate(read_text_file(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CompressError(f"{path}:{n}: malformed JSON line ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise CompressError(f"{path}:{n}: expected a JSON object per line")
+        records.append((n, record))
+    if not records:
+        return [], [], 1
+    header = [str(k) for k in records[0][1]]
+    # Rows in header order; a missing key reads as a short row so the caller names the line.
+    rows = []
+    for n, record in records:
+        missing = [k for k in header if k not in record]
+        if missing:
+            raise CompressError(f"{path}:{n}: no {', '.join(map(repr, missing))} key where line {records[0][0]} has one")
+        rows.append([str(record[k]) for k in header])
+    return header, rows, records[0][0]
+
+
+# ---------------------------------------------------------------------------- batching
+
+
+def batches(inputs: RealInputs, batch: int, pad_id: int = 0) -> list[dict[str, np.ndarray]]:
+    """The sentences as model inputs, each exactly once: ``input_ids``, ``attention_mask``, ``token_type_ids``.
+
+    Batch 1 keeps the set's order, each sentence at its own length (1, len_i). A larger
+    batch sorts by length (stable) and pads each chunk of ``batch`` only to its own
+    longest, as a server that buckets requests would: every array is (b, s) int64 with
+    b <= ``batch`` (the last chunk may be short) and s the chunk's longest sentence.
+    """
+    if batch < 1:
+        raise CompressError(f"the batch size must be at least 1, got {batch}")
+    order = np.argsort(inputs.lengths, kind="stable") if batch > 1 else np.arange(inputs.n)
+    out = []
+    for start in range(0, inputs.n, batch):
+        chunk = order[start:start + batch]
+        seq = max(len(inputs.ids[i]) for i in chunk)
+        ids = np.full((len(chunk), seq), pad_id, dtype=np.int64)  # (b, s)
+        mask = np.zeros((len(chunk), seq), dtype=np.int64)  # 1 = real token, 0 = padding
+        types = np.zeros((len(chunk), seq), dtype=np.int64)
+        for row, i in enumerate(chunk):
+            n = len(inputs.ids[i])
+            ids[row, :n], mask[row, :n], types[row, :n] = inputs.ids[i], 1, inputs.type_ids[i]
+        out.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+    return out
+
+
+# ---------------------------------------------------------------------------- timing
+
+
+def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, *, warmup: int = 3, passes: int = 1,
+              prepare: Callable[[dict[str, np.ndarray]], Any] | None = None,
+              clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Time ``forward`` over every sentence of ``inputs`` at ``batch``: latency per batch and throughput.
+
+    ``warmup`` untimed calls go to the first batches (cycling when there are fewer), then
+    ``passes`` timed passes over all batches. Each batch's time is its median over the
+    passes; p50/p99 are over batches (per sentence at batch 1). Throughput is
+    ``n_sentences`` over the median pass's total seconds, padding included.
+    ``prepare`` turns every batch into what ``forward`` takes (e.g. tensors), before any timing.
+    """
+    if warmup < 0:
+        raise CompressError(f"warm-up calls must be 0 or more, got {warmup}")
+    if passes < 1:
+        raise CompressError(f"timed passes must be at least 1, got {passes}")
+    feeds = batches(inputs, batch)
+    padded = int(sum(feed["input_ids"].size for feed in feeds))
+    if prepare is not None:
+        feeds = [prepare(feed) for feed in feeds]
+    for i in range(warmup):
+        forward(feeds[i % len(feeds)])
+    seconds = np.empty((passes, len(feeds)))  # (passes, batches)
+    for p in range(passes):
+        for b, feed in enumerate(feeds):
+            start = clock()
+            forward(feed)
+            seconds[p, b] = clock() - start
+    per_batch_ms = np.median(seconds, axis=0) * 1e3  # (batches,)
+    p50, p99 = np.percentile(per_batch_ms, [50, 99])
+    total_s = float(np.median(seconds.sum(axis=1)))  # the median pass
+    return {
+        "batch": batch,
+        "n_sentences": inputs.n,
+        "n_batches": len(feeds),
+        "passes": passes,
+        "mean_tokens": inputs.mean_tokens,  # real tokens per sentence
+        "real_tokens": inputs.total_tokens,
+        "padded_tokens": padded,  # sum of b * s: what the model computes on
+        "p50_ms": float(p50),
+        "p99_ms": float(p99),
+        "sentences_per_s": inputs.n / total_s if total_s > 0 else float("inf"),
+        "total_s": total_s,
+    }
