@@ -298,3 +298,25 @@ def test_prediction_and_submission_files_carry_the_inputs_own_index(tmp_path, to
     with pytest.raises(CompressError, match="dev.tsv:2: index 'x7' is not an integer"):
         evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(bad.parent.parent), record=False))
 
+
+
+def test_openvino_runtime_gives_the_fp32_folders_own_scores(tmp_path, tokenizer):
+    model_dir = save_tiny(make_tiny_model(), tokenizer, tmp_path / "m")
+    rows = "".join(f"the {w} movie was {v} .\t{i % 2}\n" for i, (w, v) in enumerate(
+        [("good", "great"), ("bad", "awful"), ("fun", "not fun"), ("dull", "boring"), ("long", "very good"), ("a", "bad")] * 5))
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\n" + rows)
+    torch_record, = evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path), record=False))
+    (ov_record,) = evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path), record=False, runtime="openvino"))
+    assert ov_record["metrics"] == torch_record["metrics"] and ov_record["runtime"] == "openvino"
+    assert "runtime" not in torch_record
+    # the same logits, not just the same (possibly constant) labels
+    from compress.eval.evaluate import _load
+
+    batch = tokenizer(["the movie was good .", "the plot was not very fun and the actor was awful ."], padding=True,
+                      return_tensors="pt")
+    with torch.inference_mode():
+        want = _load(model_dir, "sequence-classification", "auto")(**batch).logits
+        got = _load(model_dir, "sequence-classification", "openvino")(**batch).logits
+    assert torch.allclose(got, want, atol=1e-4) and float(want.std()) > 0
+    with pytest.raises(CompressError, match="runs on the CPU"):
+        EvalConfig(task="sst2", runtime="openvino", device="cuda").validate()
