@@ -42,6 +42,7 @@ from compress.core.data import (
 )
 from compress.core.errors import CompressError
 from compress.core.logs import progress
+from compress.core.openvino import export_openvino
 from compress.core.runtime import load_model, model_device
 from compress.core.sentence import read_spec
 from compress.core.structure import input_names
@@ -227,8 +228,6 @@ def _load(model_dir: Path, head: str, runtime: str):
     if fmt not in ("torch", "onnx"):
         raise CompressError(f"--runtime {runtime} converts fp32 PyTorch or ONNX folders; {model_dir} is {fmt}, which runs on "
                             "its own runtime: drop --runtime")
-    from compress.core.openvino import export_openvino  # deferred: OpenVINO loads only when asked for
-
     with tempfile.TemporaryDirectory(prefix="compress-eval-openvino-") as tmp:
         # The compiled model holds its weights: the IR can go with the folder.
         return load_model(export_openvino(model_dir, Path(tmp) / "openvino"), head=head)
