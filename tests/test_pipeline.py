@@ -102,8 +102,8 @@ def test_committed_recipes_validate(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "recipes"
-    demo = load_recipe(root / "demo.yaml", variables={"run_dir": str(tmp_path), "data_dir": str(tmp_path),
-                                                      "train_examples": "100", "vocab_size": "200"})
+    demo = load_recipe(root / "demo-pretrain.yaml", variables={"run_dir": str(tmp_path), "data_dir": str(tmp_path),
+                                                               "train_examples": "100", "vocab_size": "200", "threads": "1"})
     assert [s.kind for s in demo.stages][:3] == ["pretrain", "finetune", "distill"]
     study = load_recipe(root / "bert-base-sst2.yaml", variables={"glue": str(tmp_path)})
     assert study.stages[0].inputs["model"] == "bert-base"
