@@ -416,6 +416,8 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
     names = display_names(paths)
 
     peaks, results, references = run_all(paths, names, cfg, threads)
+    if references and "torch" not in references and results[0][0].get("backend") == "torch":
+        references["torch"] = results[0]  # the first model ran in PyTorch eager fp32: it is that reference already
     rows = build_rows(paths, names, results, cfg, peaks, references)
     theoretical = cpu_theoretical_peaks(threads) if cfg.peak else None
     report = {
@@ -742,15 +744,10 @@ def format_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: a header naming the machine and settings, the grid table, and the real-input table."""
     runs = report.get("repeat_runs") or 1
     ref = report.get("reference")
-    extra_head, extra_rule = "", ""
-    if runs > 1:
-        extra_head += f" | spread over {runs} runs | worst-run speed-up"
-        extra_rule += "|--:|--:"
-    if ref:
-        extra_head += " | vs best fp32 (worst run) | vs PyTorch eager"
-        extra_rule += "|--:|--:"
+    extra = ([f"spread over {runs} runs", "worst-run speed-up"] if runs > 1 else []) + (
+        ["vs best fp32 (worst run)", "vs PyTorch eager"] if ref else [])
     lines = [f"# Latency ({report['backend']})", "", *_header(report), "",
-             TABLE_HEAD[0] + extra_head.removeprefix(" ") + (" |" if extra_head else ""), TABLE_HEAD[1] + extra_rule.removeprefix("|") + ("|" if extra_rule else "")]
+             TABLE_HEAD[0] + "".join(f" {cell} |" for cell in extra), TABLE_HEAD[1] + "--:|" * len(extra)]
     for r in report["rows"]:
         line = (
             f"| {r['name']} | {r['batch']} | {r['seq']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
@@ -761,8 +758,9 @@ def format_markdown(report: dict[str, Any]) -> str:
         if runs > 1:
             line += f" {r['spread_pct']:.0f}% | {r['speedup_min']:.2f}x |"
         if ref:
+            torch_eager = r.get("speedup_vs_torch")
             line += (f" {r['speedup_vs_best_fp32']:.2f}x ({r['speedup_vs_best_fp32_min']:.2f}x) |"
-                     f" {_fmt(r.get('speedup_vs_torch'), '.2f')}x |")
+                     f" {_fmt(torch_eager, '.2f')}{'x' if torch_eager is not None else ''} |")
         lines.append(line)
     if ref:
         lines += ["", f"Reference: {ref['model']} in fp32 on " + "; ".join(

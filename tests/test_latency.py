@@ -322,3 +322,22 @@ def test_a_wrong_lengths_source_is_refused_before_any_timing(two_models, tmp_pat
     monkeypatch.setattr(latency, "run_worker", lambda *a, **k: pytest.fail("a worker ran"))
     with pytest.raises(CompressError, match="missing.txt"):
         measure_latency(two_models, fast(record=False, lengths=str(tmp_path / "missing.txt")))
+
+
+def test_the_first_model_in_pytorch_eager_is_the_torch_reference(monkeypatch, two_models):
+    import compress.eval.latency as latency
+
+    p50s = {("teacher", None): 40, ("student", None): 8, ("teacher", "openvino"): 10}
+
+    def run(job, threads, label, bar=None):
+        ms = p50s[Path(job["model"]).name, job.get("reference")]
+        return {"points": [{"batch": 1, "seq": 16, "seconds": [ms / 1e3] * 3}], "params": 1000, "flops": {"16": 2_000_000},
+                "backend": job.get("reference") or "torch"}
+
+    monkeypatch.setattr(latency, "run_worker", run)
+    report = measure_latency(two_models, fast(peak=False, record=False, reference_backends=("openvino",)))
+    student = report["rows"][1]
+    assert student["best_fp32_backend"] == "openvino" and student["speedup_vs_best_fp32"] == pytest.approx(10 / 8)
+    assert student["speedup_vs_torch"] == pytest.approx(40 / 8)  # the teacher's own PyTorch eager timing
+    header = next(line for line in format_markdown(report).splitlines() if line.startswith("| model |"))
+    assert header.endswith("| x floor | vs best fp32 (worst run) | vs PyTorch eager |") and "||" not in header
