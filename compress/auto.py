@@ -50,6 +50,7 @@ from compress.core.artifacts import (
     load_config,
     load_tokenizer,
     read_metrics,
+    require_model_dir,
     require_torch_weights,
     save_model_dir,
     utc_now,
@@ -117,6 +118,9 @@ class AutoConfig:
     losses: tuple[str, ...] = option(("kd", "hard"), "distillation terms of every candidate (see compress distill)", metavar="TERM[,...]")
     max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points")
     resume: bool = option(False, "continue an interrupted search: finished probes and candidates are reused")
+    compare: tuple[str, ...] = option((), "model folders to measure in the final run beside the finalists and show in the "
+                                      "report (e.g. hand-made students; their dev score is read from their metrics.json); "
+                                      "never chosen", metavar="DIR[,...]")
     extra_data: AugmentConfig = field(default_factory=AugmentConfig)
     data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=_auto_defaults)
@@ -140,6 +144,8 @@ class AutoConfig:
             raise CompressError(f"--eta must be at least 2, got {self.eta}")
         if self.margin < 0:
             raise CompressError(f"--margin must be 0 or more, got {self.margin}")
+        for folder in self.compare:
+            require_model_dir(folder)  # before hours of search, not at its end
 
 
 # A timer: (model dirs, (batch, seq) points, repeats) -> rows as `compress latency` makes them
@@ -231,10 +237,12 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
             if (finalists[0], r) not in done:
                 train(finalists[0], r, cfg.train.epochs * cfg.eta**r)
     artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
-    rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts]], at, 2 * cfg.repeats)
+    compared = [Path(c) for c in cfg.compare]
+    rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts], *compared], at, 2 * cfg.repeats)
     results = _results(rows, teacher_dir, artifacts, budgets)
     chosen = choose(results, budgets)
     report = _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
+    report["compared"] = _compared(rows, [teacher_dir, *compared], cfg.task, budgets, at[0])
     if chosen is None:
         quickest = fastest(results, at[0])
         _write_report(work_dir_for(out) / "search", report)
@@ -464,6 +472,21 @@ def _results(rows: list[dict], teacher_dir: Path, artifacts: list[dict], budgets
     return results
 
 
+def _compared(rows: list[dict], folders: list[Path], task: str, budgets, at: tuple[int, int]) -> list[dict]:
+    """The teacher and the ``--compare`` folders as measured in the final run: dev score (their records), p50, budgets met."""
+    metric = get_task(task).primary_metric
+    out = []
+    for folder in folders:
+        mine = [r for r in rows if str(r["model"]) == str(folder)]
+        m = measurement(mine, size_on_disk(folder))
+        evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("task") == task
+                 and metric in r.get("metrics", {})]
+        out.append({"name": folder.name, "dir": str(folder), "accuracy": evals[-1]["metrics"][metric] if evals else None,
+                    "measured_p50_ms": m["points"][at]["p50_ms"], "size_bytes": m["size_bytes"],
+                    "meets": {b.text: b.met(m) for b in budgets}})
+    return out
+
+
 # ---------------------------------------------------------------------------- the report and the output
 
 
@@ -506,6 +529,14 @@ def _write_report(where: Path, report: dict) -> None:
         marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
         lines.append(f"| {r['name']} | {r['accuracy']:.2f} | {r['predicted_p50_ms']:.2f} | {r['measured_p50_ms']:.2f} | "
                      f"{r['size_bytes'] / 1e6:.1f} | {marks} |")
+    if report.get("compared"):
+        lines += ["", "## Beside the teacher and the given models (same run; never chosen)", "",
+                  f"| model | dev | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",
+                  "|---|--:|--:|--:|" + "---|" * len(report["budgets"])]
+        for r in report["compared"]:
+            marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
+            dev = "—" if r["accuracy"] is None else f"{r['accuracy']:.2f}"
+            lines.append(f"| {r['name']} | {dev} | {r['measured_p50_ms']:.2f} | {r['size_bytes'] / 1e6:.1f} | {marks} |")
     _plot(where / "pareto.png", report)
     lines += ["", "![accuracy against measured latency](pareto.png)"]
     with atomic_path(where / "report.md") as tmp:
@@ -533,6 +564,9 @@ def _plot(path: Path, report: dict) -> None:
         m = re.match(r"\s*(p50|p90|p99|mean)\s*<=\s*([0-9.]+)\s*ms", budget.lower())
         if m:
             ax.axvline(float(m.group(2)), color="C3", linestyle="--", label=f"budget {budget}")
+    for j, r in enumerate(c for c in report.get("compared", []) if c["accuracy"] is not None):
+        ax.scatter([r["measured_p50_ms"]], [r["accuracy"]], marker="^", color="C1", label="teacher and given models" if j == 0 else None)
+        ax.annotate(r["name"], (r["measured_p50_ms"], r["accuracy"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
     if report["chosen"]:
         i = next(i for i, r in enumerate(rs) if r["name"] == report["chosen"]["name"])
         ax.scatter([xs[i]], [ys[i]], s=120, facecolors="none", edgecolors="C2", linewidths=2, label="chosen")

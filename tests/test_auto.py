@@ -111,6 +111,25 @@ def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, t
     assert not (tmp_path / ".out.auto-tmp").exists()
 
 
+def test_given_models_are_measured_in_the_final_run_and_reported_never_chosen(teacher, tmp_path):
+    teacher_dir, data = teacher
+    calls: list = []
+    out = auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=2.2ms@b1,s32", compare=[str(teacher_dir)]),
+               timer=fake_timer(calls=calls))
+    report = json.loads((out / "search" / "search.json").read_text())
+    assert calls[1][-1] == str(teacher_dir)  # measured in the final run, after the finalists
+    given = report["compared"][-1]
+    # the teacher's dev accuracy from its metrics.json; the fake timer's 1 + 0.05 * 2 layers * 64/16 = 1.4 ms
+    from compress.core.artifacts import read_metrics
+
+    teacher_dev = next(r for r in reversed(read_metrics(teacher_dir)) if r.get("kind") == "eval")
+    assert given["accuracy"] == teacher_dev["metrics"]["accuracy"] and given["measured_p50_ms"] == pytest.approx(1.4)
+    assert given["meets"] == {"p50<=2.2ms@b1,s32": True} and report["chosen"]["dir"] != str(teacher_dir)
+    assert "## Beside the teacher and the given models" in (out / "search" / "report.md").read_text()
+    with pytest.raises(CompressError, match="missing"):
+        _cfg(data, "p50<=2ms@b1,s32", compare=[str(tmp_path / "missing")]).validate()
+
+
 def test_a_model_slower_than_predicted_is_not_chosen(teacher, tmp_path):
     teacher_dir, data = teacher
     # Every torch-fp32 finalist (a trained candidate folder) measures 3x its prediction at the end: only int8 can fit.
