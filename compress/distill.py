@@ -218,6 +218,10 @@ class Step:
     pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
     projections: nn.ModuleDict
     loss: LossWeights  # the terms read the temperature and relation heads; the weights are applied by the caller
+    # This process's gold rows over the processes' mean count of them (1.0 in one process): data-parallel
+    # training averages the processes' gradients, so a mean over each process's own gold rows must be
+    # reweighted by it for the step to average over every gold row of the global batch.
+    gold_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -289,13 +293,16 @@ def _hard(step: Step) -> torch.Tensor:
     """The task loss on the batch's rows with a gold label (augmented / transfer rows have none); 0 when none has."""
     hard = HARD_LOSSES.get(_loss_names(step.kind)[1])
     gold = step.batch.get("gold")
-    if gold is None or bool(gold.all()):
+    if gold is None:
         return hard(step.student.logits, step.batch)
+    if bool(gold.all()):
+        return hard(step.student.logits, step.batch) * step.gold_share
     if not bool(gold.any()):
         return sum(v.sum() for v in step.student.logits.values()) * 0.0  # keeps the graph (DDP wants every output used)
     rows = gold.to(next(iter(step.student.logits.values())).device)
     logits = {k: v[rows] for k, v in step.student.logits.items()}
-    return hard(logits, {k: v[rows] for k, v in step.batch.items() if torch.is_tensor(v) and v.shape[:1] == gold.shape})
+    batch = {k: v[rows] for k, v in step.batch.items() if torch.is_tensor(v) and v.shape[:1] == gold.shape}
+    return hard(logits, batch) * step.gold_share
 
 
 def _hidden(step: Step) -> torch.Tensor:
@@ -418,12 +425,22 @@ def _loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_mode
         teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs, teacher_hidden)
         student = model(batch, student_needs, student_hidden, kind)
         inner = model.module if hasattr(model, "module") else model  # DDP wraps the Distiller
-        step = Step(kind, student, teacher, batch, batch["attention_mask"], pairs, inner.projections, loss)
+        step = Step(kind, student, teacher, batch, batch["attention_mask"], pairs, inner.projections, loss,
+                    gold_share=_gold_share(batch.get("gold")) if "hard" in terms else 1.0)
         parts = {t: TERMS.get(t).compute(step) for t in terms}
         total = sum(weights[t] * parts[t] for t in terms)
         return total, {f"loss_{t}": v.detach() for t, v in parts.items()}
 
     return loss_fn
+
+
+def _gold_share(gold: torch.Tensor | None) -> float:
+    """This process's gold rows over the mean count across processes (see ``Step.gold_share``); 1.0 alone."""
+    if gold is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return 1.0
+    counts = torch.tensor([float(gold.sum()), 1.0], device=gold.device)  # (gold rows, processes), summed over them
+    torch.distributed.all_reduce(counts)
+    return float(gold.sum()) / float(counts[0] / counts[1]) if counts[0] > 0 else 0.0
 
 
 def _teacher_outputs(kind: Kind, teacher_model, cache, batch, index, needs: set[str], hidden_index: set[int]) -> Outputs:

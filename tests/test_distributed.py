@@ -94,6 +94,12 @@ def test_two_processes_match_one(workspace, command, losses, atol):
     assert len(one) == len(two) == 1  # only rank 0 evaluated and wrote
     assert [_processes(workspace / f"{name}-{n}") for n in (1, 2)] == [1, 2]
     assert one[0]["metrics"]["accuracy"] == pytest.approx(two[0]["metrics"]["accuracy"], abs=2.0)
+    if command == "distill":
+        # The default augmentation ran (a subprocess sees the shipped limit), so each half batch held its own
+        # number of gold rows: the hard term's per-process means were reweighted to the global batch's mean.
+        from compress.core.artifacts import read_compression
+
+        assert read_compression(workspace / f"{name}-2")["extra_data"]["augment"]["default"] is True
 
 
 def test_accelerate_launch_matches_one_process(workspace):
