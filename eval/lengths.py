@@ -16,7 +16,6 @@ runtime and ``compress.eval.latency`` may import it without a cycle.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress.core.data import DataSource, check_max_length, encode_examples, load_split, read_text_file, read_tsv_rows
+from compress.core.data import (
+    DataSource,
+    check_max_length,
+    encode_examples,
+    load_split,
+    read_records,
+    read_text_file,
+    read_tsv_rows,
+)
 from compress.core.errors import CompressError
 from compress.core.tasks import TASKS, Task, get_task
 
@@ -155,7 +162,9 @@ def _read_file(path: Path) -> tuple[list[str], ...]:
         rows = read_tsv_rows(path)  # GLUE's convention: tabs, no quoting, a header row
         header, body, first_line = (rows[0] if rows else []), rows[1:], 2
     elif suffix == ".jsonl":
-        header, body, first_line = _jsonl_rows(path)
+        records = read_records(path, "jsonl")  # one JSON object per line; the first one's keys name the columns
+        header = [str(k) for k in records[0]] if records else []
+        body, first_line = [[str(r.get(k, "")) for k in header] for r in records], 1
     else:
         raise CompressError(f"input file {path}: unsupported extension {path.suffix!r}; use {', '.join(FILE_SUFFIXES)}")
     names = [h.strip().lstrip("\ufeff") for h in header]
@@ -175,32 +184,6 @@ def _read_file(path: Path) -> tuple[list[str], ...]:
         for column, i in zip(columns, where):
             column.append(row[i])
     return columns
-
-
-def _jsonl_rows(path: Path) -> tuple[list[str], list[list[str]], int]:
-    """A JSON-lines file as (header, rows, first line number): the keys of its first object name the columns."""
-    records: list[tuple[int, dict]] = []
-    for n, line in enumerate(read_text_file(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CompressError(f"{path}:{n}: malformed JSON line ({err.msg})") from None
-        if not isinstance(record, dict):
-            raise CompressError(f"{path}:{n}: expected a JSON object per line")
-        records.append((n, record))
-    if not records:
-        return [], [], 1
-    header = [str(k) for k in records[0][1]]
-    # Rows in header order; a missing key reads as a short row so the caller names the line.
-    rows = []
-    for n, record in records:
-        missing = [k for k in header if k not in record]
-        if missing:
-            raise CompressError(f"{path}:{n}: no {', '.join(map(repr, missing))} key where line {records[0][0]} has one")
-        rows.append([str(record[k]) for k in header])
-    return header, rows, records[0][0]
 
 
 # ---------------------------------------------------------------------------- batching

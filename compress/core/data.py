@@ -578,7 +578,7 @@ def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict
     rows = read_tsv_rows(path) if path.suffix.lower() == ".tsv" else None  # GLUE's convention: quotes are text
     if rows and not columns and _in_glue_layout(task, split, rows[0]):
         return _glue_dataset(rows, path, task, split)
-    records = _table_records(rows, path) if rows is not None else _read_records(path, fmt)
+    records = _table_records(rows, path) if rows is not None else read_records(path, fmt)
     fields = [*task.text_fields, "label"]
     mapping = {f: columns.get(f, f) for f in fields}
     unknown = set(columns) - set(fields)
@@ -618,7 +618,7 @@ def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict
     return _make_dataset(task, out, labels, index)
 
 
-def _read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
+def read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
     """Records of a csv, json/jsonl or parquet file (a .tsv file's rows come from :func:`read_tsv_rows`)."""
     if fmt == "parquet":
         try:
