@@ -451,8 +451,9 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
 
 def run_all(
     paths: list[Path], names: list[str], cfg: LatencyConfig, threads: int
-) -> tuple[float | None, list[list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
-    """The GEMM peak (or None), each model's worker result per run, and the reference's per fp32 backend per run.
+) -> tuple[dict[str, Any] | None, list[list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """The GEMM peaks (:func:`best_peaks`, or None), each model's worker result per run, and the reference's per
+    fp32 backend per run.
 
     A run is the whole sequence (peak, every model, the reference on each backend), one
     process after another; runs repeat it, so a load change hits every model alike and
@@ -535,7 +536,7 @@ def _ratios(base: list[float], p50s: list[float]) -> list[float]:
 
 def build_rows(
     paths: list[Path], names: list[str], results: list[list[dict[str, Any]]], cfg: LatencyConfig,
-    peaks: dict[str, Any] | float | None, references: dict[str, list[dict[str, Any]]] | None = None,
+    peaks: dict[str, Any] | None, references: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per model x (batch, seq): the median over runs of each run's statistics, and speed-ups.
 
@@ -544,12 +545,9 @@ def build_rows(
     model on its fastest fp32 backend (per point, fastest by median) and ``speedup_vs_torch``
     against it in PyTorch eager.
     """
-    if isinstance(peaks, (int, float)):  # a bare fp32 figure
-        peaks = {"fp32": {"gflops": float(peaks), "best": "given"}}
     rows = []
     for path, name, runs in zip(paths, names, results):
         size_mb = megabytes(size_on_disk(path))
-        p50s = _point_p50s(runs)
         backend = runs[0].get("backend") or cfg.backend
         precision = precision_of_backend(backend, runs[0].get("note"))
         # The peak of the precision the GEMMs really ran in (an int8 row against the int8 peak).
@@ -563,7 +561,8 @@ def build_rows(
             p50_s = stats["p50_ms"] / 1e3
             flops = result["flops"][str(seq)]  # per sequence, whole encoder
             achieved = flops * batch / p50_s / 1e9
-            runs_p50 = p50s[batch, seq]
+            runs_p50 = [st["p50_ms"] for st in per_run]
+            floor = floor_ms(flops * batch, peak) if peak else None
             rows.append({
                 "model": str(path),
                 "name": name,
@@ -582,8 +581,8 @@ def build_rows(
                 "achieved_gflops": achieved,
                 "pct_peak": 100.0 * achieved / peak if peak else None,
                 # FLOPs at the peak of its precision: what no engine measured here could beat
-                "floor_ms": floor_ms(flops * batch, peak) if peak else None,
-                "x_floor": stats["p50_ms"] / floor_ms(flops * batch, peak) if peak else None,
+                "floor_ms": floor if peak else None,
+                "x_floor": stats["p50_ms"] / floor if peak else None,
                 **({"note": result["note"]} if result.get("note") else {}),  # e.g. OpenVINO's inference precision
             })
     first = {(r["batch"], r["seq"]): r for r in rows[: len(results[0][0]["points"])]}
