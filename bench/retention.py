@@ -57,7 +57,7 @@ INTERMEDIATE = ["hidden", "attention"]
 
 def row_config(row: str, task: str, student: str, args, seed: int, general: Path | None) -> dict:
     """The distill options of one row (each row adds to the one before)."""
-    init = "teacher-layers" if student.endswith("-384") else "random"
+    init = "teacher"  # 3L-384: teacher layers 1,3,5; 4L-312: teacher layers 1,2,4,5 cut to 312 wide (teacher-slices)
     cfg = {
         "task": task, "student": student, "init": init, "data_dir": str(args.data / "glue"),
         "max_length": MAX_LENGTH.get(task, 128), "max_train_examples": args.max_train, "epochs": args.epochs,
@@ -109,7 +109,7 @@ def general_run(out: Path, student: str, data: Path, minutes: float) -> tuple[Pa
         started, cpu = time.monotonic(), time.process_time()
         cfg = from_dict(GeneralDistillConfig, {
             "corpus": corpus_paths(data), "student": student, "losses": ["minilm"], "max_length": 128,
-            "init": "teacher-layers" if student.endswith("-384") else "random",
+            "init": "teacher",
             "max_steps": steps, "batch_size": 64, "lr": 5e-4, "eval_every": max(10, steps // 5), "save_every": max(10, steps // 5),
         })
         distill_general(minilm_path(), out, cfg, overwrite=True)
@@ -159,11 +159,13 @@ def main(argv=None) -> int:
         "settings": {k: str(v) for k, v in vars(args).items()}, "note": args.note,
     }
 
+    mine: set[str] = set()  # the rows this run measured
+
     def save():
-        # Several runs (one per task or shape) may share --out: keep the rows the others wrote meanwhile.
+        # Several runs (one per task or shape) may share --out: the file's rows win except the ones measured here.
         if store.is_file():
             before = json.loads(store.read_text())
-            results.update({k: v for k, v in before["rows"].items() if k not in results})
+            results.update({k: v for k, v in before["rows"].items() if k not in mine})
             commands = before["header"].get("commands", [before["header"]["command"]])
             header["commands"] = commands + [c for c in [header["command"]] if c not in commands]
         write_json_atomic(store, {"header": header, "rows": results})
@@ -187,6 +189,7 @@ def main(argv=None) -> int:
                     results[key] = {"task": task, "student": student, "row": row, "seed": seed,
                                     **student_run(teacher, args.models / key.replace("/", "-"), cfg),
                                     **({"general": general_cost} if general_cost else {})}
+                    mine.add(key)
                     save()
             if student == "3L-384" and not args.no_int8:
                 done = [r for k, r in results.items() if k.startswith(f"{task}/{student}/")]
@@ -197,6 +200,7 @@ def main(argv=None) -> int:
                     q = int8_run(Path(best["model_dir"]), Path(best["model_dir"] + "-int8"), task, args.data)
                     results[key] = {"task": task, "student": student, "row": "int8", "of": best["model_dir"],
                                     "of_row": best["row"], "fp32": best["value"], "teacher": best["teacher"], **q}
+                    mine.add(key)
                     save()
     save()
     print((args.out / "retention.md").read_text())
@@ -226,7 +230,8 @@ def render(results: dict, header: dict) -> str:
         f"(MiniLM attention and value relations on the text corpus; its steps and time under 'general distillation'); (e) (a)'s terms for {s['prediction_epochs']} "
         f"epochs on the set plus {s['augment']} augmented copies, no intermediate stage; (f) `compress distill`'s defaults now, "
         "chosen from (a)-(e): (a)'s terms and 3 epochs on the set plus 4 augmented copies (sets of at most 10,000 examples). 3L-384 starts from teacher layers 1,3,5; "
-        "4L-312 at random (other width).",
+        "4L-312 from teacher layers 1,2,4,5 cut to 312 wide (`--init teacher`: the most active hidden dimensions, the heads' "
+        "26 strongest dimensions, the 1200 strongest FFN neurons); '4L-312 (random init)' rows started at random.",
         "- seconds: wall-clock training time of the row (teacher cache and augmentation included when built); cpu: process CPU time.",
     ]
     if header.get("note"):

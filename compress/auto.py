@@ -11,8 +11,8 @@
    and point (:mod:`compress.search`) is fitted on them; its error on held-out probe shapes
    is reported. It only ranks shapes: the final answer is measured.
 2. **Shortlist.** Shapes predicted to fit every budget on some variant (within
-   ``--margin``) are ranked by an accuracy prior: initialisable from the teacher's layers
-   first (same width), then by parameters.
+   ``--margin``) are ranked by an accuracy prior: cut from the teacher's weights first (any
+   shape no wider than the teacher), then by parameters.
 3. **Successive halving.** The ``--candidates`` best are distilled for ``--epochs``; the best
    1/eta continue from where they stopped for eta times as long, and so on
    (``--rounds``), with the distillation recipe of ``compress distill`` (``--losses``,
@@ -70,6 +70,7 @@ from compress.quantize import QuantizeConfig, quantize
 from compress.search import Budget, Sample, choose, fastest, fit_latency_model, held_out_error, measurement, parse_budgets
 from compress.search import pareto_front, points, successive_halving
 from compress.students.init import init_student
+from compress.students.slices import fits_inside
 from compress.students.presets import resolve_shape
 from compress.teacher.presets import resolve_model
 
@@ -212,7 +213,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
             f"no student shape is predicted to meet {'; '.join(b.text for b in budgets)}: the fastest model probed was "
             f"{best['name']} at {best['p50_ms']:.2f} ms (p50, batch {best['batch']}, seq {best['seq']}); relax the budget "
             "or add a faster backend (--backends)")
-    shortlist = rank_by_prior(fitting, load_config(teacher_dir).hidden_size)[: cfg.candidates]
+    shortlist = rank_by_prior(fitting, load_config(teacher_dir))[: cfg.candidates]
     log.info("%d of %d shapes predicted to fit; training %s", len(fitting), len(shapes), ", ".join(s.label for s in shortlist))
 
     def train(label: str, round_: int, epochs: int) -> float:
@@ -274,12 +275,12 @@ def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]
     return shapes
 
 
-def rank_by_prior(shapes: list[Shape], teacher_hidden: int) -> list[Shape]:
-    """The accuracy prior: shapes the teacher's layers can initialise (same width) first, then more parameters first."""
+def rank_by_prior(shapes: list[Shape], teacher_config) -> list[Shape]:
+    """The accuracy prior: shapes cut from the teacher's weights (no wider than it) first, then more parameters first."""
     def params(s: Shape) -> int:
         return s.layers * (4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn)
 
-    return sorted(shapes, key=lambda s: (s.hidden != teacher_hidden, -params(s), s.label))
+    return sorted(shapes, key=lambda s: (not fits_inside(teacher_config, s), -params(s), s.label))
 
 
 def probe_shapes(shapes: list[Shape], n: int) -> tuple[list[Shape], list[Shape]]:
@@ -410,9 +411,8 @@ def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, 
     """Distil ``shape`` for ``epochs`` (round 0 from the teacher; later rounds continue the previous round's student)."""
     out = search.work / "candidates" / f"{shape.label}-r{round_}"
     started = time.monotonic()
-    teacher_hidden = load_config(teacher_dir).hidden_size
-    if round_ == 0:
-        init = "teacher-layers" if shape.hidden == teacher_hidden else "random"
+    if round_ == 0:  # the teacher's weights (cut to a narrower width) whenever the shape fits inside it
+        init = "teacher" if fits_inside(load_config(teacher_dir), shape) else "random"
     else:
         init = str(search.work / "candidates" / f"{shape.label}-r{round_ - 1}")
     dcfg = DistillConfig(task=cfg.task, student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads, init=init,

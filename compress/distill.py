@@ -107,7 +107,7 @@ from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embed
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records
 from compress.eval.metrics import chance_check
-from compress.students.init import init_student
+from compress.students.init import TEACHER_METHODS, init_student
 from compress.students.layer_map import parse_layer_map
 from compress.students.presets import STUDENT_SHAPES, resolve_shape
 from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
@@ -159,7 +159,9 @@ class DistillConfig:
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
     hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher-layers", "student initialisation: teacher-layers, random, or a pretrained model DIR")
+    init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
+                                  "4L-312 from MiniLM-L6 keeps STS-B 77 zero-shot where random gets 48; random if wider), "
+                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm (default "
                                      "kd,hard: adding hidden,attention gained 0.6 point on STS-B for 3x the time)", metavar="TERM[,...]")
@@ -506,7 +508,7 @@ def _build_student(teacher: _Teacher, cfg: DistillConfig | GeneralDistillConfig 
                    layer_map: str = "uniform") -> _Student:
     """The ``cfg.student`` shape (or ``--init DIR``), initialised as ``cfg.init`` says, and its ``layer_map``."""
     shape = resolve_shape(cfg.student, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
-    method, pretrained = (cfg.init, None) if cfg.init in ("teacher-layers", "random") else ("pretrained", cfg.init)
+    method, pretrained = (cfg.init, None) if cfg.init in (*TEACHER_METHODS, "random") else ("pretrained", cfg.init)
     model, info = init_student(teacher.model, shape, method=method, layers=list(cfg.init_layers) or None,
                                seed=cfg.train.seed, pretrained=pretrained)
     if "attentions" in needs:  # output_attentions needs the eager implementation
@@ -929,7 +931,9 @@ class GeneralDistillConfig:
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
     hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("random", "student initialisation: random, teacher-layers, or a pretrained model DIR")
+    init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
+                                  "4L-312 from MiniLM-L6 keeps STS-B 77 zero-shot where random gets 48; random if wider), "
+                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
     losses: tuple[str, ...] = option(
         ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
@@ -1073,7 +1077,9 @@ class EmbeddingDistillConfig:
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
     hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; must equal the teacher's)")
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher-layers", "student initialisation: teacher-layers, random, or a pretrained model DIR")
+    init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
+                                  "4L-312 from MiniLM-L6 keeps STS-B 77 zero-shot where random gets 48; random if wider), "
+                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
     mse_weight: float = option(1.0, "weight of the mse term")

@@ -10,6 +10,7 @@ outputs line up with the teacher's for distillation. Methods are chosen by name 
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,8 +24,11 @@ from compress.core.registry import Registry
 from compress.core.runtime import load_model
 from compress.core.structure import Shape
 from compress.students.layer_map import every_kth
+from compress.students.slices import cut_from_teacher, cut_problems
 
+log = logging.getLogger(__name__)
 InitMethod = Callable[..., tuple[nn.Module, dict[str, Any]]]
+TEACHER_METHODS = ("teacher", "teacher-layers", "teacher-slices")  # the methods that take ``layers``
 INIT_METHODS: Registry[InitMethod] = Registry("student init method")
 
 
@@ -109,7 +113,8 @@ def init_from_teacher(
     if problems:
         raise CompressError(
             f"cannot initialise a {shape.label} student from the teacher's layers: {'; '.join(problems)}; "
-            "use --init random, or --init DIR with a pretrained student of that shape"
+            "use --init teacher-slices (a narrower student cut from the teacher's weights), --init random, "
+            "or --init DIR with a pretrained student of that shape"
         )
     n_teacher = len(st.encoder_layers(teacher))
     layers = _check_layers(every_kth(n_teacher, shape.layers) if layers is None else layers, n_teacher, shape.layers)
@@ -138,6 +143,25 @@ def _require_covered(model: nn.Module, covered: list[nn.Module]) -> None:
     left = [name for name, p in model.named_parameters() if id(p) not in copied]
     if left:
         raise RuntimeError(f"init_from_teacher left {len(left)} parameters uncopied, e.g. {left[0]}")
+
+
+def init_from_teacher_slices(
+    teacher: nn.Module, shape: Shape, layers: list[int] | None = None, seed: int = 0
+) -> tuple[nn.Module, list[int]]:
+    """A student narrower than its teacher, every weight cut from the teacher's ``layers`` (see ``slices.py``).
+
+    Hidden size, heads, head size and FFN width may each be at most the teacher's;
+    ``layers`` as for :func:`init_from_teacher`. ``seed`` fixes the random-token probe
+    that ranks hidden dimensions. Returns ``(model, layers)``.
+    """
+    n_teacher = len(st.encoder_layers(teacher))
+    layers = _check_layers(every_kth(n_teacher, shape.layers) if layers is None else layers, n_teacher, shape.layers)
+    config = _student_config(teacher, shape)
+    st.inherit_layer_layout(config, teacher, layers)
+    student = _build_like(teacher, config)
+    st.place_layers(student)
+    cut_from_teacher(student, teacher, shape, layers, seed)
+    return student, layers
 
 
 # ---------------------------------------------------------------------------- random and pretrained
@@ -181,6 +205,30 @@ def _teacher_layers(teacher, shape, *, layers, seed, pretrained):
     return model, {"teacher_layers": used}
 
 
+@INIT_METHODS.register("teacher-slices")
+def _teacher_slices(teacher, shape, *, layers, seed, pretrained):
+    model, used = init_from_teacher_slices(teacher, shape, layers, seed)
+    return model, {"teacher_layers": used}
+
+
+@INIT_METHODS.register("teacher")
+def _teacher(teacher, shape, *, layers, seed, pretrained):
+    # The teacher's layers as they are for a student of its width, cut for a narrower one; random when neither can be.
+    if not _shape_mismatches(teacher, shape):
+        method = "teacher-layers"
+    elif not cut_problems(teacher, shape):
+        method = "teacher-slices"
+    else:
+        if layers is not None:
+            raise CompressError(f"teacher layers were given, but a {shape.label} student cannot start from the teacher's "
+                                f"weights: {'; '.join(cut_problems(teacher, shape))}")
+        log.warning("a %s student cannot start from the teacher's weights (%s): it starts at random",
+                    shape.label, "; ".join(cut_problems(teacher, shape)))
+        method = "random"
+    model, details = INIT_METHODS.get(method)(teacher, shape, layers=layers, seed=seed, pretrained=None)
+    return model, {**details, "method": method}
+
+
 @INIT_METHODS.register("random")
 def _random(teacher, shape, *, layers, seed, pretrained):
     return init_random(teacher, shape, seed), {"seed": seed}
@@ -196,21 +244,25 @@ def _pretrained(teacher, shape, *, layers, seed, pretrained):
 def init_student(
     teacher: nn.Module,
     shape: Shape | None,
-    method: str = "teacher-layers",
+    method: str = "teacher",
     layers: list[int] | None = None,
     seed: int = 0,
     pretrained: str | Path | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Build a student by ``method`` (``teacher-layers``, ``random`` or ``pretrained``).
+    """Build a student by ``method`` (``teacher``, ``teacher-layers``, ``teacher-slices``, ``random`` or ``pretrained``).
+
+    ``teacher`` is ``teacher-layers`` for a student of the teacher's width,
+    ``teacher-slices`` for a narrower one, and ``random`` (with a warning) for one that is
+    wider in some size or a pruned teacher's.
 
     Returns ``(model, info)``; ``info`` holds ``method``, ``teacher_layers`` (the 0-based
     teacher layers copied, or None) and method details. For ``pretrained`` the directory's
     own shape is used and ``shape`` may be None.
     """
     build = INIT_METHODS.get(method)
-    if layers is not None and method != "teacher-layers":
-        raise CompressError(f"teacher layers apply only to --init teacher-layers, not {method!r}")
+    if layers is not None and method not in TEACHER_METHODS:
+        raise CompressError(f"teacher layers apply only to --init teacher-layers or teacher-slices, not {method!r}")
     if shape is None and method != "pretrained":
         raise CompressError(f"--init {method} needs a student shape")
     model, details = build(teacher, shape, layers=layers, seed=seed, pretrained=pretrained)
-    return model, {"method": method, "teacher_layers": details.pop("teacher_layers", None), **details}
+    return model, {"method": details.pop("method", method), "teacher_layers": details.pop("teacher_layers", None), **details}

@@ -78,12 +78,15 @@ def test_time_limit_and_grid():
 
     class C:  # a MiniLM-like teacher: 6 layers, 384 wide, 12 heads of 32, FFN 4x
         hidden_size, num_attention_heads, num_hidden_layers, intermediate_size = 384, 12, 6, 1536
+        model_type = "bert"
 
     shapes = candidate_shapes(C)
     assert {s.hidden for s in shapes} == {384, 288, 192, 128} and {s.layers for s in shapes} == {1, 2, 3, 4, 6}
     assert all(s.hidden // s.heads == 32 and s.ffn == 4 * s.hidden for s in shapes)
-    ranked = rank_by_prior(shapes, 384)
-    assert [s.label for s in ranked[:3]] == ["6L-384", "4L-384", "3L-384"]  # initialisable from the teacher first
+    wider = Shape(2, 512, 16, 2048)  # more parameters than 2L-384, but no teacher weights to start from
+    ranked = rank_by_prior([*shapes, wider], C)
+    assert [s.label for s in ranked[:3]] == ["6L-384", "4L-384", "6L-288"]  # cut from the teacher first, by parameters
+    assert ranked[-1] == wider
     named = candidate_shapes(C, ("2L-384", "3L-192", "1L-100"))
     assert [(s.label, s.heads) for s in named] == [("2L-384", 12), ("3L-192", 6), ("1L-100", 1)]  # 32-wide heads where they fit
     fit, held = probe_shapes(shapes, 8)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 
 import pytest
 
 from compress.core import synthetic
-from compress.core.artifacts import read_compression, read_metrics
+from compress.core.artifacts import load_config, read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
@@ -422,3 +423,13 @@ def test_transfer_text_from_a_datasets_folder_and_from_another_task(setting, tmp
     assert read_compression(out)["extra_data"]["transfer"]["rows"] == 40
     with pytest.raises(CompressError, match="only GLUE tasks"):
         distill(teacher, tmp_path / "c", _cfg(setting, epochs=1, transfer_text=["task:squad"]))
+
+
+def test_default_init_cuts_a_narrower_student_from_the_teacher(setting, tmp_path):
+    _, _, teacher = setting
+    cfg = _cfg(setting, heads=1, epochs=1)
+    cfg = replace(cfg, init=DistillConfig.__dataclass_fields__["init"].default)  # the default, whatever _cfg says
+    out = distill(teacher, tmp_path / "s", cfg)
+    init = read_compression(out)["init"]
+    assert init["method"] == "teacher-slices" and init["teacher_layers"] == [0, 1]
+    assert load_config(out).hidden_size == 32

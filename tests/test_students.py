@@ -230,7 +230,7 @@ def test_init_student_methods(teacher, tiny_model_dir):
 
 
 def test_init_student_errors(teacher):
-    with pytest.raises(CompressError, match="valid: pretrained, random, teacher-layers"):
+    with pytest.raises(CompressError, match="valid: pretrained, random, teacher, teacher-layers, teacher-slices"):
         init_student(teacher, STUDENT, method="copy")
     with pytest.raises(CompressError, match="only to --init teacher-layers"):
         init_student(teacher, STUDENT, method="random", layers=[0, 1])
