@@ -1,15 +1,19 @@
-"""The headline benchmark in one command: teachers, students, pruning, int8, one latency table.
+"""The headline benchmark in one command: teachers, students, pruning, int8 on every engine, one latency table.
 
     python -m bench --data ../shared/data                       # or: make bench DATA=../shared/data
-    python -m bench --data ../shared/data --work runs/bench --out bench/results/$(date +%F)
+    python -m bench --data ../shared/data --work runs/bench --out bench/results/$(date +%F) \
+        --auto runs/auto/sst2-b8 --retention bench/results/DATE/retention/retention.json
 
 The model-producing stages run as a recipe (``compress run``): re-running skips every
 stage whose inputs and config are unchanged. Reduced settings for a 2-core CPU, all
 reported in the output: SST-2 training is a seeded sample of 20,000 sentences
-(max length 64); MRPC, STS-B, CoLA and RTE train on their full training sets.
+(max length 64); MRPC, STS-B, CoLA and RTE train on their full training sets. Every SST-2
+model is timed in PyTorch, as ONNX and as OpenVINO IR (fp32) and as ONNX Runtime and
+OpenVINO + NNCF int8, ``--runs`` times, beside the BERT-base shape on every fp32 backend
+and on the SST-2 dev set's real sentences.
 
-Writes ``report.md`` (the table, published rows, headline targets met or not, the
-latency profile), ``bench.json`` and plots to ``--out``.
+Writes ``report.md`` (the table, the five targets met or not with their numbers, the
+per-task students of ``--retention``, a profile), ``bench.json`` and the Pareto plot to ``--out``.
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ def recipe(minilm: Path, glue: Path) -> dict:
         {"name": "student-3L-384", "run": "distill", "teacher": "${teacher-sst2}",
          "config": {**sst2, "student": "3L-384", "init": "teacher-layers", "init_layers": [1, 3, 5],
                     "losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4, "batch_size": 32}},
-        {"name": "student-4L-312", "run": "distill", "teacher": "${teacher-sst2}",
-         "config": {**sst2, "student": "4L-312", "init": "random", "losses": ["kd", "hard"], "epochs": 4,
-                    "lr": 3e-4, "batch_size": 32}},
+        {"name": "student-4L-312", "run": "distill", "teacher": "${teacher-sst2}",  # cut from the teacher (--init teacher)
+         "config": {**sst2, "student": "4L-312", "init": "teacher", "losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4,
+                    "batch_size": 32}},
         {"name": "teacher-sst2-heads50", "run": "prune", "model": "${teacher-sst2}",
          "config": {**sst2, "remove_heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
         {"name": "student-3L-384-heads50", "run": "prune", "model": "${student-3L-384}",
@@ -56,6 +60,15 @@ def recipe(minilm: Path, glue: Path) -> dict:
                        "config": {**data(task), "backend": "onnxruntime", "scheme": "dynamic"}})
     stages.append({"name": "teacher-sst2-int8-torch", "run": "quantize", "model": "${teacher-sst2}",
                    "config": {**sst2, "backend": "torch", "scheme": "dynamic"}})
+    # Every SST-2 model on every engine: NNCF static int8 (OpenVINO), and the fp32 model as ONNX and OpenVINO IR,
+    # so that each int8 model is compared with the same model on its fastest fp32 backend.
+    for name, task in (("teacher-sst2", "sst2"), ("teacher-mrpc", "mrpc"), ("teacher-stsb", "stsb"),
+                       ("student-3L-384", "sst2"), ("student-4L-312", "sst2")):
+        stages.append({"name": f"{name}-int8-ov", "run": "quantize", "model": "${" + name + "}",
+                       "config": {**data(task), "backend": "openvino", "scheme": "static"}})
+    for name in ("teacher-sst2", "student-3L-384", "student-4L-312"):
+        for fmt, suffix in (("onnx", "onnx"), ("openvino", "ov")):
+            stages.append({"name": f"{name}-{suffix}", "run": "export", "model": "${" + name + "}", "config": {"format": fmt}})
     return {"name": "headline-benchmark", "report": False, "stages": stages}
 
 
@@ -64,7 +77,11 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--work", type=Path, default=Path("runs/bench"), help="model directories (not committed)")
     parser.add_argument("--out", type=Path, default=None, help="results (default: bench/results/<date>)")
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=20, help="timed passes per model and point, in each run")
+    parser.add_argument("--runs", type=int, default=3, help="interleaved latency runs (medians of run medians)")
+    parser.add_argument("--auto", default="", help="auto-chosen model folders to measure beside the others (DIR,...)")
+    parser.add_argument("--retention", type=Path, default=None,
+                        help="the retention benchmark's retention.json: its best row per task goes in the report")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -74,7 +91,12 @@ def main(argv=None) -> int:
         print(f"bench: no GLUE data in {glue}; pass --data pointing at the folder with glue/", file=sys.stderr)
         return 2
     run_recipe(recipe(minilm_path(), glue), args.work, say=lambda m: print(m, flush=True))
-    results = build_results(args.work, glue, repeats=args.repeats)
+    auto = [Path(p) for p in args.auto.split(",") if p]
+    missing = [p for p in auto if not (p / "config.json").is_file()]
+    if missing:
+        print(f"bench: {missing[0]} is not a model folder (no config.json); pass auto-chosen models with --auto", file=sys.stderr)
+        return 2
+    results = build_results(args.work, glue, repeats=args.repeats, runs=args.runs, auto=auto, retention=args.retention)
     manifest = json.loads((args.work / "manifest.json").read_text())["stages"]
     results["adopted"] = {k: v["adopted_from"] for k, v in manifest.items() if "adopted_from" in v}
     results["seconds"] = round(time.monotonic() - started, 1)
