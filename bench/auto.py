@@ -90,7 +90,10 @@ def main(argv=None) -> int:
             row = {"task": task, "fraction": fraction, "teacher_ms": teacher_ms, "budget": budget, "options": options}
             try:
                 auto(teacher, out, from_dict(AutoConfig, options), overwrite=True)
-                row["chosen"] = json.loads((out / "search" / "search.json").read_text())["chosen"]
+                search = json.loads((out / "search" / "search.json").read_text())
+                row["chosen"] = search["chosen"]
+                error = search.get("latency_model_error") or {}
+                row["latency_model_error"] = {k: error.get(k) for k in ("median", "worst")} if error else None
             except CompressError as err:
                 row["error"] = str(err)
             row["minutes"] = round((time.monotonic() - started) / 60, 1)
@@ -115,15 +118,18 @@ def render(results: dict, header: dict) -> str:
              f"- date: {header['date']}; hardware: {header['cpu']} ({header['cores']} cores); torch threads: {header['threads']}",
              f"- versions: {', '.join(f'{k} {v}' for k, v in header['packages'].items())}",
              f"- command: `{header['command']}`", "",
-             "| task | budget (teacher / N) | search min | chosen | dev | retention | fresh p50 ms | meets | best hand-made under it |",
-             "|---|---|--:|---|--:|--:|--:|---|---|"]
+             "| task | budget (teacher / N) | search min | chosen | dev | retention | fresh p50 ms | meets | best hand-made under it "
+             "| latency model error, held-out shapes (median / worst) |",
+             "|---|---|--:|---|--:|--:|--:|---|---|---|"]
     for r in results.values():
         c = r.get("chosen")
         hand = r.get("hand_made_best")
         hand_text = f"{Path(hand[1]).name} ({hand[0]:.2f}, {hand[2]:.2f} ms)" if hand else "none"
+        err = r.get("latency_model_error")
+        err_text = f"{err['median']:.1f}% / {err['worst']:.1f}%" if err and err.get("median") is not None else "—"
         if c:
             lines.append(f"| {r['task']} | {r['budget']} (1/{r['fraction']}) | {r['minutes']} | {c['name']} | {c['accuracy']:.2f} | "
-                         f"{100 * c['retention']:.1f}% | {c['fresh_ms']:.2f} | {'yes' if c['meets'] else 'NO'} | {hand_text} |")
+                         f"{100 * c['retention']:.1f}% | {c['fresh_ms']:.2f} | {'yes' if c['meets'] else 'NO'} | {hand_text} | {err_text} |")
         else:
             lines.append(f"| {r['task']} | {r['budget']} (1/{r['fraction']}) | {r['minutes']} | nothing: {r['error']} | | | | | "
                          f"{hand_text} |")
