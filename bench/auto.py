@@ -132,7 +132,19 @@ def render(results: dict, header: dict) -> str:
                          f"{100 * c['retention']:.1f}% | {c['fresh_ms']:.2f} | {'yes' if c['meets'] else 'NO'} | {hand_text} | {err_text} |")
         else:
             lines.append(f"| {r['task']} | {r['budget']} (1/{r['fraction']}) | {r['minutes']} | nothing: {r['error']} | | | | | "
-                         f"{hand_text} |")
+                         f"{hand_text} | {err_text} |")
+    lines += ["", "## Goal", ""]
+    for r in results.values():
+        c, hand = r.get("chosen"), r.get("hand_made_best")
+        checks = {
+            "found and meets the budget in a fresh run": bool(c and c["meets"]),
+            "at least as accurate as the best hand-made model under the budget": bool(c) and (not hand or c["accuracy"] >= hand[0]),
+            "search within 90 minutes": r["minutes"] <= 90,
+        }
+        if r["fraction"] == 8:
+            checks[">= 97% of the teacher at 1/8"] = bool(c) and c["retention"] >= 0.97
+        failed = [k for k, ok in checks.items() if not ok]
+        lines.append(f"- {r['task']} 1/{r['fraction']}: {'met' if not failed else 'not met (' + '; '.join(failed) + ')'}")
     return "\n".join(lines) + "\n"
 
 
