@@ -10,7 +10,6 @@ outputs line up with the teacher's for distillation. Methods are chosen by name 
 from __future__ import annotations
 
 import copy
-import logging
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +25,6 @@ from compress.core.structure import Shape
 from compress.students.layer_map import every_kth
 from compress.students.slices import cut_from_teacher, cut_problems
 
-log = logging.getLogger(__name__)
 InitMethod = Callable[..., tuple[nn.Module, dict[str, Any]]]
 TEACHER_METHODS = ("teacher", "teacher-layers", "teacher-slices")  # the methods that take ``layers``
 INIT_METHODS: Registry[InitMethod] = Registry("student init method")
@@ -213,18 +211,15 @@ def _teacher_slices(teacher, shape, *, layers, seed, pretrained):
 
 @INIT_METHODS.register("teacher")
 def _teacher(teacher, shape, *, layers, seed, pretrained):
-    # The teacher's layers as they are for a student of its width, cut for a narrower one; random when neither can be.
+    # The teacher's layers as they are for a student of its width, cut for a narrower one.
     if not _shape_mismatches(teacher, shape):
         method = "teacher-layers"
-    elif not cut_problems(teacher, shape):
-        method = "teacher-slices"
     else:
-        if layers is not None:
-            raise CompressError(f"teacher layers were given, but a {shape.label} student cannot start from the teacher's "
-                                f"weights: {'; '.join(cut_problems(teacher, shape))}")
-        log.warning("a %s student cannot start from the teacher's weights (%s): it starts at random",
-                    shape.label, "; ".join(cut_problems(teacher, shape)))
-        method = "random"
+        problems = cut_problems(teacher, shape)
+        if problems:
+            raise CompressError(f"a {shape.label} student cannot start from the teacher's weights: {'; '.join(problems)}; "
+                                "choose a shape no wider than the teacher, or --init random")
+        method = "teacher-slices"
     model, details = INIT_METHODS.get(method)(teacher, shape, layers=layers, seed=seed, pretrained=None)
     return model, {**details, "method": method}
 
@@ -251,9 +246,8 @@ def init_student(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Build a student by ``method`` (``teacher``, ``teacher-layers``, ``teacher-slices``, ``random`` or ``pretrained``).
 
-    ``teacher`` is ``teacher-layers`` for a student of the teacher's width,
-    ``teacher-slices`` for a narrower one, and ``random`` (with a warning) for one that is
-    wider in some size or a pruned teacher's.
+    ``teacher`` is ``teacher-layers`` for a student of the teacher's width and
+    ``teacher-slices`` for a narrower one; one wider in some size (or a pruned teacher) is refused.
 
     Returns ``(model, info)``; ``info`` holds ``method``, ``teacher_layers`` (the 0-based
     teacher layers copied, or None) and method details. For ``pretrained`` the directory's

@@ -271,7 +271,7 @@ def test_general_distillation_minilm_then_task(setting, tmp_path):
 
     _, data, teacher = setting
     corpus = _corpus(tmp_path / "corpus.txt")
-    cfg = from_dict(GeneralDistillConfig, {"corpus": [str(corpus)], "student": "2L-32", "heads": 2, "relation_heads": 4,
+    cfg = from_dict(GeneralDistillConfig, {"corpus": [str(corpus)], "student": "2L-32", "heads": 2, "relation_heads": 4, "init": "random",
                                            "max_length": 32, "max_steps": 30, "batch_size": 16, "eval_every": 10,
                                            "heldout_fraction": 0.2})
     general = distill_general(teacher, tmp_path / "general", cfg)
@@ -294,7 +294,7 @@ def test_general_distillation_distilbert_style_needs_mlm_heads(setting, tmp_path
 
     _, _, teacher = setting
     corpus = _corpus(tmp_path / "corpus.txt")
-    options = {"corpus": [str(corpus)], "student": "1L-32", "heads": 4, "losses": ["kd", "mlm", "cosine"],
+    options = {"corpus": [str(corpus)], "student": "1L-32", "heads": 4, "init": "random", "losses": ["kd", "mlm", "cosine"],
                "max_length": 32, "max_steps": 6, "batch_size": 8}
     with pytest.raises(CompressError, match="need a teacher with a masked-LM head"):
         distill_general(teacher, tmp_path / "x", from_dict(GeneralDistillConfig, options))
