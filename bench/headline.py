@@ -318,13 +318,15 @@ def _plot(results, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     b1 = _b1(results)
-    for m in results["models"]:
+    ax.set_xscale("log")
+    for i, m in enumerate(results["models"]):
         row = b1.get(m["dir"])
         if m.get("sst2") is None or not row:
             continue
         marker = "s" if row["precision"] == "int8" else "o"
         ax.scatter(row["p50_ms"], m["sst2"], s=max(20, row["params"] / 2e5), alpha=0.7, marker=marker)
-        ax.annotate(m["label"], (row["p50_ms"], m["sst2"]), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        # Labels alternate above and below their point: variants of one model sit at the same accuracy.
+        ax.annotate(m["label"], (row["p50_ms"], m["sst2"]), fontsize=6, xytext=(4, 3 if i % 2 else -8), textcoords="offset points")
     share = results["targets"]["peak"]["share"].get(1) or results["targets"]["peak"]["share"].get("1")
     if share:
         ax.axvline(share["p50_ms"], color="grey", linestyle="--", linewidth=0.8)
@@ -333,8 +335,8 @@ def _plot(results, path: Path) -> None:
         pub = published_score(model, "sst2")
         if pub:
             ax.axhline(pub[0], color="lightgrey", linestyle=":", linewidth=0.8)
-            ax.annotate(f"{model} (published)", (ax.get_xlim()[0], pub[0]), fontsize=6, color="grey")
-    ax.set_xscale("log")
+            ax.annotate(f"{model} (published)", (0.01, pub[0]), xycoords=("axes fraction", "data"), fontsize=6, color="grey",
+                        xytext=(0, 1), textcoords="offset points")
     ax.set_xlabel("latency, batch 1, sequence 128 (ms, log scale; median of the runs)")
     ax.set_ylabel("SST-2 dev accuracy (%)")
     ax.set_title("SST-2: accuracy vs latency (squares: int8; marker size ~ parameters)")
@@ -372,7 +374,7 @@ def render(results: dict[str, Any]) -> str:
         f"- latency: {lat['repeat_runs']} interleaved runs (every model in turn, each in its own process, {lat['threads']} "
         "threads); rows give the median of the runs' medians and the worst run's speed-up in brackets. Random token ids at "
         "batch 1 and 32, sequence 128; real inputs: the SST-2 dev set's "
-        f"{inputs.get('count', '?')} sentences at their own lengths (mean {_fmt(inputs.get('mean_tokens'), '.1f')} tokens), "
+        f"{inputs.get('n', '?')} sentences at their own lengths (mean {_fmt(inputs.get('mean_tokens'), '.1f')} tokens), "
         "batch 1 one at a time and batch 32 sorted with dynamic padding. The speed reference is the BERT-base shape on "
         "its fastest fp32 backend of " + ", ".join(REFERENCE_BACKENDS) + " in the same run; 'vs eager' is against it in "
         "PyTorch eager. Floors: FLOPs at the measured peak of the precision each model ran in.",
@@ -393,7 +395,7 @@ def render(results: dict[str, Any]) -> str:
         real1, real32 = real.get((m["dir"], 1)), real.get((m["dir"], 32))
         lines.append(
             f"| {m['label']} | {r1['precision']} | {_fmt(m.get('sst2'))} | "
-            f"{_fmt(100 * m['retention'] if m.get('retention') else None, '.1f')}% | {r1['params'] / 1e6:.1f}M | "
+            f"{_fmt(m['retention'] if m.get('retention') else None, '.1%')} | {r1['params'] / 1e6:.1f}M | "
             f"{r1['size_mb']:.0f} | {r1['p50_ms']:.2f} | {_fmt((r32 or {}).get('p50_ms'), '.1f')} | {_fmt(r1.get('x_floor'), '.1f')} | "
             f"{_fmt(r1.get('speedup_vs_best_fp32'), '.1f')}x ({_fmt(r1.get('speedup_vs_best_fp32_min'), '.1f')}x) | "
             f"{_fmt(r1.get('speedup_vs_torch'), '.1f')}x | {_fmt((r32 or {}).get('speedup_vs_best_fp32'), '.1f')}x | "
