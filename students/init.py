@@ -86,6 +86,17 @@ def _check_layers(layers: list[int], n_teacher: int, n_student: int) -> list[int
     return layers
 
 
+def _student_of_layers(teacher: nn.Module, shape: Shape, layers: list[int] | None) -> tuple[nn.Module, list[int]]:
+    """A fresh ``shape`` student laid out as teacher ``layers`` (checked; default evenly spaced), weights still to fill."""
+    n_teacher = len(st.encoder_layers(teacher))
+    layers = _check_layers(every_kth(n_teacher, shape.layers) if layers is None else layers, n_teacher, shape.layers)
+    config = _student_config(teacher, shape)
+    st.inherit_layer_layout(config, teacher, layers)
+    student = _build_like(teacher, config)
+    st.place_layers(student)
+    return student, layers
+
+
 def _copy(target: nn.Module | None, source: nn.Module | None) -> list[nn.Module]:
     """Copy ``source``'s weights into ``target`` exactly; returns the modules it covered."""
     if target is None and source is None:
@@ -114,13 +125,7 @@ def init_from_teacher(
             "use --init teacher-slices (a narrower student cut from the teacher's weights), --init random, "
             "or --init DIR with a pretrained student of that shape"
         )
-    n_teacher = len(st.encoder_layers(teacher))
-    layers = _check_layers(every_kth(n_teacher, shape.layers) if layers is None else layers, n_teacher, shape.layers)
-
-    config = _student_config(teacher, shape)
-    st.inherit_layer_layout(config, teacher, layers)
-    student = _build_like(teacher, config)
-    st.place_layers(student)
+    student, layers = _student_of_layers(teacher, shape, layers)
     covered = []
     for target, source in zip(st.encoder_layers(student), layers):
         covered += _copy(target, st.encoder_layers(teacher)[source])
@@ -152,12 +157,7 @@ def init_from_teacher_slices(
     ``layers`` as for :func:`init_from_teacher`. ``seed`` fixes the random-token probe
     that ranks hidden dimensions. Returns ``(model, layers)``.
     """
-    n_teacher = len(st.encoder_layers(teacher))
-    layers = _check_layers(every_kth(n_teacher, shape.layers) if layers is None else layers, n_teacher, shape.layers)
-    config = _student_config(teacher, shape)
-    st.inherit_layer_layout(config, teacher, layers)
-    student = _build_like(teacher, config)
-    st.place_layers(student)
+    student, layers = _student_of_layers(teacher, shape, layers)
     cut_from_teacher(student, teacher, shape, layers, seed)
     return student, layers
 

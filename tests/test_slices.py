@@ -10,18 +10,11 @@ from compress.core.errors import CompressError
 from compress.core.structure import Shape
 from compress.students.init import init_from_teacher_slices, init_student
 from compress.students.slices import fits_inside, hidden_importance
-from tests.conftest import VOCAB, make_tiny_model
+from tests.conftest import make_tiny_model
+from tests.test_students import batch as probe
 from tests.test_families import inputs_for, logits, make_model, make_tokenizer
 
 TEACHER = Shape(3, 32, 4, 37)  # the tiny config: 4 heads of 8
-
-
-def probe(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, len(VOCAB), (3, 9), generator=g)
-    mask = torch.ones_like(ids)
-    mask[2, 6:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
 
 
 def out(model, batch):
