@@ -23,7 +23,8 @@
    naming the fastest model measured.
 
 The work directory (``.OUT.work``) keeps every probe, trained candidate and variant:
-``--resume`` after a crash never trains a finished candidate again. The report
+``--resume`` after a crash never trains a finished candidate again; ``--reuse`` lends
+earlier searches of other budgets (their probe, their candidates trained alike) to this one. The report
 (``OUT/search/report.md``, ``search.json``, ``pareto.png``) lists every candidate with
 its predicted and measured latency, accuracy and time spent.
 """
@@ -36,7 +37,7 @@ import math
 import re
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -122,6 +123,9 @@ class AutoConfig:
     compare: tuple[str, ...] = option((), "model folders to measure in the final run beside the finalists and show in the "
                                       "report (e.g. hand-made students; their dev score is read from their metrics.json); "
                                       "never chosen", metavar="DIR[,...]")
+    reuse: tuple[str, ...] = option((), "earlier searches of this teacher and task (their --out folders): their latency probe "
+                                    "(same backends, points, probes, shapes) and trained candidates (same training settings) "
+                                    "are reused, so searching another budget pays only for what is new", metavar="DIR[,...]")
     extra_data: AugmentConfig = field(default_factory=AugmentConfig)
     data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=_auto_defaults)
@@ -147,6 +151,10 @@ class AutoConfig:
             raise CompressError(f"--margin must be 0 or more, got {self.margin}")
         for folder in self.compare:
             require_model_dir(folder)  # before hours of search, not at its end
+        for folder in self.reuse:
+            if not (work_dir_for(Path(folder)) / "state.json").is_file():
+                raise CompressError(f"--reuse {folder}: no search was found there (its work folder "
+                                    f"{work_dir_for(Path(folder))} holds no state.json); give the --out folder of an earlier search")
 
 
 # A timer: (model dirs, (batch, seq) points, repeats) -> rows as `compress latency` makes them
@@ -169,7 +177,7 @@ class _Search:
     state: dict = field(default_factory=dict)
 
     @classmethod
-    def open(cls, work: Path, resume: bool, key: str) -> "_Search":
+    def open(cls, work: Path, resume: bool, key: str, probe_key: str, train_key: str) -> "_Search":
         file = work / "state.json"
         if resume and file.is_file():
             state = json.loads(file.read_text())
@@ -179,10 +187,32 @@ class _Search:
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
-        return cls(work, {"key": key, "probe": None, "trained": {}, "finalists": None})
+        return cls(work, {"key": key, "probe_key": probe_key, "train_key": train_key, "probe": None, "trained": {},
+                          "finalists": None})
 
     def save(self) -> None:
         write_json_atomic(self.work / "state.json", self.state)
+
+
+@dataclass(frozen=True)
+class _Earlier:
+    """What earlier searches (``--reuse``) can give this one: a probe and trained candidates by (label, round, epochs)."""
+
+    probe: dict | None
+    trained: dict[tuple[str, int, int], dict]
+
+    @classmethod
+    def read(cls, folders: tuple[str, ...], probe_key: str, train_key: str) -> "_Earlier":
+        probe, trained = None, {}
+        for folder in folders:
+            state = json.loads((work_dir_for(Path(folder)) / "state.json").read_text())
+            if probe is None and state.get("probe_key") == probe_key and state.get("probe"):
+                probe = {**state["probe"], "reused_from": str(folder)}
+            if state.get("train_key") == train_key:
+                for t in state["trained"].values():
+                    if not math.isnan(t["score"]) and Path(t["dir"], "config.json").is_file():
+                        trained.setdefault((t["label"], t["round"], t["epochs"]), t)
+        return cls(probe, trained)
 
 
 def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bool = False, timer: Timer | None = None) -> Path:
@@ -195,11 +225,16 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     teacher_dir = require_torch_weights(resolve_model(teacher), "compress auto (the teacher)")
     budgets = parse_budgets(cfg.budget)
     at = sorted(points(budgets) or {(1, 128)})
-    key = json.dumps([str(teacher_dir.resolve()), cfg.task, [b.text for b in budgets], list(cfg.backends)])
-    search = _Search.open(work_dir_for(out), cfg.resume, key)
+    common = [str(teacher_dir.resolve()), cfg.task]
+    key = json.dumps(common + [[b.text for b in budgets], list(cfg.backends)])
+    # What a probe and a trained candidate depend on: another budget with the same keys can reuse them.
+    probe_key = json.dumps(common + [list(cfg.backends), at, list(cfg.shapes), cfg.probes, cfg.repeats])
+    train_key = json.dumps(common + [list(cfg.losses), asdict(cfg.extra_data), asdict(cfg.data), asdict(cfg.train)], default=str)
+    search = _Search.open(work_dir_for(out), cfg.resume, key, probe_key, train_key)
+    earlier = _Earlier.read(cfg.reuse, probe_key, train_key)
     shapes = candidate_shapes(load_config(teacher_dir), cfg.shapes)
 
-    probe = search.state["probe"] or _probe(teacher_dir, shapes, cfg, at, search, timer)
+    probe = search.state["probe"] or earlier.probe or _probe(teacher_dir, shapes, cfg, at, search, timer)
     search.state["probe"] = probe
     search.save()
     # The held-out shapes measured the model's error (probe["error"]); the ranking then uses every probe.
@@ -217,6 +252,8 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     log.info("%d of %d shapes predicted to fit; training %s", len(fitting), len(shapes), ", ".join(s.label for s in shortlist))
 
     def train(label: str, round_: int, epochs: int) -> float:
+        if (label, round_, epochs) in earlier.trained:
+            return _adopt(earlier.trained[label, round_, epochs], search)
         return _train_candidate(teacher_dir, shapes_by_label[label], round_, epochs, cfg, search)
 
     shapes_by_label = {s.label: s for s in shapes}
@@ -432,6 +469,18 @@ def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, 
     return score
 
 
+def _adopt(entry: dict, search: _Search) -> float:
+    """A candidate an earlier search trained with the same settings, copied in (a later round continues from it)."""
+    out = search.work / "candidates" / f"{entry['label']}-r{entry['round']}"
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(entry["dir"], out)
+    search.state["trained"][f"{entry['label']}/{entry['round']}"] = {**entry, "dir": str(out), "reused_from": entry["dir"]}
+    search.save()
+    log.info("candidate %s (round %d): reused from %s", entry["label"], entry["round"], entry["dir"])
+    return entry["score"]
+
+
 # ---------------------------------------------------------------------------- step 4: finalists
 
 
@@ -496,6 +545,7 @@ def _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen
         "kind": "auto", "when": utc_now(), "task": cfg.task, "teacher": str(teacher_dir),
         "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
         "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"],
+        "probe_reused_from": probe.get("reused_from"),
         "teacher_ms": probe["teacher"], "predicted": {k: {"variants": v["variants"]} for k, v in predicted.items()},
         "trained": list(search.state["trained"].values()), "halving_stopped": halving.stopped,
         "results": [{k: v for k, v in r.items() if k not in ("measurement", "predicted")}
@@ -517,11 +567,14 @@ def _write_report(where: Path, report: dict) -> None:
     err = report["latency_model_error"]
     if err:
         lines.append(f"- latency model error on held-out probe shapes: median {err['median']:.1f}%, worst {err['worst']:.1f}%")
+    if report.get("probe_reused_from"):
+        lines.append(f"- latency probe reused from the earlier search {report['probe_reused_from']} (same teacher, backends, points)")
     chosen = report["chosen"]
     lines.append(f"- chosen: {chosen['name']} ({chosen['accuracy']:.2f})" if chosen else "- chosen: nothing met every budget")
     lines += ["", "## Candidates trained", "", "| shape | round | epochs | dev | teacher | seconds |", "|---|--:|--:|--:|--:|--:|"]
     for t in report["trained"]:
-        lines.append(f"| {t['label']} | {t['round']} | {t['epochs']} | {t['score']:.2f} | {t['teacher']:.2f} | {t['seconds']:.0f} |")
+        spent = f"{t['seconds']:.0f}" + (" (an earlier search's)" if t.get("reused_from") else "")
+        lines.append(f"| {t['label']} | {t['round']} | {t['epochs']} | {t['score']:.2f} | {t['teacher']:.2f} | {spent} |")
     lines += ["", "## Finalists, measured in one run", "",
               f"| model | dev | predicted p50 ms | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",
               "|---|--:|--:|--:|--:|" + "---|" * len(report["budgets"])]

@@ -176,6 +176,38 @@ def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatc
     assert (out / "config.json").is_file()
 
 
+def test_another_budget_reuses_the_probe_and_the_candidates_trained_with_the_same_settings(teacher, tmp_path, monkeypatch):
+    teacher_dir, data = teacher
+    first = auto(teacher_dir, tmp_path / "a", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer())
+    before = {(t["label"], t["round"], t["epochs"]) for t in json.loads((first / "search" / "search.json").read_text())["trained"]}
+    trained, calls = [], []
+    real = auto_module.distill
+
+    def counting(*args, **kwargs):
+        trained.append(Path(args[1]).name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "distill", counting)
+    out = auto(teacher_dir, tmp_path / "b", _cfg(data, "p50<=2.6ms@b1,s32", reuse=[str(tmp_path / "a")]),
+               timer=fake_timer(calls=calls))
+    report = json.loads((out / "search" / "search.json").read_text())
+    assert len(calls) == 1 and report["probe_reused_from"] == str(tmp_path / "a")  # only the final run was timed
+    for t in report["trained"]:  # reused exactly when the first search trained (shape, round, epochs)
+        assert bool(t.get("reused_from")) == ((t["label"], t["round"], t["epochs"]) in before)
+    fresh = [f"{t['label']}-r{t['round']}" for t in report["trained"] if not t.get("reused_from")]
+    assert sorted(trained) == sorted(fresh) and len(fresh) < len(report["trained"])
+    assert "(an earlier search's)" in (out / "search" / "report.md").read_text()
+    # Other training settings: the probe is still reused, no candidate is.
+    trained.clear()
+    other = auto(teacher_dir, tmp_path / "c", _cfg(data, "p50<=2.6ms@b1,s32", lr=5e-4, reuse=[str(tmp_path / "a")]),
+                 timer=fake_timer())
+    report = json.loads((other / "search" / "search.json").read_text())
+    assert report["probe_reused_from"] and not any(t.get("reused_from") for t in report["trained"])
+    assert len(trained) == len(report["trained"])
+    with pytest.raises(CompressError, match="no search was found"):
+        _cfg(data, "p50<=2ms@b1,s32", reuse=[str(tmp_path / "nowhere")]).validate()
+
+
 def test_bad_budgets_are_refused_before_any_work(teacher, tmp_path):
     teacher_dir, data = teacher
     for bad, piece in (("p50>=6ms", ">="), ("latency<=6ms", "latency"), ("", "no budget")):
