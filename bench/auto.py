@@ -64,6 +64,9 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", default="90m")
     parser.add_argument("--max-train", type=int, default=4000, help="the teachers' training sample")
     parser.add_argument("--glue", type=Path, default=None, help="GLUE folder (default: DATA/glue)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue searches already in --out (same budget, --time-limit more minutes: e.g. rounds a "
+                             "shorter limit cut off); their minutes add up")
     parser.add_argument("--options", default="{}", help="extra AutoConfig options as JSON (reduced settings, say so)")
     args = parser.parse_args(argv)
     args.hand_made = args.hand_made or args.teachers / "students"
@@ -88,17 +91,23 @@ def main(argv=None) -> int:
         fractions = [int(f) for f in args.fractions.split(",")]
         for fraction in fractions:
             key = f"{task}/1/{fraction}"
-            if key in results:
+            resume = args.resume and key in results and "options" in results[key]
+            if key in results and not resume:
                 continue
-            budget = f"p50<={teacher_ms / fraction:.2f}ms@b1,s128"
+            # A resumed search keeps its budget (the teacher's latency of its first run) and its minutes so far.
+            budget = results[key]["budget"] if resume else f"p50<={teacher_ms / fraction:.2f}ms@b1,s128"
+            spent = results[key]["minutes"] if resume else 0.0
             out = args.models / f"{task}-1of{fraction}"
             # The task's earlier searches (other budgets) lend their probe and the candidates trained alike.
             earlier = [str(args.models / f"{task}-1of{f}") for f in fractions[: fractions.index(fraction)]
                        if (work_dir_for(args.models / f"{task}-1of{f}") / "state.json").is_file()]
             options = {"task": task, "budget": budget, "data_dir": str(glue), "max_train_examples": args.max_train,
                        "time_limit": args.time_limit, "reuse": earlier, **json.loads(args.options)}
+            if resume:
+                options = {**results[key]["options"], "time_limit": args.time_limit, "resume": True}
             started = time.monotonic()
-            row = {"task": task, "fraction": fraction, "teacher_ms": teacher_ms, "budget": budget, "options": options}
+            row = {"task": task, "fraction": fraction, "teacher_ms": results[key]["teacher_ms"] if resume else teacher_ms,
+                   "budget": budget, "options": options}
             try:
                 auto(teacher, out, from_dict(AutoConfig, options), overwrite=True)
                 search = json.loads((out / "search" / "search.json").read_text())
@@ -107,14 +116,16 @@ def main(argv=None) -> int:
                 row["latency_model_error"] = {k: error.get(k) for k in ("median", "worst")} if error else None
             except CompressError as err:
                 row["error"] = str(err)
-            row["minutes"] = round((time.monotonic() - started) / 60, 1)
+            row["minutes"] = round(spent + (time.monotonic() - started) / 60, 1)
+            if resume:
+                row["resumed"] = results[key].get("resumed", 0) + 1
             # Judged with the searches it reused: what the budget would have cost searched alone, at most.
-            row["reused"] = earlier
+            row["reused"] = options.get("reuse", [])
             row["minutes_with_reused"] = round(row["minutes"] + sum(
-                results[f"{task}/1/{f}"]["minutes"] for f in fractions[: fractions.index(fraction)] if f"{task}/1/{f}" in results), 1)
+                r["minutes"] for r in results.values() if str(args.models / f"{r['task']}-1of{r['fraction']}") in row["reused"]), 1)
             others = hand_made(args.hand_made, task)
             fresh = p50([teacher, *([out] if "chosen" in row else []), *others])
-            limit = teacher_ms / fraction
+            limit = row["teacher_ms"] / fraction
             if "chosen" in row:
                 row["chosen"].update(fresh_ms=fresh[str(out)], meets=fresh[str(out)] <= limit,
                                      retention=row["chosen"]["accuracy"] / dev_score(teacher, task))

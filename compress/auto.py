@@ -495,7 +495,9 @@ def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoC
             if name not in predicted[label]["variants"]:
                 continue
             try:
-                path = _make_variant(source, search.work / "final" / f"{label}-{name}", how, cfg, max_eval=None)
+                # named by round: a resumed search that trained further never reuses the variant of an older round
+                dest = search.work / "final" / f"{label}-r{last['round']}-{name}"
+                path = _make_variant(source, dest, how, cfg, max_eval=None)
             except CompressError as err:  # e.g. the accuracy guard refused the int8 model
                 log.warning("%s as %s: %s", label, name, err)
                 continue

@@ -176,6 +176,18 @@ def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatc
     assert (out / "config.json").is_file()
 
 
+def test_a_resumed_search_that_trains_further_quantizes_the_newer_round(teacher, tmp_path):
+    teacher_dir, data = teacher
+    cfg = _cfg(data, "p50<=2.2ms@b1,s32", rounds=1)
+    auto(teacher_dir, tmp_path / "out", cfg, timer=fake_timer())
+    out = auto(teacher_dir, tmp_path / "out", AutoConfig(**{**cfg.__dict__, "rounds": 2, "resume": True}), overwrite=True,
+               timer=fake_timer())
+    report = json.loads((out / "search" / "search.json").read_text())
+    assert {t["round"] for t in report["trained"]} == {0, 1}
+    int8 = [r for r in report["results"] if r["variant"] == "torch-int8"]
+    assert int8 and all(f"{r['label']}-r1-torch-int8" == Path(r["dir"]).name for r in int8)
+
+
 def test_another_budget_reuses_the_probe_and_the_candidates_trained_with_the_same_settings(teacher, tmp_path, monkeypatch):
     teacher_dir, data = teacher
     first = auto(teacher_dir, tmp_path / "a", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer())
