@@ -69,7 +69,7 @@ from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk
 from compress.export import ExportConfig, export
 from compress.quantize import QuantizeConfig, quantize
 from compress.search import Budget, Sample, choose, fastest, fit_latency_model, held_out_error, measurement, parse_budgets
-from compress.search import pareto_front, points, successive_halving
+from compress.search import pareto_front, points, round_seconds, successive_halving
 from compress.students.init import init_student
 from compress.students.slices import fits_inside
 from compress.students.presets import resolve_shape
@@ -261,7 +261,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     halving = successive_halving(
         [s.label for s in shortlist], train, rounds=cfg.rounds, eta=cfg.eta, units=lambda r: cfg.train.epochs * cfg.eta**r,
         keep_min=min(2, len(shortlist)),  # two finalists at least, so one failing to quantize leaves a choice
-        time_left=lambda: time.monotonic() < deadline - reserve,
+        time_left=lambda plan: _affordable(plan, search, deadline - reserve),
         done={(t["label"], t["round"]): t["score"] for t in search.state["trained"].values()},
     )
     finalists = list(halving.survivors[-1]) if halving.survivors else []
@@ -467,6 +467,17 @@ def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, 
         "teacher": retention["teacher"], "seconds": round(time.monotonic() - started, 1), "init": init}
     search.save()
     return score
+
+
+def _affordable(plan: list[tuple[str, int]], search: _Search, until: float) -> bool:
+    """Whether a round's trainings end before ``until`` (monotonic seconds), predicted from each candidate's
+    seconds per epoch so far: a round that cannot finish is not started (the time limit holds)."""
+    history = [(t["label"], t["epochs"], t["seconds"]) for t in sorted(search.state["trained"].values(), key=lambda t: t["round"])]
+    left = until - time.monotonic()
+    need = round_seconds(plan, history)
+    if left > 0 and need > left:
+        log.info("stopping: the next round needs about %.0f s of training, %.0f s are left", need, left)
+    return left > 0 and need <= left
 
 
 def _adopt(entry: dict, search: _Search) -> float:

@@ -307,14 +307,17 @@ class HalvingResult(Generic[K]):
 
 
 def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], float], *, rounds: int, eta: int = 2,
-                       units: Callable[[int], int], keep_min: int = 1, time_left: Callable[[], bool] | None = None,
+                       units: Callable[[int], int], keep_min: int = 1,
+                       time_left: Callable[[list[tuple[K, int]]], bool] | None = None,
                        done: Mapping[tuple[K, int], float] | None = None) -> HalvingResult[K]:
     """Successive halving (Jamieson & Talwalkar 2016): train all, keep the best ceil(n/eta), repeat.
 
     Round r calls ``train(candidate, r, units(r))`` for each survivor (higher score is
     better; NaN means it failed and is dropped), unless ``done[(candidate, r)]`` holds its
-    score already. ``time_left`` is asked before each round, never mid-round, so every
-    survivor of a round has been trained alike.
+    score already. ``time_left(plan)`` is asked before each round with the trainings it
+    still needs, ``[(candidate, units), ...]`` (so a caller can refuse a round it cannot
+    finish: :func:`round_seconds`), never mid-round, so every survivor of a round has been
+    trained alike.
     """
     if not candidates or len(set(candidates)) != len(candidates):
         raise CompressError(f"successive halving needs distinct candidates, got {list(candidates)}")
@@ -323,12 +326,12 @@ def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], f
     done = done or {}
     alive, trials, survivors, best, stopped = list(candidates), [], [], None, "rounds"
     for r in range(rounds):
-        if time_left is not None and not time_left():
-            stopped = "time"
-            break
         u = units(r)
         if not (isinstance(u, int) and u >= 1):
             raise CompressError(f"units({r}) returned {u!r}: it must be a positive whole number of epochs or steps")
+        if time_left is not None and not time_left([(c, u) for c in alive if (c, r) not in done]):
+            stopped = "time"
+            break
         scores = {}
         for c in alive:
             reused = (c, r) in done
@@ -346,6 +349,14 @@ def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], f
             stopped = "one left" if alive else "all failed"
             break
     return HalvingResult(tuple(trials), tuple(survivors), stopped, best)
+
+
+def round_seconds(plan: Sequence[tuple[K, int]], history: Sequence[tuple[K, int, float]]) -> float:
+    """Predicted seconds of a round's ``plan`` [(candidate, units)]: each candidate's seconds per unit in its latest
+    ``history`` entry [(candidate, units, seconds)] times its new units; a candidate never trained counts 0 (the
+    first round always runs: there is nothing to predict it from)."""
+    per_unit = {c: seconds / units for c, units, seconds in history if units > 0}
+    return sum(per_unit.get(c, 0.0) * u for c, u in plan)
 
 
 # ---------------------------------------------------------------------------- choosing

@@ -176,6 +176,17 @@ def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatc
     assert (out / "config.json").is_file()
 
 
+def test_a_round_that_cannot_finish_before_the_time_limit_is_not_started(tmp_path):
+    import time
+
+    search = auto_module._Search(tmp_path, {"trained": {"x/0": {"label": "x", "round": 0, "epochs": 1, "seconds": 60.0},
+                                                        "y/0": {"label": "y", "round": 0, "epochs": 1, "seconds": 20.0}}})
+    now = time.monotonic()
+    assert not auto_module._affordable([("x", 2), ("y", 2)], search, now + 150)  # 2 x 60 + 2 x 20 = 160 s needed
+    assert auto_module._affordable([("x", 2), ("y", 2)], search, now + 170)
+    assert not auto_module._affordable([("z", 1)], search, now - 1)  # past the limit: nothing starts
+
+
 def test_a_resumed_search_that_trains_further_quantizes_the_newer_round(teacher, tmp_path):
     teacher_dir, data = teacher
     cfg = _cfg(data, "p50<=2.2ms@b1,s32", rounds=1)

@@ -9,7 +9,7 @@ import pytest
 
 from compress.core.errors import CompressError
 from compress.core.structure import Shape
-from compress.search import (Budget, Sample, choose, fastest, features, fit_latency_model, held_out_error,
+from compress.search import (Budget, Sample, choose, fastest, features, fit_latency_model, held_out_error, round_seconds,
                              measurement, nnls, pareto_front, parse_budgets, points, successive_halving)
 
 # ---------------------------------------------------------------------------- budgets
@@ -271,12 +271,20 @@ def test_successive_halving_drops_failed_candidates():
 def test_successive_halving_stops_when_time_runs_out():
     asked = []
     result = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r,
-                                time_left=lambda: asked.append(1) or len(asked) <= 2)
+                                time_left=lambda plan: asked.append(plan) or len(asked) <= 2)
     assert result.stopped == "time" and len(asked) == 3
     assert result.survivors == (("b", "d", "e", "g"), ("b", "e")) and result.best == "e"
     assert {t.round for t in result.trials} == {0, 1}
-    none = successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 1, time_left=lambda: False)
+    # each round is asked with the trainings it needs: every survivor, at that round's units
+    assert asked == [[(c, 1) for c in "abcdefgh"], [(c, 2) for c in "bdeg"], [("b", 4), ("e", 4)]]
+    none = successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 1, time_left=lambda plan: False)
     assert none.trials == () and none.best is None and none.stopped == "time"
+
+
+def test_a_round_costs_each_candidates_latest_seconds_per_unit_times_its_units():
+    history = [("a", 1, 100.0), ("b", 1, 40.0), ("a", 2, 180.0)]  # a: 90 s per unit now, b: 40
+    assert round_seconds([("a", 4), ("b", 4)], history) == pytest.approx(4 * 90 + 4 * 40)
+    assert round_seconds([("c", 2)], history) == 0.0 and round_seconds([], history) == 0.0
 
 
 def test_successive_halving_resumes_without_retraining_finished_runs():
