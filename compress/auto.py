@@ -16,7 +16,9 @@
 3. **Successive halving.** The ``--candidates`` best are distilled for ``--epochs``; the best
    1/eta continue from where they stopped for eta times as long, and so on
    (``--rounds``), with the distillation recipe of ``compress distill`` (``--losses``,
-   ``--augment``, ...). ``--time-limit`` stops the rounds early, keeping 15% of it for step 4.
+   ``--augment``, ...). ``--time-limit`` stops the rounds early, keeping 15% of it for step 4:
+   a round starts only when its trainings, timed by each candidate's seconds per epoch so far,
+   end before that.
 4. **Quantize and measure.** The finalists become every variant predicted to fit (int8
    with its dev score), then all of them and the teacher are timed in one run; the most
    accurate one that meets every budget is copied to ``out``. Nothing fitting is an error
