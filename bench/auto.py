@@ -4,7 +4,8 @@
 
 For each task (``teacher-TASK`` in --teachers): the teacher's fp32 batch-1 p50 at sequence
 128 is measured first; the budgets are 1/4, 1/8 and 1/16 of it (``--fractions``). Each
-search runs with ``--time-limit``; its chosen model is then timed again in a fresh
+search runs with ``--time-limit`` (its report, candidates and Pareto plot are copied to
+``OUT/TASK-1ofN/``); its chosen model is then timed again in a fresh
 latency run beside the teacher and the hand-made students found in ``--hand-made`` (the
 retention benchmark's folders: every ``TASK-*`` model directory), so the auto-chosen
 model is compared with the best hand-made one that meets the same budget there. A task's
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -84,6 +86,14 @@ def main(argv=None) -> int:
     def save():
         write_json_atomic(store, {"header": header, "rows": results})
         (args.out / "auto.md").write_text(render(results, header), encoding="utf-8")
+        for r in results.values():  # each search's own report (every candidate, the finalists, the Pareto plot)
+            search = args.models / f"{r['task']}-1of{r['fraction']}" / "search"
+            if search.is_dir():
+                keep = args.out / f"{r['task']}-1of{r['fraction']}"
+                keep.mkdir(exist_ok=True)
+                for name in ("report.md", "search.json", "pareto.png"):
+                    if (search / name).is_file():
+                        shutil.copyfile(search / name, keep / name)
 
     for task in args.tasks.split(","):
         teacher = args.teachers / f"teacher-{task}"
