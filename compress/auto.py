@@ -17,8 +17,8 @@
    1/eta continue from where they stopped for eta times as long, and so on
    (``--rounds``), with the distillation recipe of ``compress distill`` (``--losses``,
    ``--augment``, ...). ``--time-limit`` stops the rounds early, keeping 15% of it for step 4:
-   a round starts only when its trainings, timed by each candidate's seconds per epoch so far,
-   end before that.
+   a round starts only with the trainings that end before that (timed by each candidate's
+   seconds per epoch so far): the best survivors that fit, the others stop.
 4. **Quantize and measure.** The finalists become every variant predicted to fit (int8
    with its dev score), then all of them and the teacher are timed in one run; the most
    accurate one that meets every budget is copied to ``out``. Nothing fitting is an error
@@ -26,7 +26,8 @@
 
 The work directory (``.OUT.work``) keeps every probe, trained candidate and variant:
 ``--resume`` after a crash never trains a finished candidate again; ``--reuse`` lends
-earlier searches of other budgets (their probe, their candidates trained alike) to this one. The report
+earlier searches of other budgets (their probe, their candidates trained alike) to this one,
+and their models trained further that fit this budget and beat its finalists join them. The report
 (``OUT/search/report.md``, ``search.json``, ``pareto.png``) lists every candidate with
 its predicted and measured latency, accuracy and time spent.
 """
@@ -272,10 +273,12 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     if halving.stopped == "one left":  # the others failed early: the survivor still gets every round's training
         done = {(t["label"], t["round"]) for t in search.state["trained"].values()}
         for r in range(len(halving.survivors), cfg.rounds):
-            if time.monotonic() >= deadline - reserve:
-                break
+            epochs = cfg.train.epochs * cfg.eta**r
             if (finalists[0], r) not in done:
-                train(finalists[0], r, cfg.train.epochs * cfg.eta**r)
+                if not _affordable([(finalists[0], epochs)], search, deadline - reserve):
+                    break
+                train(finalists[0], r, epochs)
+    finalists += _earlier_finalists(earlier, finalists, predicted, search)
     artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
     rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts], *compared], at, 2 * cfg.repeats)
@@ -480,6 +483,23 @@ def _affordable(plan: list[tuple[str, int]], search: _Search, until: float) -> b
     if left > 0 and need > left:
         log.info("stopping: the next round needs about %.0f s of training, %.0f s are left", need, left)
     return left > 0 and need <= left
+
+
+def _earlier_finalists(earlier: _Earlier, finalists: list[str], predicted: dict, search: _Search, most: int = 2) -> list[str]:
+    """Models earlier searches (``--reuse``) trained further than this one, of shapes predicted to fit this budget,
+    that score above every finalist: up to ``most`` of them join the finalists (copied in), so a second budget
+    never ends with a worse model than one already trained for it."""
+    trained = search.state["trained"].values()
+    top = max((t["score"] for t in trained if t["label"] in finalists), default=-math.inf)
+    latest: dict[str, dict] = {}
+    for entry in earlier.trained.values():
+        if entry["label"] not in finalists and predicted.get(entry["label"], {}).get("variants"):
+            if entry["round"] > latest.get(entry["label"], {"round": -1})["round"]:
+                latest[entry["label"]] = entry
+    better = sorted((e for e in latest.values() if e["score"] > top), key=lambda e: -e["score"])[:most]
+    for entry in better:
+        _adopt(entry, search)
+    return [e["label"] for e in better]
 
 
 def _adopt(entry: dict, search: _Search) -> float:

@@ -315,23 +315,29 @@ def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], f
     Round r calls ``train(candidate, r, units(r))`` for each survivor (higher score is
     better; NaN means it failed and is dropped), unless ``done[(candidate, r)]`` holds its
     score already. ``time_left(plan)`` is asked before each round with the trainings it
-    still needs, ``[(candidate, units), ...]`` (so a caller can refuse a round it cannot
-    finish: :func:`round_seconds`), never mid-round, so every survivor of a round has been
-    trained alike.
+    still needs, ``[(candidate, units), ...]`` best first (so a caller can refuse a round it
+    cannot finish: :func:`round_seconds`), never mid-round, so every survivor of a round has
+    been trained alike; refused, it is asked again with the plan's best survivors only, one
+    fewer each time: a round cut short trains the best that fit, the others stop there.
     """
     if not candidates or len(set(candidates)) != len(candidates):
         raise CompressError(f"successive halving needs distinct candidates, got {list(candidates)}")
     if rounds < 1 or eta < 2 or keep_min < 1:
         raise CompressError(f"successive halving needs rounds >= 1, eta >= 2, keep_min >= 1; got {rounds}, {eta}, {keep_min}")
     done = done or {}
-    alive, trials, survivors, best, stopped = list(candidates), [], [], None, "rounds"
+    alive, trials, survivors, best, stopped, short = list(candidates), [], [], None, "rounds", False
     for r in range(rounds):
         u = units(r)
         if not (isinstance(u, int) and u >= 1):
             raise CompressError(f"units({r}) returned {u!r}: it must be a positive whole number of epochs or steps")
-        if time_left is not None and not time_left([(c, u) for c in alive if (c, r) not in done]):
-            stopped = "time"
-            break
+        if time_left is not None:
+            k = len(alive)  # alive is best first (the previous round's ranking; the given order in round 0)
+            while k and not time_left([(c, u) for c in alive[:k] if (c, r) not in done]):
+                k -= 1
+            if k == 0:
+                stopped = "time"
+                break
+            short, alive = short or k < len(alive), alive[:k]
         scores = {}
         for c in alive:
             reused = (c, r) in done
@@ -341,13 +347,14 @@ def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], f
                 scores[c] = score
         # sorted() is stable, so equal scores keep candidate order.
         ranked = sorted(scores, key=lambda c: -scores[c])
-        kept = set(ranked[: max(keep_min, math.ceil(len(alive) / eta))])
-        alive = [c for c in alive if c in kept]
-        survivors.append(tuple(alive))
+        alive = ranked[: max(keep_min, math.ceil(len(alive) / eta))]
+        survivors.append(tuple(c for c in candidates if c in alive))
         best = ranked[0] if ranked else None
         if len(alive) <= 1:
-            stopped = "one left" if alive else "all failed"
+            stopped = "time" if short and alive else "one left" if alive else "all failed"
             break
+    if short and stopped == "rounds":
+        stopped = "time"
     return HalvingResult(tuple(trials), tuple(survivors), stopped, best)
 
 

@@ -187,6 +187,30 @@ def test_a_round_that_cannot_finish_before_the_time_limit_is_not_started(tmp_pat
     assert not auto_module._affordable([("z", 1)], search, now - 1)  # past the limit: nothing starts
 
 
+def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_fit_and_score_higher(tmp_path):
+    def entry(label, round_, score):
+        folder = tmp_path / "earlier" / f"{label}-r{round_}"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        return {"label": label, "round": round_, "epochs": 2**round_, "score": score, "dir": str(folder), "teacher": 1.0,
+                "seconds": 1.0, "init": "teacher"}
+
+    earlier = auto_module._Earlier(None, {(e["label"], e["round"], e["epochs"]): e for e in (
+        entry("X", 0, 0.70), entry("X", 2, 0.90),  # X's latest round counts
+        entry("Y", 1, 0.95),  # predicted not to fit this budget
+        entry("Z", 1, 0.50),  # below this search's best finalist
+        entry("F", 1, 0.99),  # a finalist already
+    )})
+    (tmp_path / "work").mkdir()
+    search = auto_module._Search(tmp_path / "work", {"trained": {"F/0": {"label": "F", "round": 0, "score": 0.8}}})
+    predicted = {"X": {"variants": ["openvino-int8"]}, "Y": {"variants": []}, "Z": {"variants": ["openvino-int8"]},
+                 "F": {"variants": ["openvino-int8"]}}
+    assert auto_module._earlier_finalists(earlier, ["F"], predicted, search) == ["X"]
+    adopted = search.state["trained"]["X/2"]
+    assert adopted["score"] == 0.90 and adopted["reused_from"].endswith("X-r2")
+    assert (Path(adopted["dir"]) / "config.json").is_file() and Path(adopted["dir"]).parent == tmp_path / "work" / "candidates"
+
+
 def test_a_resumed_search_that_trains_further_quantizes_the_newer_round(teacher, tmp_path):
     teacher_dir, data = teacher
     cfg = _cfg(data, "p50<=2.2ms@b1,s32", rounds=1)

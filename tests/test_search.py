@@ -240,7 +240,8 @@ def test_successive_halving_keeps_the_expected_candidates_per_round():
     result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r)
     # round 0: d .9, g .7, then the .5 tie b, e, h keeps b and e (candidate order)
     assert result.survivors == (("b", "d", "e", "g"), ("b", "e"), ("b",))
-    assert train.calls == ([(c, 0, 1) for c in "abcdefgh"] + [(c, 1, 2) for c in "bdeg"] + [("b", 2, 4), ("e", 2, 4)])
+    # later rounds train best first (by the previous round's scores)
+    assert train.calls == ([(c, 0, 1) for c in "abcdefgh"] + [(c, 1, 2) for c in "dgbe"] + [("e", 2, 4), ("b", 2, 4)])
     assert result.best == "b" and result.stopped == "one left"
     assert [(t.candidate, t.round, t.units, t.score) for t in result.trials] == [
         (c, r, u, SCORES[(c, r)]) for c, r, u in train.calls]
@@ -272,13 +273,24 @@ def test_successive_halving_stops_when_time_runs_out():
     asked = []
     result = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r,
                                 time_left=lambda plan: asked.append(plan) or len(asked) <= 2)
-    assert result.stopped == "time" and len(asked) == 3
+    assert result.stopped == "time" and len(asked) == 4
     assert result.survivors == (("b", "d", "e", "g"), ("b", "e")) and result.best == "e"
     assert {t.round for t in result.trials} == {0, 1}
-    # each round is asked with the trainings it needs: every survivor, at that round's units
-    assert asked == [[(c, 1) for c in "abcdefgh"], [(c, 2) for c in "bdeg"], [("b", 4), ("e", 4)]]
+    # each round is asked with the trainings it needs, best first (round 1 by round 0's scores: d .9, g .7, b .5, e .5),
+    # then, refused, with one fewer
+    assert asked == [[(c, 1) for c in "abcdefgh"], [("d", 2), ("g", 2), ("b", 2), ("e", 2)], [("e", 4), ("b", 4)], [("e", 4)]]
     none = successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 1, time_left=lambda plan: False)
     assert none.trials == () and none.best is None and none.stopped == "time"
+
+
+def test_a_round_cut_short_by_time_trains_the_best_survivors_that_fit():
+    train = Trainer(SCORES)
+    # round 0 fits; later rounds fit two trainings at most
+    result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r,
+                                time_left=lambda plan: plan[0][1] == 1 or len(plan) <= 2)
+    assert train.calls[8:] == [("d", 1, 2), ("g", 1, 2)]  # round 0's best two (d .9, g .7); b and e stop there
+    # round 1 kept one of two (ceil(2/2)): d .6 ties g .6, d ranked first; the cut is reported as time
+    assert result.survivors == (("b", "d", "e", "g"), ("d",)) and result.best == "d" and result.stopped == "time"
 
 
 def test_a_round_costs_each_candidates_latest_seconds_per_unit_times_its_units():
@@ -291,10 +303,10 @@ def test_successive_halving_resumes_without_retraining_finished_runs():
     done = {k: v for k, v in SCORES.items() if k[1] == 0} | {("e", 1): SCORES[("e", 1)]}
     train = Trainer(SCORES)
     result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r, done=done)
-    assert train.calls == [("b", 1, 2), ("d", 1, 2), ("g", 1, 2), ("b", 2, 4), ("e", 2, 4)]
+    assert train.calls == [("d", 1, 2), ("g", 1, 2), ("b", 1, 2), ("e", 2, 4), ("b", 2, 4)]  # best first
     full = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r)
     assert result.survivors == full.survivors and result.best == full.best
-    assert [t.reused for t in result.trials] == [True] * 8 + [False, False, True, False] + [False, False]
+    assert [t.reused for t in result.trials] == [True] * 8 + [False, False, False, True] + [False, False]
 
 
 def test_successive_halving_refuses_bad_arguments():
