@@ -17,8 +17,9 @@
    1/eta continue from where they stopped for eta times as long, and so on
    (``--rounds``), with the distillation recipe of ``compress distill`` (``--losses``,
    ``--augment``, ...). ``--time-limit`` stops the rounds early, keeping 15% of it for step 4:
-   a round starts only with the trainings that end before that (timed by each candidate's
-   seconds per epoch so far): the best survivors that fit, the others stop.
+   each survivor, best first, joins a round when its training still ends before that
+   (priced by its seconds per epoch so far, a new shape by its parameters at the others'
+   rate, a candidate an earlier search trained alike at nothing); the others stop there.
 4. **Quantize and measure.** The finalists become every variant predicted to fit (int8
    with its dev score), then all of them and the teacher are timed in one run; the most
    accurate one that meets every budget is copied to ``out``. Nothing fitting is an error
@@ -264,7 +265,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     halving = successive_halving(
         [s.label for s in shortlist], train, rounds=cfg.rounds, eta=cfg.eta, units=lambda r: cfg.train.epochs * cfg.eta**r,
         keep_min=min(2, len(shortlist)),  # two finalists at least, so one failing to quantize leaves a choice
-        time_left=lambda plan: _affordable(plan, search, deadline - reserve),
+        time_left=lambda r, plan: _affordable(r, plan, search, earlier, deadline - reserve, shapes_by_label),
         done={(t["label"], t["round"]): t["score"] for t in search.state["trained"].values()},
     )
     finalists = list(halving.survivors[-1]) if halving.survivors else []
@@ -275,7 +276,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
         for r in range(len(halving.survivors), cfg.rounds):
             epochs = cfg.train.epochs * cfg.eta**r
             if (finalists[0], r) not in done:
-                if not _affordable([(finalists[0], epochs)], search, deadline - reserve):
+                if not _affordable(r, [(finalists[0], epochs)], search, earlier, deadline - reserve, shapes_by_label):
                     break
                 train(finalists[0], r, epochs)
     finalists += _earlier_finalists(earlier, finalists, predicted, search)
@@ -474,14 +475,18 @@ def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, 
     return score
 
 
-def _affordable(plan: list[tuple[str, int]], search: _Search, until: float) -> bool:
-    """Whether a round's trainings end before ``until`` (monotonic seconds), predicted from each candidate's
-    seconds per epoch so far: a round that cannot finish is not started (the time limit holds)."""
-    history = [(t["label"], t["epochs"], t["seconds"]) for t in sorted(search.state["trained"].values(), key=lambda t: t["round"])]
+def _affordable(round_: int, plan: list[tuple[str, int]], search: _Search, earlier: _Earlier, until: float,
+                shapes: dict[str, Shape]) -> bool:
+    """Whether a round's trainings end before ``until`` (monotonic seconds): each candidate priced by its seconds per
+    epoch so far (here or in an earlier search), one never trained by its parameters at the others' rate, one an
+    earlier search trained alike at nothing (it is copied)."""
+    history = [(t["label"], t["epochs"], t["seconds"])
+               for t in sorted([*earlier.trained.values(), *search.state["trained"].values()], key=lambda t: t["round"])]
+    todo = [(label, units) for label, units in plan if (label, round_, units) not in earlier.trained]
     left = until - time.monotonic()
-    need = round_seconds(plan, history)
+    need = round_seconds(todo, history, size=lambda label: _encoder_params(shapes[label]) if label in shapes else 0.0)
     if left > 0 and need > left:
-        log.info("stopping: the next round needs about %.0f s of training, %.0f s are left", need, left)
+        log.info("round %d: %s would need about %.0f s of training, %.0f s are left", round_, plan[-1][0], need, left)
     return left > 0 and need <= left
 
 

@@ -24,6 +24,7 @@ A *result* is a dict with at least ``"accuracy"`` and ``"measurement"``.
 from __future__ import annotations
 
 import math
+import statistics
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
@@ -308,17 +309,17 @@ class HalvingResult(Generic[K]):
 
 def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], float], *, rounds: int, eta: int = 2,
                        units: Callable[[int], int], keep_min: int = 1,
-                       time_left: Callable[[list[tuple[K, int]]], bool] | None = None,
+                       time_left: Callable[[int, list[tuple[K, int]]], bool] | None = None,
                        done: Mapping[tuple[K, int], float] | None = None) -> HalvingResult[K]:
     """Successive halving (Jamieson & Talwalkar 2016): train all, keep the best ceil(n/eta), repeat.
 
     Round r calls ``train(candidate, r, units(r))`` for each survivor (higher score is
     better; NaN means it failed and is dropped), unless ``done[(candidate, r)]`` holds its
-    score already. ``time_left(plan)`` is asked before each round with the trainings it
-    still needs, ``[(candidate, units), ...]`` best first (so a caller can refuse a round it
-    cannot finish: :func:`round_seconds`), never mid-round, so every survivor of a round has
-    been trained alike; refused, it is asked again with the plan's best survivors only, one
-    fewer each time: a round cut short trains the best that fit, the others stop there.
+    score already. Before each round (never mid-round, so every survivor of a round is
+    trained alike), ``time_left(r, plan)`` decides which survivors it can afford: going
+    through them best first (the previous round's ranking; the given order in round 0),
+    each joins the round when ``time_left`` accepts the plan ``[(candidate, units), ...]``
+    with it added (:func:`round_seconds` predicts a plan's cost); the others stop there.
     """
     if not candidates or len(set(candidates)) != len(candidates):
         raise CompressError(f"successive halving needs distinct candidates, got {list(candidates)}")
@@ -331,13 +332,15 @@ def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], f
         if not (isinstance(u, int) and u >= 1):
             raise CompressError(f"units({r}) returned {u!r}: it must be a positive whole number of epochs or steps")
         if time_left is not None:
-            k = len(alive)  # alive is best first (the previous round's ranking; the given order in round 0)
-            while k and not time_left([(c, u) for c in alive[:k] if (c, r) not in done]):
-                k -= 1
-            if k == 0:
+            plan, affordable = [], []
+            for c in alive:
+                if (c, r) in done or time_left(r, plan + [(c, u)]):
+                    affordable.append(c)
+                    plan += [] if (c, r) in done else [(c, u)]
+            if not affordable:
                 stopped = "time"
                 break
-            short, alive = short or k < len(alive), alive[:k]
+            short, alive = short or len(affordable) < len(alive), affordable
         scores = {}
         for c in alive:
             reused = (c, r) in done
@@ -358,12 +361,16 @@ def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], f
     return HalvingResult(tuple(trials), tuple(survivors), stopped, best)
 
 
-def round_seconds(plan: Sequence[tuple[K, int]], history: Sequence[tuple[K, int, float]]) -> float:
+def round_seconds(plan: Sequence[tuple[K, int]], history: Sequence[tuple[K, int, float]],
+                  size: Callable[[K], float] | None = None) -> float:
     """Predicted seconds of a round's ``plan`` [(candidate, units)]: each candidate's seconds per unit in its latest
-    ``history`` entry [(candidate, units, seconds)] times its new units; a candidate never trained counts 0 (the
-    first round always runs: there is nothing to predict it from)."""
+    ``history`` entry [(candidate, units, seconds)] times its new units. A candidate never trained is priced by
+    ``size`` (e.g. its parameters) at the median seconds per unit per size of the trained ones; without ``size``
+    or any history it counts 0 (a first round always runs: there is nothing to price it by)."""
     per_unit = {c: seconds / units for c, units, seconds in history if units > 0}
-    return sum(per_unit.get(c, 0.0) * u for c, u in plan)
+    rates = [per_unit[c] / size(c) for c in per_unit if size is not None and size(c) > 0]
+    rate = statistics.median(rates) if rates else 0.0
+    return sum(per_unit.get(c, rate * size(c) if size is not None else 0.0) * u for c, u in plan)
 
 
 # ---------------------------------------------------------------------------- choosing

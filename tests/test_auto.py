@@ -182,9 +182,17 @@ def test_a_round_that_cannot_finish_before_the_time_limit_is_not_started(tmp_pat
     search = auto_module._Search(tmp_path, {"trained": {"x/0": {"label": "x", "round": 0, "epochs": 1, "seconds": 60.0},
                                                         "y/0": {"label": "y", "round": 0, "epochs": 1, "seconds": 20.0}}})
     now = time.monotonic()
-    assert not auto_module._affordable([("x", 2), ("y", 2)], search, now + 150)  # 2 x 60 + 2 x 20 = 160 s needed
-    assert auto_module._affordable([("x", 2), ("y", 2)], search, now + 170)
-    assert not auto_module._affordable([("z", 1)], search, now - 1)  # past the limit: nothing starts
+    none = auto_module._Earlier(None, {})
+    shapes = {"x": Shape(2, 64, 4, 128), "y": Shape(1, 64, 4, 128), "z": Shape(1, 64, 4, 128)}
+    assert not auto_module._affordable(1, [("x", 2), ("y", 2)], search, none, now + 150, shapes)  # 2 x 60 + 2 x 20 = 160 s
+    assert auto_module._affordable(1, [("x", 2), ("y", 2)], search, none, now + 170, shapes)
+    assert not auto_module._affordable(0, [("z", 1)], search, none, now - 1, shapes)  # past the limit: nothing starts
+    # z, never trained, is priced per parameter at the median of x's and y's rates (x's is 1.5x y's): 25 s per epoch, 100 s
+    assert not auto_module._affordable(0, [("z", 4)], search, none, now + 90, shapes)
+    assert auto_module._affordable(0, [("z", 4)], search, none, now + 110, shapes)
+    # what an earlier search trained alike costs nothing: it is copied
+    earlier = auto_module._Earlier(None, {("x", 1, 2): {"label": "x", "round": 1, "epochs": 2, "seconds": 120.0}})
+    assert auto_module._affordable(1, [("x", 2), ("y", 2)], search, earlier, now + 50, shapes)
 
 
 def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_fit_and_score_higher(tmp_path):

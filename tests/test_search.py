@@ -272,14 +272,16 @@ def test_successive_halving_drops_failed_candidates():
 def test_successive_halving_stops_when_time_runs_out():
     asked = []
     result = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r,
-                                time_left=lambda plan: asked.append(plan) or len(asked) <= 2)
-    assert result.stopped == "time" and len(asked) == 4
+                                time_left=lambda r, plan: asked.append((r, plan)) or r < 2)
+    assert result.stopped == "time"
     assert result.survivors == (("b", "d", "e", "g"), ("b", "e")) and result.best == "e"
     assert {t.round for t in result.trials} == {0, 1}
-    # each round is asked with the trainings it needs, best first (round 1 by round 0's scores: d .9, g .7, b .5, e .5),
-    # then, refused, with one fewer
-    assert asked == [[(c, 1) for c in "abcdefgh"], [("d", 2), ("g", 2), ("b", 2), ("e", 2)], [("e", 4), ("b", 4)], [("e", 4)]]
-    none = successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 1, time_left=lambda plan: False)
+    # each survivor is offered in turn, best first (round 1 by round 0's scores: d .9, g .7, b .5, e .5), the plan
+    # growing by the ones accepted; round 2 (e .95, b .8) accepts none
+    assert [plan for r, plan in asked if r == 1] == [[("d", 2)], [("d", 2), ("g", 2)], [("d", 2), ("g", 2), ("b", 2)],
+                                                    [("d", 2), ("g", 2), ("b", 2), ("e", 2)]]
+    assert [plan for r, plan in asked if r == 2] == [[("e", 4)], [("b", 4)]]
+    none = successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 1, time_left=lambda r, plan: False)
     assert none.trials == () and none.best is None and none.stopped == "time"
 
 
@@ -287,16 +289,25 @@ def test_a_round_cut_short_by_time_trains_the_best_survivors_that_fit():
     train = Trainer(SCORES)
     # round 0 fits; later rounds fit two trainings at most
     result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r,
-                                time_left=lambda plan: plan[0][1] == 1 or len(plan) <= 2)
+                                time_left=lambda r, plan: r == 0 or len(plan) <= 2)
     assert train.calls[8:] == [("d", 1, 2), ("g", 1, 2)]  # round 0's best two (d .9, g .7); b and e stop there
     # round 1 kept one of two (ceil(2/2)): d .6 ties g .6, d ranked first; the cut is reported as time
     assert result.survivors == (("b", "d", "e", "g"), ("d",)) and result.best == "d" and result.stopped == "time"
+    # a survivor too dear on its own is passed over for the cheaper ones after it
+    skip = Trainer(SCORES)
+    successive_halving(list("abcdefgh"), skip, rounds=2, units=lambda r: 2**r,
+                       time_left=lambda r, plan: r == 0 or all(c != "d" for c, _ in plan))
+    assert skip.calls[8:] == [("g", 1, 2), ("b", 1, 2), ("e", 1, 2)]
 
 
 def test_a_round_costs_each_candidates_latest_seconds_per_unit_times_its_units():
     history = [("a", 1, 100.0), ("b", 1, 40.0), ("a", 2, 180.0)]  # a: 90 s per unit now, b: 40
     assert round_seconds([("a", 4), ("b", 4)], history) == pytest.approx(4 * 90 + 4 * 40)
     assert round_seconds([("c", 2)], history) == 0.0 and round_seconds([], history) == 0.0
+    # priced by size: a 90 s per unit at size 10 (9 per size), b 40 at size 2 (20): median 14.5; c (size 4) x 2 units
+    size = {"a": 10.0, "b": 2.0, "c": 4.0}.get
+    assert round_seconds([("c", 2)], history, size) == pytest.approx(14.5 * 4 * 2)
+    assert round_seconds([("c", 2)], [], size) == 0.0  # nothing to price it by
 
 
 def test_successive_halving_resumes_without_retraining_finished_runs():
