@@ -279,6 +279,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
                 if not _affordable(r, [(finalists[0], epochs)], search, earlier, deadline - reserve, shapes_by_label):
                     break
                 train(finalists[0], r, epochs)
+    finalists = _with_runner_up(halving.survivors, _latest_scores(search))
     finalists += _earlier_finalists(earlier, finalists, predicted, search)
     artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
@@ -491,11 +492,11 @@ def _affordable(round_: int, plan: list[tuple[str, int]], search: _Search, earli
 
 
 def _earlier_finalists(earlier: _Earlier, finalists: list[str], predicted: dict, search: _Search, most: int = 2) -> list[str]:
-    """Models earlier searches (``--reuse``) trained further than this one, of shapes predicted to fit this budget,
-    that score above every finalist: up to ``most`` of them join the finalists (copied in), so a second budget
-    never ends with a worse model than one already trained for it."""
-    trained = search.state["trained"].values()
-    top = max((t["score"] for t in trained if t["label"] in finalists), default=-math.inf)
+    """Models earlier searches (``--reuse``) trained, of shapes predicted to fit this budget, that score above a
+    finalist (whose int8 may yet miss the budget): up to ``most`` of them, best first, join the finalists (copied
+    in), so a second budget never ends with a worse model than one already trained for it."""
+    latest_here = _latest_scores(search)
+    top = min((latest_here[c] for c in finalists), default=-math.inf)
     latest: dict[str, dict] = {}
     for entry in earlier.trained.values():
         if entry["label"] not in finalists and predicted.get(entry["label"], {}).get("variants"):
@@ -505,6 +506,25 @@ def _earlier_finalists(earlier: _Earlier, finalists: list[str], predicted: dict,
     for entry in better:
         _adopt(entry, search)
     return [e["label"] for e in better]
+
+
+def _with_runner_up(survivors: tuple[tuple[str, ...], ...], latest: dict[str, float]) -> list[str]:
+    """The last round's survivors, and when a round cut short by time left one, the best other survivor of the
+    round before (its int8 may meet a budget the one's misses)."""
+    finalists = list(survivors[-1])
+    if len(finalists) == 1 and len(survivors) >= 2:
+        others = sorted((c for c in survivors[-2] if c not in finalists), key=lambda c: -latest[c])
+        finalists += others[:1]
+    return finalists
+
+
+def _latest_scores(search: _Search) -> dict[str, float]:
+    """Each trained candidate's dev score after its latest round."""
+    latest: dict[str, dict] = {}
+    for t in search.state["trained"].values():
+        if t["round"] >= latest.get(t["label"], {"round": -1})["round"]:
+            latest[t["label"]] = t
+    return {label: t["score"] for label, t in latest.items()}
 
 
 def _adopt(entry: dict, search: _Search) -> float:

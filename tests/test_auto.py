@@ -195,6 +195,13 @@ def test_a_round_that_cannot_finish_before_the_time_limit_is_not_started(tmp_pat
     assert auto_module._affordable(1, [("x", 2), ("y", 2)], search, earlier, now + 50, shapes)
 
 
+def test_a_round_cut_to_one_keeps_the_round_befores_runner_up_as_a_finalist():
+    latest = {"a": 0.7, "b": 0.9, "c": 0.8}
+    assert auto_module._with_runner_up((("a", "b", "c"), ("b",)), latest) == ["b", "c"]
+    assert auto_module._with_runner_up((("a", "b", "c"), ("a", "b")), latest) == ["a", "b"]
+    assert auto_module._with_runner_up((("b",),), latest) == ["b"]
+
+
 def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_fit_and_score_higher(tmp_path):
     def entry(label, round_, score):
         folder = tmp_path / "earlier" / f"{label}-r{round_}"
@@ -206,14 +213,17 @@ def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_f
     earlier = auto_module._Earlier(None, {(e["label"], e["round"], e["epochs"]): e for e in (
         entry("X", 0, 0.70), entry("X", 2, 0.90),  # X's latest round counts
         entry("Y", 1, 0.95),  # predicted not to fit this budget
-        entry("Z", 1, 0.50),  # below this search's best finalist
+        entry("Z", 1, 0.50),  # below every finalist of this search
         entry("F", 1, 0.99),  # a finalist already
     )})
     (tmp_path / "work").mkdir()
-    search = auto_module._Search(tmp_path / "work", {"trained": {"F/0": {"label": "F", "round": 0, "score": 0.8}}})
+    search = auto_module._Search(tmp_path / "work", {"trained": {"F/0": {"label": "F", "round": 0, "score": 0.95},
+                                                                 "F/1": {"label": "F", "round": 1, "score": 0.8},
+                                                                 "G/1": {"label": "G", "round": 1, "score": 0.99}}})
     predicted = {"X": {"variants": ["openvino-int8"]}, "Y": {"variants": []}, "Z": {"variants": ["openvino-int8"]},
                  "F": {"variants": ["openvino-int8"]}}
-    assert auto_module._earlier_finalists(earlier, ["F"], predicted, search) == ["X"]
+    # X (.90) beats F's latest round (.8), the weakest finalist, though not G; Z (.5) beats none
+    assert auto_module._earlier_finalists(earlier, ["F", "G"], predicted, search) == ["X"]
     adopted = search.state["trained"]["X/2"]
     assert adopted["score"] == 0.90 and adopted["reused_from"].endswith("X-r2")
     assert (Path(adopted["dir"]) / "config.json").is_file() and Path(adopted["dir"]).parent == tmp_path / "work" / "candidates"
