@@ -279,7 +279,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
                 if not _affordable(r, [(finalists[0], epochs)], search, earlier, deadline - reserve, shapes_by_label):
                     break
                 train(finalists[0], r, epochs)
-    finalists = _with_runner_up(halving.survivors, _latest_scores(search))
+    finalists = _with_runner_up(halving.survivors, {k: t["score"] for k, t in _latest(search.state["trained"].values()).items()})
     finalists += _earlier_finalists(earlier, finalists, predicted, search)
     artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
@@ -495,14 +495,10 @@ def _earlier_finalists(earlier: _Earlier, finalists: list[str], predicted: dict,
     """Models earlier searches (``--reuse``) trained, of shapes predicted to fit this budget, that score above a
     finalist (whose int8 may yet miss the budget): up to ``most`` of them, best first, join the finalists (copied
     in), so a second budget never ends with a worse model than one already trained for it."""
-    latest_here = _latest_scores(search)
-    top = min((latest_here[c] for c in finalists), default=-math.inf)
-    latest: dict[str, dict] = {}
-    for entry in earlier.trained.values():
-        if entry["label"] not in finalists and predicted.get(entry["label"], {}).get("variants"):
-            if entry["round"] > latest.get(entry["label"], {"round": -1})["round"]:
-                latest[entry["label"]] = entry
-    better = sorted((e for e in latest.values() if e["score"] > top), key=lambda e: -e["score"])[:most]
+    here = _latest(search.state["trained"].values())
+    weakest = min((here[c]["score"] for c in finalists), default=-math.inf)
+    fitting = [e for e in earlier.trained.values() if e["label"] not in finalists and predicted.get(e["label"], {}).get("variants")]
+    better = sorted((e for e in _latest(fitting).values() if e["score"] > weakest), key=lambda e: -e["score"])[:most]
     for entry in better:
         _adopt(entry, search)
     return [e["label"] for e in better]
@@ -518,13 +514,13 @@ def _with_runner_up(survivors: tuple[tuple[str, ...], ...], latest: dict[str, fl
     return finalists
 
 
-def _latest_scores(search: _Search) -> dict[str, float]:
-    """Each trained candidate's dev score after its latest round."""
+def _latest(entries) -> dict[str, dict]:
+    """Each candidate's record of its latest round, by label."""
     latest: dict[str, dict] = {}
-    for t in search.state["trained"].values():
+    for t in entries:
         if t["round"] >= latest.get(t["label"], {"round": -1})["round"]:
             latest[t["label"]] = t
-    return {label: t["score"] for label, t in latest.items()}
+    return latest
 
 
 def _adopt(entry: dict, search: _Search) -> float:
