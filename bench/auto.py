@@ -86,14 +86,14 @@ def main(argv=None) -> int:
     def save():
         write_json_atomic(store, {"header": header, "rows": results})
         (args.out / "auto.md").write_text(render(results, header), encoding="utf-8")
-        for r in results.values():  # each search's own report (every candidate, the finalists, the Pareto plot)
-            search = args.models / f"{r['task']}-1of{r['fraction']}" / "search"
-            if search.is_dir():
-                keep = args.out / f"{r['task']}-1of{r['fraction']}"
-                keep.mkdir(exist_ok=True)
-                for name in ("report.md", "search.json", "pareto.png"):
-                    if (search / name).is_file():
-                        shutil.copyfile(search / name, keep / name)
+
+    def keep_report(out: Path) -> None:
+        """The search's own report (every candidate, the finalists, the Pareto plot) beside the summary."""
+        keep = args.out / out.name
+        keep.mkdir(exist_ok=True)
+        for name in ("report.md", "search.json", "pareto.png"):
+            if (out / "search" / name).is_file():
+                shutil.copyfile(out / "search" / name, keep / name)
 
     for task in args.tasks.split(","):
         teacher = args.teachers / f"teacher-{task}"
@@ -143,6 +143,8 @@ def main(argv=None) -> int:
             row["hand_made_best"] = max(fitting) if fitting else None
             row["fresh_teacher_ms"] = fresh[str(teacher)]
             results[key] = row
+            if "chosen" in row:  # a failed search leaves the folder's earlier report, which is not this one's
+                keep_report(out)
             save()
     save()
     print((args.out / "auto.md").read_text())

@@ -540,10 +540,10 @@ def _adopt(entry: dict, search: _Search) -> float:
 
 def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search) -> list[dict]:
     """Every finalist as each variant predicted to fit it, with its dev score (int8 measured after quantizing)."""
-    done = search.state["trained"]
+    latest = _latest(search.state["trained"].values())
     artifacts = []
     for label in labels:
-        last = max((t for t in done.values() if t["label"] == label), key=lambda t: t["round"])
+        last = latest[label]
         source = Path(last["dir"])
         for name, how in _variants(cfg):
             if name not in predicted[label]["variants"]:
