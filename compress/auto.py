@@ -21,8 +21,9 @@
    (priced by its seconds per epoch so far, a new shape by its parameters at the others'
    rate, a candidate an earlier search trained alike at nothing); the others stop there.
 4. **Quantize and measure.** The finalists become every variant predicted to fit (int8
-   with its dev score), then all of them and the teacher are timed in one run; the most
-   accurate one that meets every budget is copied to ``out``. Nothing fitting is an error
+   with its dev score), then all of them and the teacher are timed in one run, repeated
+   ``--final-runs`` times; the most accurate one that meets every budget in every run is
+   copied to ``out``. Nothing fitting is an error
    naming the fastest model measured.
 
 The work directory (``.OUT.work``) keeps every probe, trained candidate and variant:
@@ -121,6 +122,9 @@ class AutoConfig:
     eta: int = option(2, "successive halving's ratio")
     margin: float = option(0.15, "keep shapes predicted at most this fraction beyond a budget (measurement decides at the end)")
     repeats: int = option(20, "timed passes per model and point in the probe (the final measurement takes twice as many)")
+    final_runs: int = option(3, "the final measurement repeats the whole run (every finalist in turn) this many times; a "
+                             "budget is met only if met in every run, so a model that fits by luck once is not chosen",
+                             metavar="K")
     losses: tuple[str, ...] = option(("kd", "hard"), "distillation terms of every candidate (see compress distill)", metavar="TERM[,...]")
     max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points")
     resume: bool = option(False, "continue an interrupted search: finished probes and candidates are reused")
@@ -146,7 +150,7 @@ class AutoConfig:
                 raise CompressError(f"unknown backend {name!r} in --backends; valid: {', '.join(VARIANTS)}")
         parse_minutes(self.time_limit)
         for name, value in (("probes", self.probes), ("candidates", self.candidates), ("rounds", self.rounds),
-                            ("repeats", self.repeats)):
+                            ("repeats", self.repeats), ("final-runs", self.final_runs)):
             if value < 1:
                 raise CompressError(f"--{name} must be at least 1, got {value}")
         if self.eta < 2:
@@ -161,15 +165,18 @@ class AutoConfig:
                                     f"{work_dir_for(Path(folder))} holds no state.json); give the --out folder of an earlier search")
 
 
-# A timer: (model dirs, (batch, seq) points, repeats) -> rows as `compress latency` makes them
-# (model, batch, seq, p50_ms, ..., throughput, speedup against the first model).
-Timer = Callable[[list[Path], list[tuple[int, int]], int], list[dict]]
+# A timer: (model dirs, (batch, seq) points, repeats, runs) -> rows as `compress latency` makes them
+# (model, batch, seq, p50_ms, ..., throughput, speedup against the first model; with runs > 1
+# also runs_p50_ms, slowest_run and speedup_min).
+Timer = Callable[[list[Path], list[tuple[int, int]], int, int], list[dict]]
 
 
-def measured_latency(dirs: list[Path], at: list[tuple[int, int]], repeats: int) -> list[dict]:
-    """The default timer: ``compress latency`` (each model in its own process), every (batch, seq) of ``at``."""
+def measured_latency(dirs: list[Path], at: list[tuple[int, int]], repeats: int, runs: int = 1) -> list[dict]:
+    """The default timer: ``compress latency`` (each model in its own process), every (batch, seq) of ``at``, the
+    whole run repeated ``runs`` times."""
     batches, seqs = sorted({b for b, _ in at}), sorted({s for _, s in at})
-    cfg = LatencyConfig(batch=tuple(batches), seq=tuple(seqs), repeats=repeats, warmup=3, peak=False, record=False)
+    cfg = LatencyConfig(batch=tuple(batches), seq=tuple(seqs), repeats=repeats, warmup=3, peak=False, record=False,
+                        repeat_runs=runs)
     return measure_latency(dirs, cfg)["rows"]
 
 
@@ -283,7 +290,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     finalists += _earlier_finalists(earlier, finalists, predicted, search)
     artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
-    rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts], *compared], at, 2 * cfg.repeats)
+    rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts], *compared], at, 2 * cfg.repeats, cfg.final_runs)
     results = _results(rows, teacher_dir, artifacts, budgets)
     chosen = choose(results, budgets)
     report = _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
@@ -373,7 +380,7 @@ def _probe(teacher_dir: Path, shapes: list[Shape], cfg: AutoConfig, at, search: 
             path = _make_variant(source, search.work / "probe" / shape.label / name, how, cfg, max_eval=8)
             dirs.append(path)
             meta.append({"variant": name, "shape": shape.__dict__, "held_out": shape in held})
-    rows = timer([teacher_dir, *dirs], at, cfg.repeats)
+    rows = timer([teacher_dir, *dirs], at, cfg.repeats, 1)
     by_dir = {}
     for row in rows:
         by_dir.setdefault(str(row["model"]), []).append(row)
@@ -600,12 +607,13 @@ def _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen
     return {
         "kind": "auto", "when": utc_now(), "task": cfg.task, "teacher": str(teacher_dir),
         "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
-        "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"],
+        "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"], "final_runs": cfg.final_runs,
         "probe_reused_from": probe.get("reused_from"),
         "teacher_ms": probe["teacher"], "predicted": {k: {"variants": v["variants"]} for k, v in predicted.items()},
         "trained": list(search.state["trained"].values()), "halving_stopped": halving.stopped,
         "results": [{k: v for k, v in r.items() if k not in ("measurement", "predicted")}
                     | {"measured_p50_ms": r["measurement"]["points"][at]["p50_ms"],
+                       "slowest_p50_ms": r["measurement"]["points"][at].get("slowest", {}).get("p50_ms"),
                        "predicted_p50_ms": r["predicted"]["points"][at]["p50_ms"],
                        "size_bytes": r["measurement"]["size_bytes"]} for r in results],
         "chosen": None if chosen is None else {"name": chosen["name"], "dir": chosen["dir"], "accuracy": chosen["accuracy"]},
@@ -631,13 +639,15 @@ def _write_report(where: Path, report: dict) -> None:
     for t in report["trained"]:
         spent = f"{t['seconds']:.0f}" + (" (an earlier search's)" if t.get("reused_from") else "")
         lines.append(f"| {t['label']} | {t['round']} | {t['epochs']} | {t['score']:.2f} | {t['teacher']:.2f} | {spent} |")
-    lines += ["", "## Finalists, measured in one run", "",
-              f"| model | dev | predicted p50 ms | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",
-              "|---|--:|--:|--:|--:|" + "---|" * len(report["budgets"])]
+    runs = report.get("final_runs", 1)
+    lines += ["", f"## Finalists, measured in one run{f' repeated {runs} times (budgets judged on the slowest run)' if runs > 1 else ''}",
+              "", f"| model | dev | predicted p50 ms | measured p50 ms | slowest run p50 ms | size MB | {' | '.join(report['budgets'])} |",
+              "|---|--:|--:|--:|--:|--:|" + "---|" * len(report["budgets"])]
     for r in report["results"]:
         marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
+        slowest = "—" if r.get("slowest_p50_ms") is None else f"{r['slowest_p50_ms']:.2f}"
         lines.append(f"| {r['name']} | {r['accuracy']:.2f} | {r['predicted_p50_ms']:.2f} | {r['measured_p50_ms']:.2f} | "
-                     f"{r['size_bytes'] / 1e6:.1f} | {marks} |")
+                     f"{slowest} | {r['size_bytes'] / 1e6:.1f} | {marks} |")
     if report.get("compared"):
         lines += ["", "## Beside the teacher and the given models (same run; never chosen)", "",
                   f"| model | dev | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",

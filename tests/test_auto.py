@@ -39,10 +39,12 @@ def _shape_of(path: Path) -> tuple[int, int]:
     raise AssertionError(f"no config.json above {path}")
 
 
-def fake_timer(slow: dict[str, float] | None = None, calls: list | None = None):
+def fake_timer(slow: dict[str, float] | None = None, calls: list | None = None, flaky: dict[str, float] | None = None):
     """Latency = 1 ms + 0.05 ms per layer x width unit (int8: half), exact and noiseless; ``slow`` multiplies
-    the final measurement of folders whose path contains a key (a model slower than its probe predicted)."""
-    def timer(dirs, at, repeats):
+    the final measurement of folders whose path contains a key (a model slower than its probe predicted),
+    ``flaky`` only their second run of several (the median of three runs is unchanged)."""
+    def timer(dirs, at, repeats, runs):
+        runs_asked.append(runs)
         if calls is not None:
             calls.append([str(d) for d in dirs])
         rows = []
@@ -53,11 +55,17 @@ def fake_timer(slow: dict[str, float] | None = None, calls: list | None = None):
             for key, factor in (slow or {}).items():
                 if key in str(d) and "probe" not in str(d) and d != dirs[0]:  # finalists only
                     ms *= factor
+            per_run = [ms * next((f for k, f in (flaky or {}).items() if k in str(d) and d != dirs[0]), 1.0) if i == 1 else ms
+                       for i in range(runs)]
             for b, s in at:
                 first = first if first is not None else ms
                 rows.append({"model": str(d), "name": Path(d).name, "batch": b, "seq": s, "p50_ms": ms, "p90_ms": ms,
-                             "p99_ms": ms, "mean_ms": ms, "throughput": b / ms * 1e3, "speedup": first / ms, "params": 0})
+                             "p99_ms": ms, "mean_ms": ms, "throughput": b / ms * 1e3, "speedup": first / ms, "params": 0,
+                             "runs_p50_ms": per_run, "speedup_min": first / max(per_run),
+                             "slowest_run": {k: max(per_run) for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}})
         return rows
+    runs_asked: list = []
+    timer.runs = runs_asked
     return timer
 
 
@@ -98,7 +106,8 @@ def test_time_limit_and_grid():
 def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, tmp_path):
     teacher_dir, data = teacher
     calls: list = []
-    out = auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer(calls=calls))
+    timer = fake_timer(calls=calls)
+    out = auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=2.2ms@b1,s32"), timer=timer)
     report = json.loads((out / "search" / "search.json").read_text())
     chosen = next(r for r in report["results"] if r["name"] == report["chosen"]["name"])
     assert chosen["measured_p50_ms"] <= 2.2 and all(chosen["meets"].values())
@@ -111,6 +120,8 @@ def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, t
     rounds = [t["round"] for t in report["trained"]]
     assert rounds.count(0) == 3 and rounds.count(1) == 2
     assert len(calls) == 2 and str(teacher_dir) == calls[1][0]  # the probe run and one final run, teacher first
+    assert timer.runs == [1, 3]  # the final run repeated --final-runs times (default 3)
+    assert chosen["slowest_p50_ms"] == chosen["measured_p50_ms"]  # a noiseless timer: every run alike
     assert not (tmp_path / ".out.auto-tmp").exists()
 
 
@@ -142,6 +153,22 @@ def test_a_model_slower_than_predicted_is_not_chosen(teacher, tmp_path):
     assert all(r["measured_p50_ms"] > 2.2 for r in report["results"] if r["name"].endswith("torch-fp32"))
 
 
+def test_a_model_that_misses_the_budget_in_one_final_run_is_not_chosen(teacher, tmp_path):
+    teacher_dir, data = teacher
+    # Every torch-fp32 finalist measures 3x in the second of three final runs: its median still fits, its worst does not.
+    out = auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer(flaky={"candidates": 3.0}))
+    report = json.loads((out / "search" / "search.json").read_text())
+    fp32 = [r for r in report["results"] if r["name"].endswith("torch-fp32")]
+    assert fp32 and all(r["measured_p50_ms"] <= 2.2 < r["slowest_p50_ms"] and not any(r["meets"].values()) for r in fp32)
+    assert report["chosen"]["name"].endswith("torch-int8")
+    assert "slowest run p50 ms" in (out / "search" / "report.md").read_text()
+    # one final run: the flaky run never happens and fp32 can be chosen again
+    single = auto(teacher_dir, tmp_path / "one", _cfg(data, "p50<=2.2ms@b1,s32", final_runs=1),
+                  timer=fake_timer(flaky={"candidates": 3.0}))
+    assert any(r["meets"]["p50<=2.2ms@b1,s32"] for r in json.loads((single / "search" / "search.json").read_text())["results"]
+               if r["name"].endswith("torch-fp32"))
+
+
 def test_nothing_fits_names_the_fastest_model_measured(teacher, tmp_path):
     teacher_dir, data = teacher
     with pytest.raises(CompressError, match=r"the fastest model probed was .* at 1\.\d\d ms"):
@@ -155,10 +182,10 @@ def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatc
     teacher_dir, data = teacher
     cfg = _cfg(data, "p50<=2.2ms@b1,s32")
 
-    def crash(dirs, at, repeats):
+    def crash(dirs, at, repeats, runs):
         if not any("probe" in str(d) for d in dirs):
             raise RuntimeError("power cut")
-        return fake_timer()(dirs, at, repeats)
+        return fake_timer()(dirs, at, repeats, runs)
 
     with pytest.raises(RuntimeError):
         auto(teacher_dir, tmp_path / "out", cfg, timer=crash)

@@ -20,7 +20,7 @@ from tests.conftest import make_tiny_model, save_tiny
 ROW_KEYS = {
     "model", "name", "backend", "batch", "seq", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
     "throughput", "params", "size_mb", "gflops_per_seq", "achieved_gflops", "pct_peak", "speedup",
-    "runs_p50_ms", "spread_pct", "speedup_min", "precision", "floor_ms", "x_floor",
+    "runs_p50_ms", "spread_pct", "speedup_min", "precision", "floor_ms", "x_floor", "slowest_run",
 }
 
 
@@ -194,6 +194,7 @@ def test_repeated_runs_report_the_median_the_spread_and_the_worst_speedup(monkey
         ("teacher", None), ("student", None), ("teacher", "torch"), ("teacher", "openvino")] * 3  # interleaved runs
     teacher, student = report["rows"]
     assert teacher["runs_p50_ms"] == pytest.approx([20, 30, 22]) and teacher["p50_ms"] == pytest.approx(22.0)
+    assert teacher["slowest_run"]["p50_ms"] == pytest.approx(30.0) and teacher["slowest_run"]["p99_ms"] == pytest.approx(30.0)
     assert student["p50_ms"] == pytest.approx(5.0) and student["spread_pct"] == pytest.approx(100 * (10 - 4) / 5)
     assert student["speedup"] == pytest.approx(22 / 5)
     assert student["speedup_min"] == pytest.approx(min(20 / 5, 30 / 10, 22 / 4))  # run 2: only 3x
