@@ -5,12 +5,13 @@
 For each task (``teacher-TASK`` in --teachers): the teacher's fp32 batch-1 p50 at sequence
 128 is measured first; the budgets are 1/4, 1/8 and 1/16 of it (``--fractions``). Each
 search runs with ``--time-limit`` (its report, candidates and Pareto plot are copied to
-``OUT/TASK-1ofN/``); its chosen model is then timed again in a fresh
-latency run, repeated three times and judged on its slowest run, beside the teacher and the hand-made students found in ``--hand-made`` (the
-retention benchmark's folders: every ``TASK-*`` model directory), so the auto-chosen
-model is compared with the best hand-made one that meets the same budget there. A task's
-later budgets reuse the latency probe and the candidates of its earlier searches
-(``--reuse``): their minutes count the new work only; the task's total is reported too.
+``OUT/TASK-1ofN/``); its chosen model is then timed again in a fresh latency run,
+repeated three times and judged on its slowest run, beside the teacher and the hand-made
+students found in ``--hand-made`` (the retention benchmark's folders: every ``TASK-*``
+model directory), so the auto-chosen model is compared with the best hand-made one that
+meets the same budget there. A task's later budgets reuse the latency probe and the
+candidates of its earlier searches (``--reuse``): their minutes count the new work only;
+the task's total is reported too.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ def render(results: dict, header: dict) -> str:
              f"- date: {header['date']}; hardware: {header['cpu']} ({header['cores']} cores); torch threads: {header['threads']}",
              f"- versions: {', '.join(f'{k} {v}' for k, v in header['packages'].items())}",
              *[f"- command: `{c}`" for c in header.get("commands", [header["command"]])], "",
-             "| task | budget (teacher / N) | search min (with reused) | chosen | dev | retention | fresh p50 ms (slowest run) | meets | best hand-made under it "
-             "| latency model error, held-out shapes (median / worst) |",
+             "| task | budget (teacher / N) | search min (with reused) | chosen | dev | retention | fresh p50 ms (slowest run) | meets "
+             "| best hand-made under it | latency model error, held-out shapes (median / worst) |",
              "|---|---|--:|---|--:|--:|--:|---|---|---|"]
     for r in results.values():
         c = r.get("chosen")
@@ -170,8 +171,9 @@ def render(results: dict, header: dict) -> str:
         err_text = f"{err['median']:.1f}% / {err['worst']:.1f}%" if err and err.get("median") is not None else "—"
         minutes = f"{r['minutes']} ({r.get('minutes_with_reused', r['minutes'])})"
         if c:
+            fresh = f"{c['fresh_ms']:.2f}" + ("" if r.get("fresh_runs", 1) > 1 else " (1 run)")
             lines.append(f"| {r['task']} | {r['budget']} (1/{r['fraction']}) | {minutes} | {c['name']} | {c['accuracy']:.2f} | "
-                         f"{100 * c['retention']:.1f}% | {c['fresh_ms']:.2f}{'' if r.get('fresh_runs', 1) > 1 else ' (1 run)'} | {'yes' if c['meets'] else 'NO'} | {hand_text} | {err_text} |")
+                         f"{100 * c['retention']:.1f}% | {fresh} | {'yes' if c['meets'] else 'NO'} | {hand_text} | {err_text} |")
         else:
             lines.append(f"| {r['task']} | {r['budget']} (1/{r['fraction']}) | {minutes} | nothing: {r['error']} | | | | | "
                          f"{hand_text} | {err_text} |")
