@@ -169,6 +169,30 @@ def test_a_model_that_misses_the_budget_in_one_final_run_is_not_chosen(teacher, 
                if r["name"].endswith("torch-fp32"))
 
 
+def test_when_every_finalist_misses_the_other_candidates_are_timed_in_a_second_run(teacher, tmp_path):
+    teacher_dir, data = teacher
+    # The first final run measures every finalist 10x slower than predicted; the second run is exact.
+    timers = [fake_timer(), fake_timer(slow={"": 10.0}), fake_timer()]
+    calls: list = []
+
+    def timer(dirs, at, repeats, runs):
+        calls.append([str(d) for d in dirs])
+        return timers[min(len(calls) - 1, 2)](dirs, at, repeats, runs)
+
+    out = auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=2.2ms@b1,s32"), timer=timer)
+    report = json.loads((out / "search" / "search.json").read_text())
+    first = [r for r in report["results"] if not r.get("second_run")]
+    second = [r for r in report["results"] if r.get("second_run")]
+    assert first and not any(r["meets"]["p50<=2.2ms@b1,s32"] for r in first)
+    trained = {t["label"] for t in report["trained"]}
+    finalists = {r["label"] for r in first}
+    # every trained shape that was not a finalist, in the second run only, after the teacher
+    assert {r["label"] for r in second} == trained - finalists and len(calls) == 3 and calls[2][0] == str(teacher_dir)
+    chosen = next(r for r in report["results"] if r["name"] == report["chosen"]["name"])
+    assert chosen.get("second_run") and chosen["meets"]["p50<=2.2ms@b1,s32"]
+    assert "(second run)" in (out / "search" / "report.md").read_text()
+
+
 def test_nothing_fits_names_the_fastest_model_measured(teacher, tmp_path):
     teacher_dir, data = teacher
     with pytest.raises(CompressError, match=r"the fastest model probed was .* at 1\.\d\d ms"):
