@@ -80,7 +80,7 @@ class Budget:
             found = m.get("size_bytes")
         else:
             at = m.get("points", {}).get((self.batch, self.seq), {})
-            found = (at.get("slowest") if worst and "slowest" in at else at).get(self.key)
+            found = (at.get("slowest", at) if worst else at).get(self.key)
         if found is None:
             where = "" if self.kind == "size" else f" at batch {self.batch}, seq {self.seq}"
             raise CompressError(f"budget '{self.text}' needs {self.key}{where}, which was not measured: time that point")
