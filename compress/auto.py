@@ -549,8 +549,10 @@ def _adopt(entry: dict, search: _Search) -> float:
 # ---------------------------------------------------------------------------- step 4: finalists
 
 
-def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search) -> list[dict]:
-    """Every finalist as each variant predicted to fit it, with its dev score (int8 measured after quantizing)."""
+def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
+               add: bool = False) -> list[dict]:
+    """Every finalist as each variant predicted to fit it, with its dev score (int8 measured after quantizing);
+    recorded in the state as its finalists (``add``: beside those already there)."""
     latest = _latest(search.state["trained"].values())
     artifacts = []
     for label in labels:
@@ -571,7 +573,8 @@ def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoC
             accuracy = evals[-1]["metrics"][metric] if evals and how is not None and how[0] == "quantize" else last["score"]
             artifacts.append({"label": label, "variant": name, "dir": str(path), "accuracy": float(accuracy),
                               "teacher": last["teacher"], "predicted": predicted[label]["measurements"][name]})
-    search.state["finalists"] = [{k: v for k, v in a.items() if k != "predicted"} for a in artifacts]
+    search.state["finalists"] = (search.state["finalists"] if add else []) + [
+        {k: v for k, v in a.items() if k != "predicted"} for a in artifacts]
     search.save()
     return artifacts
 
@@ -586,10 +589,7 @@ def _second_run(teacher_dir: Path, finalists: list[str], predicted: dict, cfg: A
     if not others:
         return []
     log.info("no finalist met %s; timing the other candidates too: %s", "; ".join(b.text for b in budgets), ", ".join(others))
-    first = search.state["finalists"]
-    artifacts = [{**a, "second_run": True} for a in _finalists(teacher_dir, others, predicted, cfg, search)]
-    search.state["finalists"] = first + search.state["finalists"]
-    search.save()
+    artifacts = [{**a, "second_run": True} for a in _finalists(teacher_dir, others, predicted, cfg, search, add=True)]
     rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts]], at, 2 * cfg.repeats, cfg.final_runs)
     return _results(rows, teacher_dir, artifacts, budgets)
 
