@@ -16,7 +16,10 @@ task and student shape, the rows add one method at a time:
   text corpus, once per shape, shared by every task);
 * (e) (a) on the augmented set, no intermediate terms: what augmentation does alone;
 * (f) ``compress distill``'s defaults as they are now (chosen from rows a-e: (a)'s terms,
-  3 epochs, and 4 augmented copies for a set of at most 10,000 examples).
+  3 epochs, and 4 augmented copies for a set of at most 10,000 examples);
+* (g) (e) plus ``--transfer`` teacher-scored transfer examples: the other GLUE tasks' pairs
+  for a pair task (their sentences for a single-sentence one), then pairs of consecutive
+  corpus sentences.
 
 Then the best 3L-384 row of each task is quantized (ONNX Runtime dynamic int8) and scored.
 Each row's dev metric, retention of its teacher's, and training seconds are recorded;
@@ -50,7 +53,9 @@ ROWS = {
     "d": "+ general distillation first",
     "e": "(a) + augmentation, no intermediate terms",
     "f": "today's defaults",
+    "g": "(e) + transfer texts",
 }
+PAIR_TASKS, SINGLE_TASKS = ("mrpc", "stsb", "rte"), ("sst2", "cola")
 MAX_LENGTH = {"sst2": 64, "cola": 64}  # other tasks: 128
 INTERMEDIATE = ["hidden", "attention"]
 
@@ -73,6 +78,11 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
         cfg["init"] = str(general)
     if row == "e":
         cfg.update(augment=args.augment, epochs=args.prediction_epochs)
+    if row == "g":  # the other GLUE tasks' texts of the same shape (pairs for a pair task) and the corpus, teacher-scored
+        family = PAIR_TASKS if task in PAIR_TASKS else SINGLE_TASKS
+        sources = [f"task:{t}" for t in family if t != task] + [str(p) for p in corpus_paths(args.data)]
+        cfg.update(augment=args.augment, epochs=args.prediction_epochs, transfer_text=sources,
+                   transfer_examples=args.transfer)
     if row == "f":  # nothing but what any run must say: the defaults decide the rest
         cfg = {k: cfg[k] for k in ("task", "student", "init", "data_dir", "max_length", "max_train_examples", "seed", "cache_dir")}
     return cfg
@@ -142,6 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--prediction-epochs", type=int, default=2, help="epochs on the augmented set in rows c/d")
     parser.add_argument("--augment", type=int, default=4)
+    parser.add_argument("--transfer", type=int, default=8000, help="transfer examples in row g")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--general-minutes", type=float, default=10.0)
     parser.add_argument("--cache", type=Path, default=None, help="teacher-output / augmented-set cache (default: MODELS/cache)")
@@ -229,7 +240,9 @@ def render(results: dict, header: dict) -> str:
         f"neighbours; the copies have teacher targets only); (d) as (c) from a general-distilled student "
         f"(MiniLM attention and value relations on the text corpus; its steps and time under 'general distillation'); (e) (a)'s terms for {s['prediction_epochs']} "
         f"epochs on the set plus {s['augment']} augmented copies, no intermediate stage; (f) `compress distill`'s defaults now, "
-        "chosen from (a)-(e): (a)'s terms and 3 epochs on the set plus 4 augmented copies (sets of at most 10,000 examples). 3L-384 starts from teacher layers 1,3,5; "
+        "chosen from (a)-(e): (a)'s terms and 3 epochs on the set plus 4 augmented copies (sets of at most 10,000 examples); "
+        f"(g) (e) plus {s.get('transfer', '8000')} teacher-scored transfer examples (the other GLUE tasks' pairs for a pair task, "
+        "their sentences for a single-sentence one, then corpus sentences). 3L-384 starts from teacher layers 1,3,5; "
         "4L-312 from teacher layers 1,2,4,5 cut to 312 wide (`--init teacher`: the most active hidden dimensions, the heads' "
         "26 strongest dimensions, the 1200 strongest FFN neurons); '4L-312 (random init)' rows started at random.",
         "- seconds: wall-clock training time of the row (teacher cache and augmentation included when built); cpu: process CPU time.",
