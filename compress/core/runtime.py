@@ -521,13 +521,16 @@ class OpenVINORunner(Runner):
         self.input_names = [_port_name(port, INPUTS) for port in compiled.inputs]
         self.input_types = [port.get_element_type().to_dtype() for port in compiled.inputs]
         self.output_names = tuple(_port_name(port, OUTPUT_FIELDS) for port in compiled.outputs)
+        object.__setattr__(self, "output_ports", list(compiled.outputs))  # built once: reading .outputs makes new ports
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         # Only the inputs the IR declares (no token_type_ids for DistilBERT, ModernBERT), in its integer type.
         feeds = {name: inputs[name].detach().cpu().numpy().astype(dtype, copy=False)
                  for name, dtype in zip(self.input_names, self.input_types)}
-        results = self.request.infer(feeds)  # the outputs are copied out of the request's buffers
-        return [torch.from_numpy(results[port]) for port in self.compiled.outputs]
+        # The request reads the feeds in place (share_inputs: no copy into its own tensors, about 0.05 ms a call for a
+        # small model at batch 1; safe, the call is synchronous); the outputs are copied out of its buffers.
+        results = self.request.infer(feeds, share_inputs=True)
+        return [torch.from_numpy(results[port]) for port in self.output_ports]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, precision={self.precision}"
