@@ -103,7 +103,8 @@ def logging_arguments(p: argparse.ArgumentParser) -> None:
 def stage_arguments(p: argparse.ArgumentParser, stage: Stage) -> None:
     """A stage's flags: its inputs, --out and --overwrite, its switches, --config, one per config field."""
     for i in stage.inputs:
-        p.add_argument(i.flag, dest=i.name, required=True, nargs="+" if i.name in SEVERAL else None,
+        several = i.name in SEVERAL  # --model A B and --model A --model B alike: a repeated flag adds, never replaces
+        p.add_argument(i.flag, dest=i.name, required=True, nargs="+" if several else None, action="extend" if several else "store",
                        metavar=i.metavar, help=i.help)
     if stage.out_help:
         p.add_argument("--out", required=True, metavar="DIR", help=stage.out_help)

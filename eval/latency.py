@@ -15,8 +15,17 @@ imported, and reads JSON lines back on the worker's stdout:
     worker --{"point": {...}}-----> parent   one per (batch, seq), for the progress bar
     worker --{"done": {...}}------> parent   or {"error": "one line"} for a CompressError
 
+With ``--bursts N`` every model's worker is started at once and stays loaded
+(``"mode": "serve"``: one JSON line per request, one answer per line); the parent then
+asks each in turn for 1/N of a point's timed passes, N times round, so the models take
+turns in short bursts and a slow spell of the machine (on a shared host it can last
+seconds and slow everything by a third) lands on all of them rather than on one:
+
+    parent --{"burst": [batch, seq, passes, min_s]}--> worker --{"seconds": [...]}--> parent
+    parent --{"finish": true}------------------------> worker --{"done": {...}}-----> parent
+
 A latency backend (``BACKENDS``) loads one model directory into a :class:`Session`
-whose ``run(batch, seq)`` returns the seconds of each timed forward pass. ``auto`` (the
+(``prepare`` a batch, ``forward`` it once), which :class:`Timing` times point by point. ``auto`` (the
 default) picks by the directory's format: ``torch`` (fp32 eager), ``torch-int8``
 (dynamic int8 Linears), ``onnxruntime`` (an ONNX directory, or an fp32 PyTorch one
 exported inside the worker), ``inc`` (Neural Compressor PT2E, inductor-compiled),
@@ -106,6 +115,9 @@ class LatencyConfig:
     repeat_runs: int = option(1, "repeat the whole measurement (every model in turn) K times: rows give the median of the "
                               "runs' medians, their spread, and the speed-up of the worst run (a speed-up holds only if it "
                               "holds in every run)", metavar="K")
+    bursts: int = option(1, "split each point's timed passes into N bursts taken in turn by every model (all loaded at "
+                         "once, one process each, idle while another times), so that a slow spell of the machine hits "
+                         "every model alike instead of whichever was timing then", metavar="N")
     reference_backends: tuple[str, ...] = option((), "also time the FIRST model on these fp32 backends (e.g. torch,"
                                                  "onnxruntime,openvino): rows then give speed-ups against its fastest "
                                                  "fp32 backend and against PyTorch eager", metavar="B[,...]")
@@ -136,6 +148,8 @@ class LatencyConfig:
             raise CompressError("--lengths-batch and --lengths-passes must be at least 1")
         if self.repeat_runs < 1:
             raise CompressError(f"--repeat-runs must be at least 1, got {self.repeat_runs}")
+        if not 1 <= self.bursts <= self.repeats:
+            raise CompressError(f"--bursts must be between 1 and --repeats ({self.repeats}), got {self.bursts}")
         for name in self.reference_backends:
             if name not in FP32_BACKENDS:
                 raise CompressError(f"--reference-backends takes fp32 backends ({', '.join(FP32_BACKENDS)}); got {name!r}")
@@ -173,11 +187,6 @@ class Session:
     backend: str = ""  # the backend that ran, as rows name it (e.g. onnxruntime-int8)
     note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
 
-    def run(self, batch: int, seq: int, cfg: LatencyConfig) -> list[float]:
-        """Seconds of each timed forward on random token ids of shape (batch, seq)."""
-        prepared = self.prepare(random_batch(self.vocab_size, batch, seq))
-        self.forward(prepared)  # untimed, beyond warm-up: inc compiles for this shape here
-        return time_calls(lambda: self.forward(prepared), cfg)
 
 
 # A backend: (model_dir, cfg) -> Session, called inside a worker process after the
@@ -476,8 +485,9 @@ def run_all(
                 peaks.append(run_worker({"mode": "peak", "sizes": list(PEAK_SIZES)}, threads, "GEMM peak", bar)["peaks"])
                 log.info("GEMM peaks%s: %s", tag, ", ".join(
                     f"{p} {peaks[-1][p]['gflops']:.0f} ({peaks[-1][p]['best']})" for p in PRECISIONS if peaks[-1][p]["gflops"]))
-            for i, (name, job) in enumerate(jobs):
-                result = run_worker(job, threads, name, bar)
+            outcomes = (run_interleaved(jobs, cfg, threads, bar) if cfg.bursts > 1
+                        else (run_worker(job, threads, name, bar) for name, job in jobs))
+            for i, ((name, job), result) in enumerate(zip(jobs, outcomes)):
                 if "reference" in job:
                     references[job["reference"]].append(result)
                 else:
@@ -713,6 +723,88 @@ def run_worker(job: dict[str, Any], threads: int, label: str, bar=None) -> dict[
     return done
 
 
+# Between two bursts: time for the last worker's thread pool to stop spinning before the next one times.
+BURST_PAUSE_S = 0.05
+
+
+def run_interleaved(jobs: list[tuple[str, dict[str, Any]]], cfg: LatencyConfig, threads: int, bar=None) -> list[dict[str, Any]]:
+    """Every job's ``done`` payload, the models timed in ``cfg.bursts`` bursts per point taken in turn.
+
+    All workers load first (the slowest part, and nobody times meanwhile); then for each
+    (batch, seq), round after round, each worker times its share of the passes while the
+    others wait on their stdin. A worker's passes of a point are pooled, so its payload is
+    the one-shot worker's, point for point.
+    """
+    workers: list[_Served] = []
+    try:
+        for name, job in jobs:
+            workers.append(_Served({**job, "mode": "serve"}, threads, name))
+        for worker in workers:
+            worker.wait_ready()
+        for batch, seq in cfg.grid():
+            # The passes split as evenly as they go: 30 in 4 bursts -> 8, 8, 7, 7.
+            shares = [cfg.repeats // cfg.bursts + (i < cfg.repeats % cfg.bursts) for i in range(cfg.bursts)]
+            for passes in shares:
+                for worker in workers:
+                    time.sleep(BURST_PAUSE_S)
+                    worker.ask({"burst": [batch, seq, passes, cfg.min_seconds / cfg.bursts]}, "seconds")
+            if bar is not None:
+                bar.update(len(workers))
+        return [worker.ask({"finish": True}, "done") for worker in workers]
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+class _Served:
+    """A worker process that keeps its model loaded and answers one request per line (``"mode": "serve"``)."""
+
+    def __init__(self, job: dict[str, Any], threads: int, label: str):
+        self.label = label
+        self.err = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # a file: never a full pipe
+        self.proc = subprocess.Popen([sys.executable, "-m", "compress.eval.latency", "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True, env=worker_env(threads))
+        self._send({**job, "threads": threads})
+
+    def wait_ready(self) -> None:
+        self._read("ready")
+
+    def ask(self, request: dict[str, Any], key: str) -> Any:
+        self._send(request)
+        return self._read(key)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self._failed()
+
+    def _read(self, key: str) -> Any:
+        for line in iter(self.proc.stdout.readline, ""):
+            message = _parse_line(line)
+            if "error" in message:
+                raise CompressError(message["error"])
+            if key in message:
+                return message[key]
+        self._failed()
+
+    def _failed(self):
+        code = self.proc.wait()
+        self.err.seek(0)
+        raise CompressError(f"the latency worker for {self.label} failed ({_exit_reason(code)}): {_last_line(self.err.read())}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # a served worker ends at the end of its input
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.err.close()
+
+
 def _parse_line(line: str) -> dict[str, Any]:
     try:
         message = json.loads(line)
@@ -807,7 +899,8 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"- CPU: {hw.get('cpu')} ({hw.get('arch')}), {hw.get('physical_cores')} physical / "
         f"{hw.get('logical_cores')} logical cores, {hw.get('usable_cores')} usable",
         f"- flags: {', '.join(hw.get('flags', [])) or 'none of interest'}",
-        f"- threads: {report['threads']} intra-op, 1 inter-op; one process per model",
+        f"- threads: {report['threads']} intra-op, 1 inter-op; one process per model"
+        + (f"; each point's passes in {cfg['bursts']} bursts, the models taking turns" if (cfg.get("bursts") or 1) > 1 else ""),
         f"- torch {packages.get('torch', '?')}, transformers {packages.get('transformers', '?')}; {report['when']}",
         *peak_lines(report),
         f"- {cfg.get('warmup', '?')} warm-up + {cfg.get('repeats', '?')} timed passes per point, random token ids"
@@ -876,9 +969,11 @@ def worker_main(stdin, proto) -> int:
         proto.flush()
 
     try:
-        job = json.loads(stdin.read())
+        job = json.loads(stdin.readline())  # one line (JSON has no raw newline); a served worker reads requests after it
         set_threads(int(job["threads"]))
-        if job["mode"] == "peak":
+        if job["mode"] == "serve":
+            serve(Path(job["model"]), job["config"], stdin, emit)
+        elif job["mode"] == "peak":
             peaks = measure_peaks(int(job["threads"]), tuple(job["sizes"]), job.get("min_seconds", PEAK_SECONDS))
             emit({"done": {"gflops": peaks["fp32"]["gflops"], "peaks": peaks}})
         else:
@@ -901,26 +996,65 @@ def set_threads(threads: int) -> None:
         pass
 
 
+class Timing:
+    """One model loaded with the configured backend, timed point by point: all at once or in bursts."""
+
+    def __init__(self, model_dir: Path, config: dict[str, Any]):
+        self.model_dir = model_dir
+        self.cfg = from_dict(LatencyConfig, config, "latency job")
+        self.session = BACKENDS.get(self.cfg.backend)(model_dir, self.cfg)
+        check_seq(self.cfg.seq, self.session.max_positions, model_dir)
+        self.prepared: dict[tuple[int, int], Any] = {}
+        self.seconds: dict[tuple[int, int], list[float]] = {}
+
+    def burst(self, batch: int, seq: int, passes: int, min_seconds: float = 0.0) -> list[float]:
+        """Seconds of ``passes`` timed forwards at (batch, seq); the point's first burst warms up first."""
+        first = (batch, seq) not in self.prepared
+        if first:
+            self.prepared[batch, seq] = self.session.prepare(random_batch(self.session.vocab_size, batch, seq))
+            self.session.forward(self.prepared[batch, seq])  # untimed, beyond warm-up: inc compiles for this shape here
+        cfg = dataclasses.replace(self.cfg, repeats=passes, min_seconds=min_seconds, warmup=self.cfg.warmup if first else 0)
+        prepared = self.prepared[batch, seq]
+        times = time_calls(lambda: self.session.forward(prepared), cfg)
+        self.seconds.setdefault((batch, seq), []).extend(times)
+        return times
+
+    def result(self) -> dict[str, Any]:
+        """The points timed so far (passes pooled per point), real-length timings when asked, and what ran."""
+        cfg, session = self.cfg, self.session
+        real = time_real_lengths(session, self.model_dir, cfg) if cfg.lengths else None
+        return {
+            "points": [{"batch": b, "seq": s, "seconds": self.seconds[b, s]} for b, s in cfg.grid() if (b, s) in self.seconds],
+            **({"real": real} if real else {}),
+            "backend": session.backend or cfg.backend,
+            "note": session.note,
+            "params": session.params,
+            # JSON keys are strings; FLOPs per sequence of the whole encoder.
+            "flops": {str(s): flops_per_sequence(session.structure, s) for s in cfg.seq},
+        }
+
+
 def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
     """Load one model with the configured backend and time it at every grid point."""
-    cfg = from_dict(LatencyConfig, config, "latency job")
-    session = BACKENDS.get(cfg.backend)(model_dir, cfg)
-    check_seq(cfg.seq, session.max_positions, model_dir)
-    points = []
-    for batch, seq in cfg.grid():
-        point = {"batch": batch, "seq": seq, "seconds": session.run(batch, seq, cfg)}
-        points.append(point)
+    timing = Timing(model_dir, config)
+    for batch, seq in timing.cfg.grid():
+        timing.burst(batch, seq, timing.cfg.repeats, timing.cfg.min_seconds)
         emit({"point": {"batch": batch, "seq": seq}})
-    real = time_real_lengths(session, model_dir, cfg) if cfg.lengths else None
-    return {
-        "points": points,
-        **({"real": real} if real else {}),
-        "backend": session.backend or cfg.backend,
-        "note": session.note,
-        "params": session.params,
-        # JSON keys are strings; FLOPs per sequence of the whole encoder.
-        "flops": {str(s): flops_per_sequence(session.structure, s) for s in cfg.seq},
-    }
+    return timing.result()
+
+
+def serve(model_dir: Path, config: dict[str, Any], stdin, emit: Callable[[dict], None]) -> None:
+    """Load the model, say so, then answer each request line (a burst, or finish) until finished or stdin ends."""
+    timing = Timing(model_dir, config)
+    emit({"ready": True})
+    for line in stdin:
+        request = json.loads(line)
+        if "burst" in request:
+            batch, seq, passes, min_seconds = request["burst"]
+            emit({"seconds": timing.burst(int(batch), int(seq), int(passes), float(min_seconds))})
+        elif request.get("finish"):
+            emit({"done": timing.result()})
+            return
 
 
 def time_real_lengths(session: Session, model_dir: Path, cfg: LatencyConfig) -> dict[str, Any]:

@@ -220,3 +220,11 @@ def test_no_command_prints_usage_and_an_error():
     assert _single_line(err) == "compress: error: choose a command (see compress --help)"
     code, out, err = run_cli("--quiet")
     assert code == 2 and _single_line(err) == "compress: error: choose a command (see compress --help)"
+
+
+def test_repeated_flag_of_several_inputs_adds_to_them():
+    """`--model A --model B` times both, as `--model A B` does (a repeated flag once kept only the last)."""
+    parser = build_parser()
+    spaced = parser.parse_args(["latency", "--model", "a", "b"])
+    repeated = parser.parse_args(["latency", "--model", "a", "--model", "b"])
+    assert spaced.models == repeated.models == ["a", "b"]

@@ -270,6 +270,8 @@ def test_worker_failures_become_one_line_errors(job, match):
         ({"min_seconds": -1.0}, "--min-seconds"),
         ({"backend": "tensorrt"}, "valid: torch"),
         ({"repeat_runs": 0}, "--repeat-runs"),
+        ({"bursts": 0}, "--bursts"),
+        ({"bursts": 31}, "--bursts must be between 1 and --repeats"),
         ({"reference_backends": ("torch-int8",)}, "fp32 backends"),
     ],
 )
@@ -342,3 +344,97 @@ def test_the_first_model_in_pytorch_eager_is_the_torch_reference(monkeypatch, tw
     assert student["speedup_vs_torch"] == pytest.approx(40 / 8)  # the teacher's own PyTorch eager timing
     header = next(line for line in format_markdown(report).splitlines() if line.startswith("| model |"))
     assert header.endswith("| x floor | vs best fp32 (worst run) | vs PyTorch eager |") and "||" not in header
+
+
+def test_bursts_take_turns_and_pool_passes(monkeypatch, two_models):
+    """--bursts: every worker loads first, then per point each times its share in turn, round after round."""
+    import compress.eval.latency as latency
+
+    events = []
+
+    class FakeServed:
+        def __init__(self, job, threads, label):
+            self.name, self.seconds = Path(job["model"]).name, []
+            events.append(("start", self.name, job["mode"]))
+
+        def wait_ready(self):
+            events.append(("ready", self.name))
+
+        def ask(self, request, key):
+            if "burst" in request:
+                batch, seq, passes, _ = request["burst"]
+                events.append(("burst", self.name, batch, passes))
+                times = [(1.0 if self.name == "teacher" else 0.5) / 1e3] * passes
+                self.seconds += times
+                return times
+            events.append(("finish", self.name))
+            return {"points": [{"batch": 1, "seq": 16, "seconds": self.seconds[:10]},
+                               {"batch": 2, "seq": 16, "seconds": self.seconds[10:]}],
+                    "params": 1000, "flops": {"16": 2_000_000}, "backend": "torch"}
+
+        def close(self):
+            events.append(("close", self.name))
+
+    monkeypatch.setattr(latency, "_Served", FakeServed)
+    monkeypatch.setattr(latency, "BURST_PAUSE_S", 0.0)
+    report = measure_latency(two_models, fast(batch=(1, 2), repeats=10, bursts=4, record=False))
+    assert events[:4] == [("start", "teacher", "serve"), ("start", "student", "serve"), ("ready", "teacher"), ("ready", "student")]
+    bursts = [e[1:] for e in events if e[0] == "burst"]
+    # 10 passes in 4 bursts: 3, 3, 2, 2; the two models alternate within each point
+    assert bursts == [(m, b, n) for b in (1, 2) for n in (3, 3, 2, 2) for m in ("teacher", "student")]
+    assert events[-4:] == [("finish", "teacher"), ("finish", "student"), ("close", "teacher"), ("close", "student")]
+    teacher, student = [r for r in report["rows"] if r["batch"] == 1]
+    assert teacher["p50_ms"] == pytest.approx(1.0) and student["speedup"] == pytest.approx(2.0)
+    assert "in 4 bursts, the models taking turns" in format_markdown(report)
+
+
+def test_bursts_close_every_worker_when_one_fails(monkeypatch, two_models):
+    import compress.eval.latency as latency
+
+    closed = []
+
+    class FailingServed:
+        def __init__(self, job, threads, label):
+            self.name = Path(job["model"]).name
+
+        def wait_ready(self):
+            if self.name == "student":
+                raise CompressError("the latency worker for student failed (exit status 1): boom")
+
+        def ask(self, request, key):  # pragma: no cover - never reached
+            raise AssertionError("no burst after a failed load")
+
+        def close(self):
+            closed.append(self.name)
+
+    monkeypatch.setattr(latency, "_Served", FailingServed)
+    with pytest.raises(CompressError, match="worker for student failed"):
+        measure_latency(two_models, fast(repeats=4, bursts=2, record=False))
+    assert closed == ["teacher", "student"]
+
+
+def test_bursts_real_workers_time_every_pass(two_models):
+    """Two served worker processes: each model's passes of a point pooled, the same report as one-shot workers."""
+    report = measure_latency(two_models, fast(repeats=6, bursts=3, record=False, repeat_runs=2))
+    assert [r["name"] for r in report["rows"]] == ["teacher", "student"]
+    assert all(len(r["runs_p50_ms"]) == 2 and r["p50_ms"] > 0 for r in report["rows"])
+    assert report["config"]["bursts"] == 3
+    import compress.eval.latency as latency
+
+    cfg = fast(repeats=7, bursts=3, record=False, batch=(1, 2))
+    jobs = [(p.name, {"mode": "model", "model": str(p), "config": latency.worker_config(cfg, 1)}) for p in two_models]
+    done = latency.run_interleaved(jobs, cfg, 1)
+    assert [[(pt["batch"], len(pt["seconds"])) for pt in d["points"]] for d in done] == [[(1, 7), (2, 7)]] * 2
+
+
+def test_bursts_real_worker_error_is_one_line(tmp_path, two_models):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in two_models[1].iterdir():
+        if f.is_file():
+            (broken / f.name).write_bytes(f.read_bytes())
+    weights = next(broken.glob("*.safetensors"))
+    weights.write_bytes(b"not a safetensors file")
+    with pytest.raises(CompressError) as err:
+        measure_latency([two_models[0], broken], fast(repeats=4, bursts=2, record=False))
+    assert "broken" in str(err.value) and "\n" not in str(err.value)
