@@ -203,7 +203,7 @@ def main(argv=None) -> int:
                     mine.add(key)
                     save()
             if student == "3L-384" and not args.no_int8:
-                done = [r for k, r in results.items() if k.startswith(f"{task}/{student}/")]
+                done = [r for k, r in results.items() if k.startswith(f"{task}/{student}/") and r["row"] != "int8"]
                 best = max(done, key=lambda r: r["value"] if r.get("value") is not None else -1e9)
                 key = f"{task}/{student}/int8"
                 if results.get(key, {}).get("of") != best["model_dir"]:
