@@ -161,7 +161,9 @@ class DistillConfig:
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
     init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
                                   "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
-                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR")
+                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
+                                  "student, with --two-stage and hidden,attention: 98.2-100.3% of the teacher on MRPC, "
+                                  "STS-B and SST-2 for a 3L-384, 0.3-1.4 points over the same recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm (default "
                                      "kd,hard: adding hidden,attention gained 0.6 point on STS-B for 3x the time)", metavar="TERM[,...]")
@@ -933,7 +935,9 @@ class GeneralDistillConfig:
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
     init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
                                   "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
-                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR")
+                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
+                                  "student, with --two-stage and hidden,attention: 98.2-100.3% of the teacher on MRPC, "
+                                  "STS-B and SST-2 for a 3L-384, 0.3-1.4 points over the same recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
     losses: tuple[str, ...] = option(
         ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
@@ -1079,7 +1083,9 @@ class EmbeddingDistillConfig:
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
     init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
                                   "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
-                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR")
+                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
+                                  "student, with --two-stage and hidden,attention: 98.2-100.3% of the teacher on MRPC, "
+                                  "STS-B and SST-2 for a 3L-384, 0.3-1.4 points over the same recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
     mse_weight: float = option(1.0, "weight of the mse term")
