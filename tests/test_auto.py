@@ -337,3 +337,13 @@ def test_bad_budgets_are_refused_before_any_work(teacher, tmp_path):
 def test_shape_dataclass_round_trip():
     s = Shape(3, 384, 12, 1536)
     assert Shape(**{k: v for k, v in s.__dict__.items() if k != "origin"}) == s
+
+
+def test_the_default_timer_takes_turns_in_bursts_unless_it_times_dozens(monkeypatch, tmp_path):
+    """The final run's few models are timed in bursts (all loaded at once); the probe's dozens one after another."""
+    seen = []
+    monkeypatch.setattr(auto_module, "measure_latency", lambda dirs, cfg: seen.append((len(dirs), cfg.bursts, cfg.repeat_runs)) or {"rows": []})
+    auto_module.measured_latency([tmp_path] * 6, [(1, 128)], repeats=40, runs=3)
+    auto_module.measured_latency([tmp_path] * 40, [(1, 128)], repeats=20, runs=1)
+    auto_module.measured_latency([tmp_path] * 2, [(1, 128)], repeats=3, runs=1)
+    assert seen == [(6, auto_module.BURSTS, 3), (40, 1, 1), (2, 3, 1)]  # never more bursts than passes
