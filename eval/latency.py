@@ -188,7 +188,6 @@ class Session:
     note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
 
 
-
 # A backend: (model_dir, cfg) -> Session, called inside a worker process after the
 # thread count is fixed; it may import its runtime (torch, onnxruntime) freely.
 BACKENDS: Registry[Callable[[Path, LatencyConfig], Session]] = Registry("latency backend")
