@@ -162,8 +162,8 @@ class DistillConfig:
     init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
                                   "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
                                   "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
-                                  "student, with --two-stage and hidden,attention: 98.2-100.3% of the teacher on MRPC, "
-                                  "STS-B and SST-2 for a 3L-384, 0.3-1.4 points over the same recipe from its teacher's layers)")
+                                  "student, with --two-stage and hidden,attention: 98.2-100.2% of the teacher on MRPC, "
+                                  "SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm (default "
                                      "kd,hard: adding hidden,attention gained 0.6 point on STS-B for 3x the time)", metavar="TERM[,...]")
@@ -936,8 +936,8 @@ class GeneralDistillConfig:
     init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
                                   "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
                                   "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
-                                  "student, with --two-stage and hidden,attention: 98.2-100.3% of the teacher on MRPC, "
-                                  "STS-B and SST-2 for a 3L-384, 0.3-1.4 points over the same recipe from its teacher's layers)")
+                                  "student, with --two-stage and hidden,attention: 98.2-100.2% of the teacher on MRPC, "
+                                  "SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
     losses: tuple[str, ...] = option(
         ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
@@ -1084,8 +1084,8 @@ class EmbeddingDistillConfig:
     init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
                                   "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
                                   "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
-                                  "student, with --two-stage and hidden,attention: 98.2-100.3% of the teacher on MRPC, "
-                                  "STS-B and SST-2 for a 3L-384, 0.3-1.4 points over the same recipe from its teacher's layers)")
+                                  "student, with --two-stage and hidden,attention: 98.2-100.2% of the teacher on MRPC, "
+                                  "SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
     mse_weight: float = option(1.0, "weight of the mse term")
