@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from compress.auto import AutoConfig, auto
+from compress.auto import BURSTS, AutoConfig, auto
 from compress.core.artifacts import is_model_dir, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
@@ -36,14 +36,13 @@ from compress.eval.latency import LatencyConfig, measure_latency
 
 POINT = (1, 128)
 FRESH_RUNS = 3  # the fresh run is repeated; a model meets its budget only if its slowest run does
-BURSTS = 5  # within a run the models take turns in bursts (compress latency --bursts): a slow spell hits them all
 
 
 def p50(dirs: list[Path], repeats: int = 30, runs: int = 1) -> dict[str, list[float]]:
     """p50 ms at batch 1, sequence 128 of each folder (each model in its own process), one per run, in run order:
     a budget must hold in the slowest (``max``)."""
     cfg = LatencyConfig(batch=(POINT[0],), seq=(POINT[1],), repeats=repeats, peak=False, record=False, repeat_runs=runs,
-                        bursts=BURSTS if len(dirs) > 1 else 1)
+                        bursts=BURSTS if len(dirs) > 1 else 1)  # taking turns as compress auto's final runs do
     return {str(r["model"]): list(r["runs_p50_ms"]) for r in measure_latency(dirs, cfg)["rows"]}
 
 

@@ -150,6 +150,12 @@ def _distill_defaults() -> TrainConfig:
     return TrainConfig(lr=1e-4, epochs=3, batch_size=32, warmup_ratio=0.1)
 
 
+# --init of every distillation stage (task, general, embedding)
+INIT_HELP = ("student initialisation: teacher (its layers, cut to a narrower student's width: 4L-312 from MiniLM-L6 scores "
+             "STS-B 74.1 zero-shot where random weights score 54.2), teacher-layers, teacher-slices, random, or a pretrained "
+             "model DIR")
+
+
 @flat_keywords
 @dataclass(frozen=True)
 class DistillConfig:
@@ -159,11 +165,9 @@ class DistillConfig:
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
     hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
-                                  "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
-                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
-                                  "student, with --two-stage and hidden,attention: 98.2-100.2% of the teacher on MRPC, "
-                                  "SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same recipe from its teacher's layers)")
+    init: str = option("teacher", INIT_HELP + " (a distill-general student, with --two-stage and hidden,attention: "
+                       "98.2-100.2% of the teacher on MRPC, SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same "
+                       "recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm (default "
                                      "kd,hard: adding hidden,attention gained 0.6 point on STS-B for 3x the time)", metavar="TERM[,...]")
@@ -933,11 +937,7 @@ class GeneralDistillConfig:
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
     hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
-                                  "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
-                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
-                                  "student, with --two-stage and hidden,attention: 98.2-100.2% of the teacher on MRPC, "
-                                  "SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same recipe from its teacher's layers)")
+    init: str = option("teacher", INIT_HELP)
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
     losses: tuple[str, ...] = option(
         ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
@@ -1081,11 +1081,7 @@ class EmbeddingDistillConfig:
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
     hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; must equal the teacher's)")
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", "student initialisation: teacher (its layers, cut to a narrower student's width: "
-                                  "4L-312 from MiniLM-L6 scores STS-B 74.1 zero-shot where random weights score 54.2), "
-                                  "teacher-layers, teacher-slices, random, or a pretrained model DIR (a distill-general "
-                                  "student, with --two-stage and hidden,attention: 98.2-100.2% of the teacher on MRPC, "
-                                  "SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same recipe from its teacher's layers)")
+    init: str = option("teacher", INIT_HELP)
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
     mse_weight: float = option(1.0, "weight of the mse term")
