@@ -158,6 +158,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", type=Path, default=None, help="teacher-output / augmented-set cache (default: MODELS/cache)")
     parser.add_argument("--no-int8", action="store_true")
     parser.add_argument("--note", default="")
+    parser.add_argument("--goal-with", type=Path, action="append", default=[], metavar="FILE",
+                        help="another run's retention.json whose rows also count in the Goal (e.g. a task re-run against "
+                             "a re-trained teacher); a task is judged against its strongest teacher")
+    parser.add_argument("--render", action="store_true", help="only re-write retention.md from --out's retention.json")
     args = parser.parse_args(argv)
     args.cache = args.cache or args.models / "cache"
     args.models.mkdir(parents=True, exist_ok=True)
@@ -169,6 +173,15 @@ def main(argv=None) -> int:
         "packages": package_versions(), "command": "python -m bench.retention " + " ".join(sys.argv[1:] if argv is None else argv),
         "settings": {k: str(v) for k, v in vars(args).items()}, "note": args.note,
     }
+    if args.render:
+        stored = json.loads(store.read_text())
+        stored["header"]["goal_with"] = sorted({*stored["header"].get("goal_with", []), *map(str, args.goal_with)})
+        write_json_atomic(store, stored)
+        (args.out / "retention.md").write_text(render(stored["rows"], stored["header"]), encoding="utf-8")
+        print((args.out / "retention.md").read_text())
+        return 0
+    if args.goal_with:
+        header["goal_with"] = sorted(map(str, args.goal_with))
 
     mine: set[str] = set()  # the rows this run measured
 
@@ -179,6 +192,7 @@ def main(argv=None) -> int:
             results.update({k: v for k, v in before["rows"].items() if k not in mine})
             commands = before["header"].get("commands", [before["header"]["command"]])
             header["commands"] = commands + [c for c in [header["command"]] if c not in commands]
+            header["goal_with"] = sorted({*before["header"].get("goal_with", []), *header.get("goal_with", [])})
         write_json_atomic(store, {"header": header, "rows": results})
         (args.out / "retention.md").write_text(render(results, header), encoding="utf-8")
 
@@ -283,35 +297,52 @@ def render(results: dict, header: dict) -> str:
                 continue
             lines.append(f"| {get_task(r['task']).display} | ({r['of_row']}) | {r['fp32']:.2f} | {r['value']:.2f} | "
                          f"{r['fp32'] - r['value']:.2f} | {100 * r['value'] / r['teacher']:.1f}% |")
-    lines += ["", *goal_lines(results)]
+    others = {f: json.loads(Path(f).read_text())["rows"] for f in header.get("goal_with", [])}
+    lines += ["", *goal_lines({"": results, **others})]
     return "\n".join(lines) + "\n"
 
 
-def goal_lines(results: dict) -> list[str]:
-    """The issue's goal, met or not, from the best row of each task and shape (a row's seeds averaged)."""
+def goal_lines(runs: dict[str, dict]) -> list[str]:
+    """The issue's goal, met or not, from the best row of each task and shape (a row's seeds averaged).
+
+    ``runs`` maps a source ("" for this run, else a retention.json path) to its rows. A task is judged against its
+    strongest teacher only: a student's ratio to a teacher near chance says nothing about what it kept."""
+    rows_all = [(src, r) for src, results in runs.items() for r in results.values()
+                if r["row"] != "int8" and r["retention"] is not None]
+    strongest: dict[str, float] = {}
+    for _, r in rows_all:
+        strongest[r["task"]] = max(strongest.get(r["task"], r["teacher"]), r["teacher"])
     by_row: dict[tuple, list[dict]] = {}
-    for r in results.values():
-        if r["row"] != "int8" and r["retention"] is not None:
-            by_row.setdefault((r["task"], r["student"], r["row"]), []).append(r)
+    for src, r in rows_all:
+        if r["teacher"] == strongest[r["task"]]:
+            by_row.setdefault((r["task"], r["student"], r["row"], src), []).append(r)
     best: dict[tuple, dict] = {}
-    for (task, student, row), rs in by_row.items():
-        mean = {"row": row, "retention": statistics.mean(r["retention"] for r in rs)}
+    for (task, student, row, src), rs in by_row.items():
+        mean = {"row": row, "src": src, "teacher": rs[0]["teacher"], "retention": statistics.mean(r["retention"] for r in rs)}
         if (task, student) not in best or mean["retention"] > best[task, student]["retention"]:
             best[task, student] = mean
     lines = ["## Goal", ""]
     for student, need_each, need_avg in (("3L-384", 97.0, 98.0), ("4L-312", None, 95.0)):
         rows = {t: r for (t, s), r in best.items() if s == student}
         judged = {t: 100 * r["retention"] for t, r in rows.items() if t != "cola"}  # CoLA's MCC is judged on its own
+        # a task this student ran only against a weaker teacher is missing, not skipped: the goal cannot be met without it
+        missing = sorted({r["task"] for _, r in rows_all if r["student"] == student} - set(rows))
         if not judged:
             continue
         avg = statistics.mean(judged.values())
-        parts = ", ".join(f"{get_task(t).display} {v:.1f}% ({rows[t]['row']})" for t, v in judged.items())
-        verdict = avg >= need_avg and (need_each is None or all(v >= need_each for v in judged.values()))
+        parts = ", ".join(f"{get_task(t).display} {v:.1f}% ({rows[t]['row']}{_source(rows[t])})" for t, v in judged.items())
+        parts += "".join(f", {get_task(t).display} not run against its strongest teacher ({strongest[t]:.2f})" for t in missing)
+        verdict = not missing and avg >= need_avg and (need_each is None or all(v >= need_each for v in judged.values()))
         each = f" each >= {need_each}% and" if need_each else ""
         lines.append(f"- {student} best rows: {parts}; average {avg:.1f}% (goal:{each} average >= {need_avg}%): "
                      f"{'met' if verdict else 'not met'}"
                      + (f"; CoLA {100 * rows['cola']['retention']:.1f}% (MCC, judged on its own)" if "cola" in rows else ""))
     return lines
+
+
+def _source(best: dict) -> str:
+    """Where a judged row comes from when not from this run: its file and its teacher's metric."""
+    return f"; {best['src']}, teacher {best['teacher']:.2f}" if best["src"] else ""
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""The retention goal: each task judged against its strongest teacher, across runs (hand-computed ratios)."""
+
+from __future__ import annotations
+
+from bench.retention import goal_lines
+
+
+def row(task, student, r, value, teacher, seed=42):
+    return {f"{task}/{student}/{r}/{seed}": {"task": task, "student": student, "row": r, "seed": seed,
+                                              "value": value, "teacher": teacher, "retention": value / teacher}}
+
+
+def test_goal_judges_each_task_against_its_strongest_teacher_across_runs():
+    main = {**row("sst2", "3L-384", "d", 99.0, 100.0), **row("mrpc", "3L-384", "d", 98.0, 100.0),
+            **row("rte", "3L-384", "e", 57.0, 57.0)}  # 100% of a weak teacher
+    rerun = {**row("rte", "3L-384", "d", 59.0, 60.0, seed=1), **row("rte", "3L-384", "d", 58.0, 60.0, seed=2)}
+    [_, _, line] = goal_lines({"": main, "other/retention.json": rerun})
+    # RTE: (59/60 + 58/60) / 2 = 97.5%, not the weak teacher's 100%; average (99 + 98 + 97.5) / 3 = 98.17%
+    assert "RTE 97.5% (d; other/retention.json, teacher 60.00)" in line
+    assert "average 98.2%" in line and line.endswith(": met")
+
+
+def test_a_task_run_only_against_a_weaker_teacher_fails_the_goal():
+    main = {**row("sst2", "4L-312", "f", 99.0, 100.0), **row("rte", "4L-312", "f", 57.0, 57.0),
+            **row("rte", "3L-384", "d", 59.0, 60.0)}
+    lines = goal_lines({"": main})
+    line = next(x for x in lines if x.startswith("- 4L-312"))
+    assert "RTE not run against its strongest teacher (60.00)" in line
+    assert "average 99.0%" in line and line.endswith(": not met")
