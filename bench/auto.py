@@ -3,7 +3,8 @@
     python -m bench.auto --data ../shared/data --teachers runs/retention --out bench/results/$(date +%F)/auto
 
 For each task (``teacher-TASK`` in --teachers): the teacher's fp32 batch-1 p50 at sequence
-128 is measured first; the budgets are 1/4, 1/8 and 1/16 of it (``--fractions``). Each
+128 is measured first; the budgets are 1/4, 1/8 and 1/16 of it (``--fractions``), or with
+``--relative`` ``speedup>=Nx`` budgets, judged against the teacher timed in the same run. Each
 search runs with ``--time-limit`` (its report, candidates and Pareto plot are copied to
 ``OUT/TASK-1ofN/``); its chosen model is then timed again in a fresh latency run,
 repeated three times and judged on its slowest run, beside the teacher and the hand-made
@@ -76,6 +77,10 @@ def main(argv=None) -> int:
     parser.add_argument("--retime", action="store_true",
                         help="search nothing: time the chosen models of the rows already in --out again (a fresh run as "
                              "after a search), kept beside the first fresh run")
+    parser.add_argument("--relative", action="store_true",
+                        help="search with 'speedup>=Nx@b1,s128' budgets (1/N of the teacher measured in the same run, as "
+                             "compress auto's final runs and the fresh runs time it) instead of a p50 fixed from a first "
+                             "teacher run; a model meets the budget only if it holds in every run")
     parser.add_argument("--options", default="{}", help="extra AutoConfig options as JSON (reduced settings, say so)")
     args = parser.parse_args(argv)
     args.hand_made = args.hand_made or args.teachers / "students"
@@ -107,7 +112,7 @@ def main(argv=None) -> int:
             if row["task"] in args.tasks.split(",") and str(row["fraction"]) in args.fractions.split(",") and "chosen" in row:
                 teacher = args.teachers / f"teacher-{row['task']}"
                 check = fresh_check(teacher, args.models / f"{row['task']}-1of{row['fraction']}", hand_made(args.hand_made, row["task"]),
-                                    row["teacher_ms"], row["fraction"], row["task"])
+                                    row["teacher_ms"], row["fraction"], row["task"], relative=row.get("relative", False))
                 row["retimed"] = {"when": utc_now(), **check}
                 save()
         print((args.out / "auto.md").read_text())
@@ -125,7 +130,9 @@ def main(argv=None) -> int:
             if key in results and not resume:
                 continue
             # A resumed search keeps its budget (the teacher's latency of its first run) and its minutes so far.
-            budget = results[key]["budget"] if resume else f"p50<={teacher_ms / fraction:.2f}ms@b1,s128"
+            relative = results[key].get("relative", False) if resume else args.relative
+            budget = results[key]["budget"] if resume else (
+                f"speedup>={fraction}x@b1,s128" if relative else f"p50<={teacher_ms / fraction:.2f}ms@b1,s128")
             spent = results[key]["minutes"] if resume else 0.0
             out = args.models / f"{task}-1of{fraction}"
             # The task's earlier searches (other budgets) lend their probe and the candidates trained alike.
@@ -137,7 +144,7 @@ def main(argv=None) -> int:
                 options = {**results[key]["options"], "time_limit": args.time_limit, "resume": True}
             started = time.monotonic()
             row = {"task": task, "fraction": fraction, "teacher_ms": results[key]["teacher_ms"] if resume else teacher_ms,
-                   "budget": budget, "options": options}
+                   "budget": budget, "relative": relative, "options": options}
             try:
                 auto(teacher, out, from_dict(AutoConfig, options), overwrite=True)
                 search = json.loads((out / "search" / "search.json").read_text())
@@ -154,7 +161,7 @@ def main(argv=None) -> int:
             row["minutes_with_reused"] = round(row["minutes"] + sum(
                 r["minutes"] for r in results.values() if str(args.models / f"{r['task']}-1of{r['fraction']}") in row["reused"]), 1)
             row.update(fresh_check(teacher, out if "chosen" in row else None, hand_made(args.hand_made, task),
-                                   row["teacher_ms"], fraction, task))
+                                   row["teacher_ms"], fraction, task, relative=relative))
             if "chosen" in row:
                 row["chosen"].update(row.pop("chosen_fresh"), retention=row["chosen"]["accuracy"] / dev_score(teacher, task))
             results[key] = row
@@ -166,19 +173,29 @@ def main(argv=None) -> int:
     return 0
 
 
-def fresh_check(teacher: Path, chosen: Path | None, others: list[Path], teacher_ms: float, fraction: int, task: str) -> dict:
+def fresh_check(teacher: Path, chosen: Path | None, others: list[Path], teacher_ms: float, fraction: int, task: str,
+                relative: bool = False) -> dict:
     """The fresh latency run (FRESH_RUNS runs, the models taking turns in bursts): the chosen model against the budget
-    in its slowest run and against 1/N of the teacher in each run, and the best hand-made model under the budget."""
+    in its slowest run and against 1/N of the teacher in each run, and the best hand-made model under the budget.
+
+    ``relative``: the budget is 1/N of the teacher in the same run (every run), not ``teacher_ms / fraction``."""
     runs = p50([teacher, *([chosen] if chosen else []), *others], runs=FRESH_RUNS)
     fresh = {model: max(ms) for model, ms in runs.items()}  # the slowest run: the one a budget must hold in
     limit = teacher_ms / fraction
+
+    def same_run(model: Path) -> list[float]:
+        return [t / c for t, c in zip(runs[str(teacher)], runs[str(model)])]
+
+    def fits(model: Path) -> bool:
+        return min(same_run(model)) >= fraction if relative else fresh[str(model)] <= limit
+
     row: dict = {}
     if chosen:
         # The issue's own terms too: 1/N of the teacher's latency measured in the same run, in every run.
-        speedups = [t / c for t, c in zip(runs[str(teacher)], runs[str(chosen)])]
-        row["chosen_fresh"] = {"fresh_ms": fresh[str(chosen)], "fresh_runs_ms": runs[str(chosen)], "meets": fresh[str(chosen)] <= limit,
+        speedups = same_run(chosen)
+        row["chosen_fresh"] = {"fresh_ms": fresh[str(chosen)], "fresh_runs_ms": runs[str(chosen)], "meets": fits(chosen),
                                "fresh_speedups": speedups, "meets_same_run": min(speedups) >= fraction}
-    fitting = [(dev_score(p, task), str(p), fresh[str(p)]) for p in others if fresh[str(p)] <= limit]
+    fitting = [(dev_score(p, task), str(p), fresh[str(p)]) for p in others if fits(p)]
     row.update(fresh_runs=FRESH_RUNS, fresh_bursts=BURSTS, hand_made_best=max(fitting) if fitting else None,
                fresh_teacher_ms=fresh[str(teacher)], fresh_teacher_runs_ms=runs[str(teacher)])
     return row
