@@ -54,6 +54,7 @@ from compress.core.artifacts import (
     atomic_path,
     check_output,
     compression_record,
+    dir_hash,
     load_config,
     load_tokenizer,
     read_metrics,
@@ -127,6 +128,8 @@ class AutoConfig:
                              "budget is met only if met in every run, so a model that fits by luck once is not chosen",
                              metavar="K")
     losses: tuple[str, ...] = option(("kd", "hard"), "distillation terms of every candidate (see compress distill)", metavar="TERM[,...]")
+    init_from: str | None = option(None, "cut the candidates that fit inside it from this encoder DIR instead of the teacher "
+                                   "(e.g. a distill-general student; see compress distill --init-from)", metavar="DIR")
     max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points")
     resume: bool = option(False, "continue an interrupted search: finished probes and candidates are reused")
     compare: tuple[str, ...] = option((), "model folders to measure in the final run beside the finalists and show in the "
@@ -247,7 +250,8 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     key = json.dumps(common + [[b.text for b in budgets], list(cfg.backends)])
     # What a probe and a trained candidate depend on: another budget with the same keys can reuse them.
     probe_key = json.dumps(common + [list(cfg.backends), at, list(cfg.shapes), cfg.probes, cfg.repeats])
-    train_key = json.dumps(common + [list(cfg.losses), asdict(cfg.extra_data), asdict(cfg.data), asdict(cfg.train)], default=str)
+    train_key = json.dumps(common + [list(cfg.losses), asdict(cfg.extra_data), asdict(cfg.data), asdict(cfg.train)]
+                           + ([dir_hash(Path(cfg.init_from))] if cfg.init_from else []), default=str)
     search = _Search.open(work_dir_for(out), cfg.resume, key, probe_key, train_key)
     earlier = _Earlier.read(cfg.reuse, probe_key, train_key)
     shapes = candidate_shapes(load_config(teacher_dir), cfg.shapes)
@@ -472,12 +476,16 @@ def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, 
     """Distil ``shape`` for ``epochs`` (round 0 from the teacher; later rounds continue the previous round's student)."""
     out = search.work / "candidates" / f"{shape.label}-r{round_}"
     started = time.monotonic()
-    if round_ == 0:  # the teacher's weights (cut to a narrower width) whenever the shape fits inside it
-        init = "teacher" if fits_inside(load_config(teacher_dir), shape) else "random"
+    init_from = None
+    if round_ == 0:  # --init-from's weights, else the teacher's (cut to a narrower width), whenever the shape fits inside
+        if cfg.init_from and fits_inside(load_config(Path(cfg.init_from)), shape):
+            init, init_from = "teacher", cfg.init_from
+        else:
+            init = "teacher" if fits_inside(load_config(teacher_dir), shape) else "random"
     else:
         init = str(search.work / "candidates" / f"{shape.label}-r{round_ - 1}")
     dcfg = DistillConfig(task=cfg.task, student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads, init=init,
-                         losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
+                         init_from=init_from, losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
                          train=replace(cfg.train, epochs=epochs))
     try:
         distill(teacher_dir, out, dcfg, overwrite=True)
@@ -488,7 +496,7 @@ def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, 
     score = float(retention["student"]) if retention["student"] is not None else math.nan
     search.state["trained"][f"{shape.label}/{round_}"] = {
         "label": shape.label, "round": round_, "epochs": epochs, "score": score, "dir": str(out),
-        "teacher": retention["teacher"], "seconds": round(time.monotonic() - started, 1), "init": init}
+        "teacher": retention["teacher"], "seconds": round(time.monotonic() - started, 1), "init": init_from or init}
     search.save()
     return score
 

@@ -107,7 +107,7 @@ from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embed
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records
 from compress.eval.metrics import chance_check
-from compress.students.init import TEACHER_METHODS, init_student
+from compress.students.init import TEACHER_METHODS, init_student, load_pretrained_student
 from compress.students.layer_map import parse_layer_map
 from compress.students.presets import STUDENT_SHAPES, resolve_shape
 from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
@@ -169,6 +169,9 @@ class DistillConfig:
                        "98.2-100.2% of the teacher on MRPC, SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same "
                        "recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
+    init_from: str | None = option(None, "cut the student from this encoder DIR instead of the teacher (--init teacher, "
+                                   "teacher-layers or teacher-slices): e.g. a distill-general student deeper or wider than "
+                                   "--student; its task head starts new", metavar="DIR")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm (default "
                                      "kd,hard: adding hidden,attention gained 0.6 point on STS-B for 3x the time)", metavar="TERM[,...]")
     loss: LossWeights = field(default_factory=LossWeights)
@@ -199,6 +202,9 @@ class DistillConfig:
             raise CompressError("--losses is empty; pass e.g. --losses kd,hard")
         if self.two_stage and not (set(self.losses) & set(INTERMEDIATE_TERMS) and set(self.losses) & set(PREDICTION_TERMS)):
             raise CompressError("--two-stage needs intermediate terms (hidden, attention, ...) and prediction terms (kd, hard)")
+        if self.init_from and self.init not in TEACHER_METHODS:
+            raise CompressError(f"--init-from cuts the student from another encoder: use it with --init {', '.join(TEACHER_METHODS)}, "
+                                f"not --init {self.init}")
 
 
 # ---------------------------------------------------------------------------- loss terms
@@ -511,12 +517,22 @@ def _open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> _Teacher:
 
 
 def _build_student(teacher: _Teacher, cfg: DistillConfig | GeneralDistillConfig | EmbeddingDistillConfig, needs: set[str],
-                   layer_map: str = "uniform") -> _Student:
-    """The ``cfg.student`` shape (or ``--init DIR``), initialised as ``cfg.init`` says, and its ``layer_map``."""
+                   layer_map: str = "uniform", source: str | None = None) -> _Student:
+    """The ``cfg.student`` shape (or ``--init DIR``), initialised as ``cfg.init`` says, and its ``layer_map``.
+
+    ``source`` (``--init-from DIR``): the encoder a teacher method cuts the student from instead of the teacher
+    (loaded with the teacher's head type and labels, the head new)."""
     shape = resolve_shape(cfg.student, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
     method, pretrained = (cfg.init, None) if cfg.init in (*TEACHER_METHODS, "random") else ("pretrained", cfg.init)
-    model, info = init_student(teacher.model, shape, method=method, layers=list(cfg.init_layers) or None,
+    cut_from = teacher.model
+    if source:
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.train.seed)  # its new head, copied into the student: the same for the same --seed
+            cut_from = load_pretrained_student(teacher.model, source)[0]
+    model, info = init_student(cut_from, shape, method=method, layers=list(cfg.init_layers) or None,
                                seed=cfg.train.seed, pretrained=pretrained)
+    if source:
+        info = {**info, "from": str(source)}
     if "attentions" in needs:  # output_attentions needs the eager implementation
         model.config._attn_implementation = "eager"
     c = model.config
@@ -591,7 +607,7 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
     teach = _open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
     _check_teacher(teach.model, teacher_dir, task)
-    student = _build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map)
+    student = _build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
     data = _task_data(task, teach, student, cfg)
     device = _device_for(teach, cfg.train.device)
     wrapper = Distiller(student.model, make_projections(student.model, teach.model, cfg.losses))

@@ -227,6 +227,20 @@ def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatc
     assert (out / "config.json").is_file()
 
 
+def test_init_from_starts_the_candidates_that_fit_inside_it(teacher, tmp_path):
+    from compress.students.presets import resolve_shape
+    from compress.teacher.create import create_model
+
+    teacher_dir, data = teacher
+    # a 1-layer encoder (say, a general-distilled student): 1-layer candidates are cut from it, 2-layer ones from the teacher
+    general = create_model(resolve_shape("1L-64-128-4H"), tmp_path / "general", tokenizer=teacher_dir,
+                           max_positions=64, seed=2)
+    cfg = _cfg(data, "p50<=9ms@b1,s32", shapes=["2L-64-128-4H", "1L-64-128-4H", "1L-32-64-2H"], candidates=3, rounds=1, init_from=str(general))
+    out = auto(teacher_dir, tmp_path / "out", cfg, timer=fake_timer())
+    trained = {t["label"]: t["init"] for t in json.loads((out / "search" / "search.json").read_text())["trained"]}
+    assert trained == {"2L-64-128": "teacher", "1L-64-128": str(general), "1L-32-64": str(general)}
+
+
 def test_a_round_that_cannot_finish_before_the_time_limit_is_not_started(tmp_path):
     import time
 

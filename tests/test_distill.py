@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch
 
 from compress.core import synthetic
 from compress.core.artifacts import load_config, read_compression, read_metrics
@@ -286,6 +287,31 @@ def test_general_distillation_minilm_then_task(setting, tmp_path):
     assert record["init"]["method"] == "pretrained"
     # the recorded shape is the general student's (2 layers, 2 heads), not the --student preset's
     assert record["student_shape"] == {"layers": 2, "hidden": 32, "heads": 2, "ffn": model.config.intermediate_size, "origin": ""}
+
+
+def test_init_from_cuts_the_student_from_another_encoder(setting, tmp_path):
+    from compress.distill import GeneralDistillConfig, distill_general
+
+    _, _, teacher = setting
+    cfg = from_dict(GeneralDistillConfig, {"corpus": [str(_corpus(tmp_path / "corpus.txt"))], "student": "2L-32", "heads": 2,
+                                           "relation_heads": 4, "init": "random", "max_length": 32, "max_steps": 4, "batch_size": 16})
+    general = distill_general(teacher, tmp_path / "general", cfg)
+    # a 1-layer student from the general student's second layer; lr ~0 so the weights stay where they started
+    out = distill(teacher, tmp_path / "cut", _cfg(setting, student="1L-32", heads=2, init="teacher-layers", init_layers=[1],
+                                                 init_from=str(general), epochs=1, lr=1e-12))
+    record = read_compression(out)
+    assert record["init"]["method"] == "teacher-layers" and record["init"]["teacher_layers"] == [1]
+    assert record["init"]["from"] == str(general)
+    student, source = load_model(out), load_model(general)
+    got = student.bert.encoder.layer[0].attention.self.query.weight
+    assert torch.allclose(got, source.encoder.layer[1].attention.self.query.weight, atol=1e-6)
+    assert not torch.allclose(got, load_model(teacher).bert.encoder.layer[1].attention.self.query.weight[:32, :32], atol=1e-3)
+    assert student.config.id2label == {0: "negative", 1: "positive"}  # the teacher's task and labels, a new head
+
+
+def test_init_from_needs_a_teacher_method(setting, tmp_path):
+    with pytest.raises(CompressError, match="--init-from cuts the student from another encoder: use it with --init teacher"):
+        distill(setting[2], tmp_path / "x", _cfg(setting, init="random", init_from=str(tmp_path)))
 
 
 def test_general_distillation_distilbert_style_needs_mlm_heads(setting, tmp_path):
