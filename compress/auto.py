@@ -656,13 +656,21 @@ def _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen
     }
 
 
+def _teacher_timings(report: dict, at: tuple[int, int]) -> str:
+    """The teacher's p50 in the final runs (the reference of speed-up budgets) and in the probe, which may be an
+    earlier search's."""
+    probe = f"{report['teacher_ms'].get(f'{at[0]},{at[1]}', float('nan')):.2f} ms in the latency probe" + (
+        " (an earlier search's)" if report.get("probe_reused_from") else "")
+    final = (report.get("compared") or [None])[0]
+    return (f"{final['measured_p50_ms']:.2f} ms in the final runs, " if final else "") + probe
+
+
 def _write_report(where: Path, report: dict) -> None:
     where.mkdir(parents=True, exist_ok=True)
     write_json_atomic(where / "search.json", report)
     at = tuple(report["point"])
     lines = [f"# compress auto: {report['task']}, budget {'; '.join(report['budgets'])}", "",
-             f"- teacher: {report['teacher']} ({report['teacher_ms'].get(f'{at[0]},{at[1]}', float('nan')):.2f} ms p50 "
-             f"at batch {at[0]}, seq {at[1]}, torch fp32, this run)",
+             f"- teacher: {report['teacher']} (p50 at batch {at[0]}, seq {at[1]}, torch fp32: {_teacher_timings(report, at)})",
              f"- search time: {report['seconds'] / 60:.1f} min; successive halving stopped: {report['halving_stopped']}"]
     err = report["latency_model_error"]
     if err:

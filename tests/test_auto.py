@@ -123,6 +123,8 @@ def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, t
     assert timer.runs == [1, 3]  # the final run repeated --final-runs times (default 3)
     assert chosen["slowest_p50_ms"] == chosen["measured_p50_ms"]  # a noiseless timer: every run alike
     assert not (tmp_path / ".out.auto-tmp").exists()
+    # the teacher (2 layers x 64: 1 + 0.05 x 2 x 4 = 1.40 ms) as the final runs and the probe timed it
+    assert "torch fp32: 1.40 ms in the final runs, 1.40 ms in the latency probe)" in (out / "search" / "report.md").read_text()
 
 
 def test_given_models_are_measured_in_the_final_run_and_reported_never_chosen(teacher, tmp_path):
