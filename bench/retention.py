@@ -19,7 +19,10 @@ task and student shape, the rows add one method at a time:
   3 epochs, and 4 augmented copies for a set of at most 10,000 examples);
 * (g) (e) plus ``--transfer`` teacher-scored transfer examples: the other GLUE tasks' pairs
   for a pair task (their sentences for a single-sentence one), then pairs of consecutive
-  corpus sentences.
+  corpus sentences;
+* (h) (c) cut from the pretrained MiniLM encoder (``--init-from``) instead of the fine-tuned
+  teacher, no general stage: (d)'s starting point before its general distillation, so
+  (d) - (h) is what the general stage itself adds.
 
 Then the best 3L-384 row of each task is quantized (ONNX Runtime dynamic int8) and scored.
 Each row's dev metric, retention of its teacher's, and training seconds are recorded;
@@ -54,6 +57,7 @@ ROWS = {
     "e": "(a) + augmentation, no intermediate terms",
     "f": "today's defaults",
     "g": "(e) + transfer texts",
+    "h": "(c) cut from the pretrained encoder",
 }
 PAIR_TASKS, SINGLE_TASKS = ("mrpc", "stsb", "rte"), ("sst2", "cola")
 MAX_LENGTH = {"sst2": 64, "cola": 64}  # other tasks: 128
@@ -70,12 +74,14 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
     }
     if row in "ab":
         cfg["augment"] = 0  # distillation augments small sets by default now; (a) and (b) are the rows without
-    if row in "bcd":
+    if row in "bcdh":
         cfg["losses"] = ["kd", "hard", *INTERMEDIATE]
-    if row in "cd":
+    if row in "cdh":
         cfg.update(two_stage=True, augment=args.augment, intermediate_epochs=args.epochs, epochs=args.prediction_epochs)
     if row == "d":
         cfg["init"] = str(general)
+    if row == "h":
+        cfg["init_from"] = str(minilm_path())
     if row == "e":
         cfg.update(augment=args.augment, epochs=args.prediction_epochs)
     if row == "g":  # the other GLUE tasks' texts of the same shape (pairs for a pair task) and the corpus, teacher-scored
@@ -256,7 +262,8 @@ def render(results: dict, header: dict) -> str:
         f"epochs on the set plus {s['augment']} augmented copies, no intermediate stage; (f) `compress distill`'s defaults now, "
         "chosen from (a)-(e): (a)'s terms and 3 epochs on the set plus 4 augmented copies (sets of at most 10,000 examples); "
         f"(g) (e) plus {s.get('transfer', '8000')} teacher-scored transfer examples (the other GLUE tasks' pairs for a pair task, "
-        "their sentences for a single-sentence one, then corpus sentences). 3L-384 starts from teacher layers 1,3,5; "
+        "their sentences for a single-sentence one, then corpus sentences); (h) (c) cut from the pretrained MiniLM encoder "
+        "(`--init-from`), not the fine-tuned teacher: (d)'s start without its general stage. 3L-384 starts from teacher layers 1,3,5; "
         "4L-312 from teacher layers 1,2,4,5 cut to 312 wide (`--init teacher`: the most active hidden dimensions, the heads' "
         "26 strongest dimensions, the 1200 strongest FFN neurons); '4L-312 (random init)' rows started at random.",
         "- seconds: wall-clock training time of the row (teacher cache and augmentation included when built); cpu: process CPU time.",
