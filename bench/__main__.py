@@ -2,7 +2,8 @@
 
     python -m bench --data ../shared/data                       # or: make bench DATA=../shared/data
     python -m bench --data ../shared/data --work runs/bench --out bench/results/$(date +%F) \
-        --auto runs/auto/sst2-b8 --retention bench/results/DATE/retention/retention.json
+        --auto runs/auto/sst2-b8 --retention bench/results/DATE/retention/retention.json \
+        --retention bench/results/DATE/retention-rte/retention.json
 
 The model-producing stages run as a recipe (``compress run``): re-running skips every
 stage whose inputs and config are unchanged. Reduced settings for a 2-core CPU, all
@@ -80,8 +81,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=20, help="timed passes per model and point, in each run")
     parser.add_argument("--runs", type=int, default=3, help="interleaved latency runs (medians of run medians)")
     parser.add_argument("--auto", default="", help="auto-chosen model folders to measure beside the others (DIR,...)")
-    parser.add_argument("--retention", type=Path, default=None,
-                        help="the retention benchmark's retention.json: its best row per task goes in the report")
+    parser.add_argument("--retention", type=Path, action="append", default=[],
+                        help="the retention benchmark's retention.json (repeat for runs against re-trained teachers): the "
+                             "best row per task, against its strongest teacher, goes in the report")
     args = parser.parse_args(argv)
 
     started = time.monotonic()

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from bench.profile import run_worker
+from bench.retention import best_rows
 from bench.teachers import minilm_path
 from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.export import export_onnx
@@ -95,7 +96,7 @@ def models_of(work: Path, auto: list[Path]) -> list[dict[str, Any]]:
 
 
 def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, auto: list[Path] = (),
-                  retention: Path | None = None) -> dict[str, Any]:
+                  retention: list[Path] | None = None) -> dict[str, Any]:
     base = bert_base_shape(work)
     models = models_of(work, list(auto))
     for m in models:  # exports carry no eval of their own: their source's score
@@ -143,24 +144,11 @@ def _int8_drops(work: Path) -> dict[str, Any]:
     return drops
 
 
-def _retention_rows(path: Path) -> list[dict[str, Any]]:
-    """The retention benchmark's best row per task and student (seeds averaged), for the per-task table."""
-    import statistics
-
-    rows = json.loads(Path(path).read_text())["rows"]
-    best: dict[tuple, dict] = {}
-    for r in rows.values():
-        if r["row"] == "int8" or r.get("retention") is None:
-            continue
-        key = (r["task"], r["student"], r["row"])
-        best.setdefault(key, []).append(r)
-    out = {}
-    for (task, student, row), rs in best.items():
-        mean = statistics.mean(r["retention"] for r in rs)
-        if (task, student) not in out or mean > out[task, student]["retention"]:
-            out[task, student] = {"task": task, "student": student, "row": row, "retention": mean, "seeds": len(rs),
-                                  "value": statistics.mean(r["value"] for r in rs), "teacher": rs[0]["teacher"]}
-    return sorted(out.values(), key=lambda r: (r["student"], r["task"]))
+def _retention_rows(paths: list[Path]) -> list[dict[str, Any]]:
+    """The retention benchmark's best row per task and student (seeds averaged; each task against its strongest
+    teacher across ``paths``), for the per-task table."""
+    best, _, _ = best_rows({str(p): json.loads(Path(p).read_text())["rows"] for p in paths})
+    return sorted(best.values(), key=lambda r: (r["student"], r["task"]))
 
 
 # ---------------------------------------------------------------------------- targets (pure: a report in, verdicts out)

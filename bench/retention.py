@@ -309,11 +309,13 @@ def render(results: dict, header: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def goal_lines(runs: dict[str, dict]) -> list[str]:
-    """The issue's goal, met or not, from the best row of each task and shape (a row's seeds averaged).
+def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[str, float], set[tuple[str, str]]]:
+    """The best row of each (task, student), a row's seeds averaged, over several runs' rows.
 
     ``runs`` maps a source ("" for this run, else a retention.json path) to its rows. A task is judged against its
-    strongest teacher only: a student's ratio to a teacher near chance says nothing about what it kept."""
+    strongest teacher only: a student's ratio to a teacher near chance says nothing about what it kept. Returns the
+    best rows ({"row", "src", "teacher", "value", "retention", "seeds"}), each task's strongest teacher metric, and
+    the (task, student) pairs that have rows against a weaker teacher only."""
     rows_all = [(src, r) for src, results in runs.items() for r in results.values()
                 if r["row"] != "int8" and r["retention"] is not None]
     strongest: dict[str, float] = {}
@@ -323,17 +325,25 @@ def goal_lines(runs: dict[str, dict]) -> list[str]:
     for src, r in rows_all:
         if r["teacher"] == strongest[r["task"]]:
             by_row.setdefault((r["task"], r["student"], r["row"], src), []).append(r)
-    best: dict[tuple, dict] = {}
+    best: dict[tuple[str, str], dict] = {}
     for (task, student, row, src), rs in by_row.items():
-        mean = {"row": row, "src": src, "teacher": rs[0]["teacher"], "retention": statistics.mean(r["retention"] for r in rs)}
+        mean = {"task": task, "student": student, "row": row, "src": src, "teacher": rs[0]["teacher"], "seeds": len(rs),
+                "value": statistics.mean(r["value"] for r in rs), "retention": statistics.mean(r["retention"] for r in rs)}
         if (task, student) not in best or mean["retention"] > best[task, student]["retention"]:
             best[task, student] = mean
+    weaker_only = {(r["task"], r["student"]) for _, r in rows_all} - set(best)
+    return best, strongest, weaker_only
+
+
+def goal_lines(runs: dict[str, dict]) -> list[str]:
+    """The issue's goal, met or not, from the best row of each task and shape (:func:`best_rows`)."""
+    best, strongest, weaker_only = best_rows(runs)
     lines = ["## Goal", ""]
     for student, need_each, need_avg in (("3L-384", 97.0, 98.0), ("4L-312", None, 95.0)):
         rows = {t: r for (t, s), r in best.items() if s == student}
         judged = {t: 100 * r["retention"] for t, r in rows.items() if t != "cola"}  # CoLA's MCC is judged on its own
         # a task this student ran only against a weaker teacher is missing, not skipped: the goal cannot be met without it
-        missing = sorted({r["task"] for _, r in rows_all if r["student"] == student} - set(rows))
+        missing = sorted(t for t, s in weaker_only if s == student)
         if not judged:
             continue
         avg = statistics.mean(judged.values())
