@@ -529,8 +529,13 @@ def _build_student(teacher: _Teacher, cfg: DistillConfig | GeneralDistillConfig 
         with torch.random.fork_rng():
             torch.manual_seed(cfg.train.seed)  # its new head, copied into the student: the same for the same --seed
             cut_from = load_pretrained_student(teacher.model, source)[0]
-    model, info = init_student(cut_from, shape, method=method, layers=list(cfg.init_layers) or None,
-                               seed=cfg.train.seed, pretrained=pretrained)
+    try:
+        model, info = init_student(cut_from, shape, method=method, layers=list(cfg.init_layers) or None,
+                                   seed=cfg.train.seed, pretrained=pretrained)
+    except CompressError as err:
+        if not source:
+            raise
+        raise CompressError(f"--init-from {source} stands in for the teacher here: {err}") from None
     if source:
         info = {**info, "from": str(source)}
     if "attentions" in needs:  # output_attentions needs the eager implementation

@@ -307,6 +307,8 @@ def test_init_from_cuts_the_student_from_another_encoder(setting, tmp_path):
     assert torch.allclose(got, source.encoder.layer[1].attention.self.query.weight, atol=1e-6)
     assert not torch.allclose(got, load_model(teacher).bert.encoder.layer[1].attention.self.query.weight[:32, :32], atol=1e-3)
     assert student.config.id2label == {0: "negative", 1: "positive"}  # the teacher's task and labels, a new head
+    with pytest.raises(CompressError, match=f"--init-from {general} stands in for the teacher here: a 1L-64 student cannot"):
+        distill(teacher, tmp_path / "wide", _cfg(setting, student="1L-64", heads=2, init="teacher", init_from=str(general)))
 
 
 def test_init_from_needs_a_teacher_method(setting, tmp_path):
