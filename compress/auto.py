@@ -129,7 +129,7 @@ class AutoConfig:
                              metavar="K")
     losses: tuple[str, ...] = option(("kd", "hard"), "distillation terms of every candidate (see compress distill)", metavar="TERM[,...]")
     init_from: str | None = option(None, "cut the candidates that fit inside it from this encoder DIR instead of the teacher "
-                                   "(e.g. a distill-general student; see compress distill --init-from)", metavar="DIR")
+                                   "(see compress distill --init-from)", metavar="DIR")
     max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points")
     resume: bool = option(False, "continue an interrupted search: finished probes and candidates are reused")
     compare: tuple[str, ...] = option((), "model folders to measure in the final run beside the finalists and show in the "

@@ -170,8 +170,9 @@ class DistillConfig:
                        "recipe from its teacher's layers)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     init_from: str | None = option(None, "cut the student from this encoder DIR instead of the teacher (--init teacher, "
-                                   "teacher-layers or teacher-slices): e.g. a distill-general student deeper or wider than "
-                                   "--student; its task head starts new", metavar="DIR")
+                                   "teacher-layers or teacher-slices); its task head starts new (a 2L-384 cut from a "
+                                   "general-distilled 3L-384 scored 2.2 SST-2 points under one cut from the teacher)",
+                                   metavar="DIR")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm (default "
                                      "kd,hard: adding hidden,attention gained 0.6 point on STS-B for 3x the time)", metavar="TERM[,...]")
     loss: LossWeights = field(default_factory=LossWeights)
