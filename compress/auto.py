@@ -161,6 +161,8 @@ class AutoConfig:
             raise CompressError(f"--eta must be at least 2, got {self.eta}")
         if self.margin < 0:
             raise CompressError(f"--margin must be 0 or more, got {self.margin}")
+        if self.init_from and not (Path(self.init_from) / "config.json").is_file():  # said now, not after the probe
+            raise CompressError(f"--init-from {self.init_from} is not a model directory (no config.json); pass an encoder folder")
         for folder in self.compare:
             require_model_dir(folder)  # before hours of search, not at its end
         for folder in self.reuse:

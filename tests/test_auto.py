@@ -241,6 +241,8 @@ def test_init_from_starts_the_candidates_that_fit_inside_it(teacher, tmp_path):
     out = auto(teacher_dir, tmp_path / "out", cfg, timer=fake_timer())
     trained = {t["label"]: t["init"] for t in json.loads((out / "search" / "search.json").read_text())["trained"]}
     assert trained == {"2L-64-128": "teacher", "1L-64-128": str(general), "1L-32-64": str(general)}
+    with pytest.raises(CompressError, match=f"--init-from {tmp_path} is not a model directory"):
+        _cfg(data, "p50<=9ms@b1,s32", init_from=str(tmp_path)).validate()
 
 
 def test_a_round_that_cannot_finish_before_the_time_limit_is_not_started(tmp_path):
