@@ -268,8 +268,11 @@ def _profile(work: Path, model: str) -> dict[str, Any]:
     record = read_compression(target)
     fp32 = Path(record["parent"]["path"]) if record.get("format") == "onnx" and record.get("parent") else target
     result: dict[str, Any] = {"model": model, "fp32_parent": fp32.name}
+    if record.get("format") == "openvino":  # ORT and torch profiles say nothing about an IR: the plugin's own counters
+        result["ov_profile"] = run_worker({"kind": "ov-profile", "model_dir": str(target), "batch": 1, "seq": 128}, 2)
+        return result
     if record.get("format") not in (None, "pytorch", "onnx"):
-        return result  # an OpenVINO IR: ORT and torch profiles say nothing about it
+        return result
     result["torch_fp32"] = run_worker({"kind": "torch-profile", "model_dir": str(fp32), "batch": 1, "seq": 128}, 2)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_fp32 = export_onnx(fp32, Path(tmp) / "fp32")
@@ -441,6 +444,12 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {r['student']} | {get_task(r['task']).display} | ({r['row']}) | {r['value']:.2f} | {r['teacher']:.2f} | "
                          f"{100 * r['retention']:.1f}% | {r['seeds']} |")
     prof = results.get("profile")
+    if prof and prof.get("ov_profile"):
+        ov = prof["ov_profile"]
+        lines += ["", f"## Profile of the fastest model at the retention bar ({prof['model']})", "",
+                  f"- OpenVINO's per-layer counters, batch 1, seq 128, 2 threads: {ov['total_ms']:.2f} ms of layer time "
+                  f"(p50 {ov['p50_ms']:.2f} ms with the counters on), {100 * ov['matmul_share']:.0f}% in matrix products; "
+                  "top (layer type, kernel): " + ", ".join(f"{o['op']} {o['ms']:.2f}" for o in ov["top"][:6]) + "."]
     if prof and prof.get("torch_fp32"):
         lines += ["", f"## Profile of the fastest model at the retention bar ({prof['model']})", ""]
         tf = prof["torch_fp32"]

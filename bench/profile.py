@@ -6,7 +6,9 @@ a fixed thread count, so torch and ONNX Runtime never share a thread pool:
 * ``torch-profile``: torch.profiler over eager fp32 forwards, self CPU time by operator;
 * ``ort-profile``: ONNX Runtime's own profiler, time by graph node type;
 * ``ort-latency``: p50 of an ONNX session at a given graph-optimisation level and thread
-  count (the before/after of the runtime path's settings).
+  count (the before/after of the runtime path's settings);
+* ``ov-profile``: OpenVINO's per-layer counters of an IR compiled as the toolkit compiles it,
+  time by executed layer type and kernel (``FullyConnected brgemm_avx512_I8``: an int8 GEMM).
 """
 
 from __future__ import annotations
@@ -118,7 +120,38 @@ def ort_profile(model_dir: str, batch: int, seq: int, threads: int, repeats: int
             "top": [{"op": k, "ms": v} for k, v in top]}
 
 
-JOBS = {"torch-profile": torch_profile, "ort-profile": ort_profile, "ort-latency": ort_latency}
+# Executed OpenVINO layer types that are matrix products; "Subgraph" is a fused snippet (in a BERT IR: attention).
+OV_MATMUL = ("FullyConnected", "FullyConnectedQuantizedLegacy", "MatMul")
+
+
+def ov_profile(model_dir: str, batch: int, seq: int, threads: int, repeats: int = 200) -> dict:
+    from compress.core.artifacts import OPENVINO_FILE
+    from compress.core.runtime import compile_openvino
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    compiled = compile_openvino(Path(model_dir) / OPENVINO_FILE, threads=threads, perf_count=True)
+    request = compiled.create_infer_request()
+    names = {port.get_any_name() for port in compiled.inputs}
+    feeds = {k: v for k, v in _inputs(config["vocab_size"], batch, seq).items() if k in names}
+    for _ in range(20):
+        request.infer(feeds)
+    by_kind: dict[str, float] = {}
+    walls = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        request.infer(feeds)
+        walls.append((time.perf_counter() - started) * 1e3)
+        for layer in request.profiling_info:
+            kind = f"{layer.node_type} {layer.exec_type}"
+            by_kind[kind] = by_kind.get(kind, 0.0) + layer.real_time.total_seconds() * 1e3 / repeats  # ms per run
+    total = sum(by_kind.values())
+    matmul = sum(v for k, v in by_kind.items() if k.split()[0] in OV_MATMUL)
+    top = sorted(by_kind.items(), key=lambda kv: -kv[1])[:8]
+    return {"total_ms": total, "p50_ms": float(np.median(walls)), "matmul_ms": matmul,
+            "matmul_share": matmul / total if total else None, "top": [{"op": k, "ms": v} for k, v in top]}
+
+
+JOBS = {"torch-profile": torch_profile, "ort-profile": ort_profile, "ort-latency": ort_latency, "ov-profile": ov_profile}
 
 
 def _worker(job: dict) -> None:

@@ -104,3 +104,18 @@ def test_the_report_states_every_verdict():
     verdicts = [line for line in text.splitlines() if line[:3] in ("1. ", "2. ", "3. ", "4. ", "5. ")]
     assert [("NOT MET" in v, "MET" in v) for v in verdicts] == [(True, True), (True, True), (False, True), (False, True), (True, True)]
     assert "53.0x (worst run 50.0x" in verdicts[0] and "3.7x, worst run 3.2x" in verdicts[4]
+
+
+def test_an_openvino_models_profile_is_rendered_from_the_plugins_counters():
+    ov = {"total_ms": 3.63, "p50_ms": 3.85, "matmul_ms": 2.39, "matmul_share": 2.39 / 3.63,
+          "top": [{"op": "FullyConnected brgemm_avx512_I8", "ms": 2.31}, {"op": "Subgraph jit_avx512_i8", "ms": 0.62}]}
+    results = {
+        "hardware": {"cpu": "AMD EPYC", "usable_cores": 2, "flags": ["avx512_vnni"]}, "packages": {"torch": "2"},
+        "latency": report(), "targets": compute_targets(report(), MODELS, DROPS, "bert-base-shape"), "models": MODELS,
+        "teacher_scores": {"sst2": 85.0}, "base": "bert-base-shape", "int8": {}, "settings": {}, "date": "today",
+        "profile": {"model": "s3-int8-ov", "fp32_parent": "s3", "ov_profile": ov},
+    }
+    text = render(results)
+    # 2.39 / 3.63 = 65.8% -> 66%
+    assert ("3.63 ms of layer time (p50 3.85 ms with the counters on), 66% in matrix products; top (layer type, kernel): "
+            "FullyConnected brgemm_avx512_I8 2.31, Subgraph jit_avx512_i8 0.62.") in text

@@ -456,17 +456,20 @@ OPENVINO_PRECISION = "f32"
 MATMUL_LAYERS = ("FullyConnected", "MatMul")  # layer types of the compiled graph that multiply matrices
 
 
-def compile_openvino(model, *, threads: int | None = None, precision: str | None = OPENVINO_PRECISION):
+def compile_openvino(model, *, threads: int | None = None, precision: str | None = OPENVINO_PRECISION,
+                     perf_count: bool = False):
     """An OpenVINO model (an ``openvino.Model`` or the path of an IR) compiled for the CPU, one request at a time.
 
     ``precision`` is the ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``, ``f16``; None: the
     plugin's own choice); int8 layers of an int8 IR run in int8 whatever it is, it decides the
     rest (attention, softmax, LayerNorm, fp32 layers). ``threads``: CPU threads (default torch's).
+    ``perf_count``: keep per-layer timings (a request's ``profiling_info``; profiling only).
     """
     # deferred: a heavy import, paid only where it is used
     import openvino as ov
 
-    properties = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads or torch.get_num_threads()}
+    properties = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads or torch.get_num_threads(),
+                  "PERF_COUNT": perf_count}
     if precision:
         properties["INFERENCE_PRECISION_HINT"] = precision
     what = model if isinstance(model, (str, Path)) else "the model"
