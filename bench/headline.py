@@ -444,14 +444,14 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {r['student']} | {get_task(r['task']).display} | ({r['row']}) | {r['value']:.2f} | {r['teacher']:.2f} | "
                          f"{100 * r['retention']:.1f}% | {r['seeds']} |")
     prof = results.get("profile")
-    if prof and prof.get("ov_profile"):
-        ov = prof["ov_profile"]
-        lines += ["", f"## Profile of the fastest model at the retention bar ({prof['model']})", "",
-                  f"- OpenVINO's per-layer counters, batch 1, seq 128, 2 threads: {ov['total_ms']:.2f} ms of layer time "
-                  f"(p50 {ov['p50_ms']:.2f} ms with the counters on), {100 * ov['matmul_share']:.0f}% in matrix products; "
-                  "top (layer type, kernel): " + ", ".join(f"{o['op']} {o['ms']:.2f}" for o in ov["top"][:6]) + "."]
-    if prof and prof.get("torch_fp32"):
+    if prof and (prof.get("ov_profile") or prof.get("torch_fp32")):
         lines += ["", f"## Profile of the fastest model at the retention bar ({prof['model']})", ""]
+    if prof and prof.get("ov_profile"):  # an OpenVINO IR: the plugin's counters only
+        ov = prof["ov_profile"]
+        lines.append(f"- OpenVINO's per-layer counters, batch 1, seq 128, 2 threads: {ov['total_ms']:.2f} ms of layer time "
+                     f"(p50 {ov['p50_ms']:.2f} ms with the counters on), {100 * ov['matmul_share']:.0f}% in matrix products; "
+                     "top (layer type, kernel): " + ", ".join(f"{o['op']} {o['ms']:.2f}" for o in ov["top"][:6]) + ".")
+    if prof and prof.get("torch_fp32"):
         tf = prof["torch_fp32"]
         lines.append(f"- fp32 parent ({prof['fp32_parent']}) in PyTorch eager, batch 1: {tf['total_ms']:.2f} ms of operator time, "
                      f"{100 * tf['matmul_share']:.0f}% in matrix products; top: " + ", ".join(f"{o['op']} {o['ms']:.2f}" for o in tf["top"][:5]) + ".")
