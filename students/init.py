@@ -233,7 +233,9 @@ def _random(teacher, shape, *, layers, seed, pretrained):
 def _pretrained(teacher, shape, *, layers, seed, pretrained):
     if pretrained is None:
         raise CompressError("--init pretrained needs a student model directory (pretrained=PATH)")
-    return load_pretrained_student(teacher, pretrained)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)  # a head the directory lacks starts new: the same for the same seed
+        return load_pretrained_student(teacher, pretrained)
 
 
 def init_student(

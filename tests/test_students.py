@@ -229,6 +229,24 @@ def test_init_student_methods(teacher, tiny_model_dir):
     assert any(name.startswith("classifier.") for name in info["new_weights"])
 
 
+def test_pretrained_students_new_head_follows_the_seed(teacher, tiny_model_dir):
+    # the head the directory lacks is drawn from the seed, not from whatever the global generator holds
+    def head(seed):
+        torch.manual_seed(1000 + seed)  # a different global state each time: it must not matter
+        model, _ = init_student(teacher, None, method="pretrained", pretrained=tiny_model_dir, seed=seed)
+        return {k: v for k, v in model.state_dict().items() if k.startswith("classifier.")}
+
+    torch.manual_seed(5)
+    before = torch.rand(1)
+    torch.manual_seed(5)
+    a, b, c = head(3), head(3), head(4)
+    assert a and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["classifier.weight"], c["classifier.weight"])
+    torch.manual_seed(5)
+    init_student(teacher, None, method="pretrained", pretrained=tiny_model_dir, seed=3)
+    assert torch.equal(torch.rand(1), before)  # the caller's generator is left as it was
+
+
 def test_init_student_errors(teacher):
     with pytest.raises(CompressError, match="valid: pretrained, random, teacher, teacher-layers, teacher-slices"):
         init_student(teacher, STUDENT, method="copy")
