@@ -315,21 +315,25 @@ def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[
     ``runs`` maps a source ("" for this run, else a retention.json path) to its rows. Every row of a task is judged
     against the task's strongest teacher across the runs: its value over that teacher's metric, never over a weaker
     teacher's (a ratio to a teacher near chance says nothing about what was kept, and a re-made teacher that came out
-    weaker must not make its students look better). Returns the best rows ({"row", "src", "teacher" (the one judged
-    against), "own_teacher", "value", "retention", "seeds"}) and each task's strongest teacher metric."""
+    weaker must not make its students look better). The seeds of one recipe (row letter and general-stage length) are
+    pooled across runs and teachers, so a lucky seed in one run does not outrank the same recipe re-run over more.
+    Returns the best rows ({"row", "srcs", "teacher" (the one judged against), "own_teachers", "value",
+    "retention", "seeds"}) and each task's strongest teacher metric."""
     rows_all = [(src, r) for src, results in runs.items() for r in results.values()
                 if r["row"] != "int8" and r["retention"] is not None]
     strongest: dict[str, float] = {}
     for _, r in rows_all:
         strongest[r["task"]] = max(strongest.get(r["task"], r["teacher"]), r["teacher"])
-    by_row: dict[tuple, list[dict]] = {}
-    for src, r in rows_all:  # seeds of one row share their teacher
-        by_row.setdefault((r["task"], r["student"], r["row"], src, r["teacher"]), []).append(r)
+    by_recipe: dict[tuple, list[tuple[str, dict]]] = {}
+    for src, r in rows_all:
+        general_steps = (r.get("general") or {}).get("steps")
+        by_recipe.setdefault((r["task"], r["student"], r["row"], general_steps), []).append((src, r))
     best: dict[tuple[str, str], dict] = {}
-    for (task, student, row, src, own), rs in by_row.items():
-        value = statistics.mean(r["value"] for r in rs)
-        mean = {"task": task, "student": student, "row": row, "src": src, "teacher": strongest[task], "own_teacher": own,
-                "seeds": len(rs), "value": value, "retention": value / strongest[task]}
+    for (task, student, row, _), members in by_recipe.items():
+        value = statistics.mean(r["value"] for _, r in members)
+        mean = {"task": task, "student": student, "row": row, "srcs": sorted({src for src, _ in members}),
+                "teacher": strongest[task], "own_teachers": sorted({r["teacher"] for _, r in members}),
+                "seeds": len(members), "value": value, "retention": value / strongest[task]}
         if (task, student) not in best or mean["retention"] > best[task, student]["retention"]:
             best[task, student] = mean
     return best, strongest
@@ -359,14 +363,16 @@ def _seeds(best: dict) -> str:
 
 
 def _source(best: dict) -> str:
-    """Where a judged row comes from when not from this run (its file) and its teacher's metric, with the one it is
-    judged against when that is another (stronger) teacher."""
-    parts = [best["src"]] if best["src"] else []
-    if best["own_teacher"] != best["teacher"]:
-        parts.append(f"teacher {best['own_teacher']:.2f}, judged against {best['teacher']:.2f}")
-    elif best["src"]:
+    """Where a judged row comes from when not from this run alone (its files) and its teachers' metrics, with the one
+    it is judged against when that is another (stronger) teacher."""
+    parts = [", ".join(src or "this run" for src in best["srcs"])] if best["srcs"] != [""] else []
+    own = best["own_teachers"]
+    if own != [best["teacher"]]:
+        parts.append(f"teacher{'s' if len(own) > 1 else ''} {', '.join(f'{t:.2f}' for t in own)}, "
+                     f"judged against {best['teacher']:.2f}")
+    elif parts:
         parts.append(f"teacher {best['teacher']:.2f}")
-    return "".join(f"; {p}" if i == 0 else f", {p}" for i, p in enumerate(parts))
+    return "; " + "; ".join(parts) if parts else ""
 
 
 if __name__ == "__main__":
