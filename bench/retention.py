@@ -26,7 +26,9 @@ task and student shape, the rows add one method at a time:
 
 Then the best 3L-384 row of each task is quantized (ONNX Runtime dynamic int8) and scored.
 Each row's dev metric, retention of its teacher's, and training seconds are recorded;
-results are written after every row, so a stopped run keeps what it measured.
+results are written after every row, so a stopped run keeps what it measured. The Goal
+section (also over other runs' files, ``--goal-with``) judges every row of a task against
+the strongest teacher any run had for it, and pools one recipe's seeds across runs.
 """
 
 from __future__ import annotations
