@@ -361,7 +361,8 @@ def goal_lines(runs: dict[str, dict]) -> list[str]:
 
 
 def _seeds(best: dict) -> str:
-    return f", {best['seeds']} seeds" if best["seeds"] > 1 else ""
+    # pooled from several files, a seed may repeat (the same seed against another teacher): then they are runs
+    return f", {best['seeds']} {'runs' if len(best['srcs']) > 1 else 'seeds'}" if best["seeds"] > 1 else ""
 
 
 def _source(best: dict) -> str:

@@ -38,7 +38,7 @@ def test_one_recipes_seeds_are_pooled_across_runs_and_teachers():
               **row("mrpc", "3L-384", "d", 99.0, 100.0)}
     remade = {**row("rte", "3L-384", "d", 58.0, 59.0, seed=1), **row("rte", "3L-384", "d", 59.0, 59.0, seed=2)}
     [_, _, line] = goal_lines({"": strong, "remade/retention.json": remade})
-    assert ("RTE 97.2% (d, 3 seeds; this run, remade/retention.json; teachers 59.00, 60.00, judged against 60.00)"
+    assert ("RTE 97.2% (d, 3 runs; this run, remade/retention.json; teachers 59.00, 60.00, judged against 60.00)"
             in line)
     assert "average 98.4%" in line and line.endswith(": met")
 
