@@ -317,7 +317,7 @@ def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[
     ``runs`` maps a source ("" for this run, else a retention.json path) to its rows. Every row of a task is judged
     against the task's strongest teacher across the runs: its value over that teacher's metric, never over a weaker
     teacher's (a ratio to a teacher near chance says nothing about what was kept, and a re-made teacher that came out
-    weaker must not make its students look better). The seeds of one recipe (row letter and general-stage length) are
+    weaker must not make its students look better). The seeds of one recipe (:func:`_recipe`) are
     pooled across runs and teachers, so a lucky seed in one run does not outrank the same recipe re-run over more.
     Returns the best rows ({"row", "srcs", "teacher" (the one judged against), "own_teachers", "value",
     "retention", "seeds"}) and each task's strongest teacher metric."""
@@ -328,10 +328,9 @@ def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[
         strongest[r["task"]] = max(strongest.get(r["task"], r["teacher"]), r["teacher"])
     by_recipe: dict[tuple, list[tuple[str, dict]]] = {}
     for src, r in rows_all:
-        general_steps = (r.get("general") or {}).get("steps")
-        by_recipe.setdefault((r["task"], r["student"], r["row"], general_steps), []).append((src, r))
+        by_recipe.setdefault(_recipe(r), []).append((src, r))
     best: dict[tuple[str, str], dict] = {}
-    for (task, student, row, _), members in by_recipe.items():
+    for (task, student, row, *_), members in by_recipe.items():
         value = statistics.mean(r["value"] for _, r in members)
         mean = {"task": task, "student": student, "row": row, "srcs": sorted({src for src, _ in members}),
                 "teacher": strongest[task], "own_teachers": sorted({r["teacher"] for _, r in members}),
@@ -339,6 +338,14 @@ def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[
         if (task, student) not in best or mean["retention"] > best[task, student]["retention"]:
             best[task, student] = mean
     return best, strongest
+
+
+def _recipe(r: dict) -> tuple:
+    """What makes two rows the same recipe: task, shape, row letter, the general stage's length and the settings a
+    run may change (learning rate, epochs, augmented copies, transfer examples); not the seed, teacher or paths."""
+    cfg = r.get("config") or {}
+    return (r["task"], r["student"], r["row"], (r.get("general") or {}).get("steps"), cfg.get("lr"), cfg.get("epochs"),
+            cfg.get("intermediate_epochs"), cfg.get("augment") or 0, cfg.get("transfer_examples"))
 
 
 def goal_lines(runs: dict[str, dict]) -> list[str]:

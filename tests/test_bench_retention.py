@@ -51,3 +51,12 @@ def test_general_stages_of_other_lengths_are_other_recipes():
     long["rte/3L-384/d/42"]["general"] = {"steps": 900}
     [_, _, line] = goal_lines({"short.json": short, "long.json": long})
     assert "RTE 96.7% (d; long.json; teacher 60.00)" in line  # 58 / 60, not pooled with the 240-step seeds
+
+
+def test_a_row_run_with_another_learning_rate_is_another_recipe():
+    base = row("rte", "3L-384", "d", 58.0, 60.0)
+    other = row("rte", "3L-384", "d", 50.0, 60.0, seed=1)
+    base["rte/3L-384/d/42"]["config"] = {"lr": 1e-4, "epochs": 2}
+    other["rte/3L-384/d/1"]["config"] = {"lr": 5e-5, "epochs": 2}
+    [_, _, line] = goal_lines({"a.json": base, "b.json": other})
+    assert "RTE 96.7% (d; a.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 50) / 2
