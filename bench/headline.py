@@ -147,7 +147,7 @@ def _int8_drops(work: Path) -> dict[str, Any]:
 def _retention_rows(paths: list[Path]) -> list[dict[str, Any]]:
     """The retention benchmark's best row per task and student (seeds averaged; each task against its strongest
     teacher across ``paths``), for the per-task table."""
-    best, _ = best_rows({str(p): json.loads(Path(p).read_text())["rows"] for p in paths})
+    best = best_rows({str(p): json.loads(Path(p).read_text())["rows"] for p in paths})
     return sorted(best.values(), key=lambda r: (r["student"], r["task"]))
 
 

@@ -311,7 +311,7 @@ def render(results: dict, header: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[str, float]]:
+def best_rows(runs: dict[str, dict]) -> dict[tuple[str, str], dict]:
     """The best row of each (task, student), a row's seeds averaged, over several runs' rows.
 
     ``runs`` maps a source ("" for this run, else a retention.json path) to its rows. Every row of a task is judged
@@ -320,7 +320,7 @@ def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[
     weaker must not make its students look better). The seeds of one recipe (:func:`_recipe`) are
     pooled across runs and teachers, so a lucky seed in one run does not outrank the same recipe re-run over more.
     Returns the best rows ({"row", "srcs", "teacher" (the one judged against), "own_teachers", "value",
-    "retention", "seeds"}) and each task's strongest teacher metric."""
+    "retention", "seeds"})."""
     rows_all = [(src, r) for src, results in runs.items() for r in results.values()
                 if r["row"] != "int8" and r["retention"] is not None]
     strongest: dict[str, float] = {}
@@ -337,7 +337,7 @@ def best_rows(runs: dict[str, dict]) -> tuple[dict[tuple[str, str], dict], dict[
                 "seeds": len(members), "value": value, "retention": value / strongest[task]}
         if (task, student) not in best or mean["retention"] > best[task, student]["retention"]:
             best[task, student] = mean
-    return best, strongest
+    return best
 
 
 def _recipe(r: dict) -> tuple:
@@ -350,7 +350,7 @@ def _recipe(r: dict) -> tuple:
 
 def goal_lines(runs: dict[str, dict]) -> list[str]:
     """The issue's goal, met or not, from the best row of each task and shape (:func:`best_rows`)."""
-    best, _ = best_rows(runs)
+    best = best_rows(runs)
     lines = ["## Goal", ""]
     for student, need_each, need_avg in (("3L-384", 97.0, 98.0), ("4L-312", None, 95.0)):
         rows = {t: r for (t, s), r in best.items() if s == student}
