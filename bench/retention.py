@@ -80,6 +80,8 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
         cfg["losses"] = ["kd", "hard", *INTERMEDIATE]
     if row in "cdh":
         cfg.update(two_stage=True, augment=args.augment, intermediate_epochs=args.epochs, epochs=args.prediction_epochs)
+        if args.augment_intermediate:  # only when asked, so earlier runs' configs stay the same recipe
+            cfg["augment_intermediate"] = True
     if row == "d":
         cfg["init"] = str(general)
     if row == "h":
@@ -160,6 +162,8 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--prediction-epochs", type=int, default=2, help="epochs on the augmented set in rows c/d")
     parser.add_argument("--augment", type=int, default=4)
+    parser.add_argument("--augment-intermediate", action="store_true",
+                        help="rows c/d/h: run the intermediate stage on the augmented set too (TinyBERT's order)")
     parser.add_argument("--transfer", type=int, default=8000, help="transfer examples in row g")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--general-minutes", type=float, default=10.0)
@@ -257,7 +261,8 @@ def render(results: dict, header: dict) -> str:
         f"- data: GLUE train, a seeded sample of at most {s['max_train']} examples (the teachers' sample), full dev sets; "
         "max length 64 (SST-2, CoLA) or 128. AdamW, batch 32, 10% warm-up, linear decay, best dev evaluation kept.",
         f"- rows: (a) KD (T=2) + hard, alpha 0.5, {s['epochs']} epochs, lr {s['lr']}; (b) + hidden-state and attention-map MSE "
-        f"(uniform layer map), joint; (c) two stages: intermediate terms {s['epochs']} epochs on the training set, then KD + hard "
+        f"(uniform layer map), joint; (c) two stages: intermediate terms {s['epochs']} epochs on the training set"
+        f"{' and its augmented copies' if s.get('augment_intermediate') == 'True' else ''}, then KD + hard "
         f"{s['prediction_epochs']} epochs on it plus {s['augment']} augmented copies per example (p 0.4, K 15, embedding "
         f"neighbours; the copies have teacher targets only); (d) as (c) from a general-distilled student "
         f"(MiniLM attention and value relations on the text corpus; its steps and time under 'general distillation'); (e) (a)'s terms for {s['prediction_epochs']} "
@@ -342,10 +347,12 @@ def best_rows(runs: dict[str, dict]) -> dict[tuple[str, str], dict]:
 
 def _recipe(r: dict) -> tuple:
     """What makes two rows the same recipe: task, shape, row letter, the general stage's length and the settings a
-    run may change (learning rate, epochs, augmented copies, transfer examples); not the seed, teacher or paths."""
+    run may change (learning rate, epochs, augmented copies and which stages read them, transfer examples); not the
+    seed, teacher or paths."""
     cfg = r.get("config") or {}
     return (r["task"], r["student"], r["row"], (r.get("general") or {}).get("steps"), cfg.get("lr"), cfg.get("epochs"),
-            cfg.get("intermediate_epochs"), cfg.get("augment") or 0, cfg.get("transfer_examples"))
+            cfg.get("intermediate_epochs"), cfg.get("augment") or 0, bool(cfg.get("augment_intermediate")),
+            cfg.get("transfer_examples"))
 
 
 def goal_lines(runs: dict[str, dict]) -> list[str]:

@@ -60,3 +60,27 @@ def test_a_row_run_with_another_learning_rate_is_another_recipe():
     other["rte/3L-384/d/1"]["config"] = {"lr": 5e-5, "epochs": 2}
     [_, _, line] = goal_lines({"a.json": base, "b.json": other})
     assert "RTE 96.7% (d; a.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 50) / 2
+
+
+def test_a_row_whose_intermediate_stage_read_the_augmented_set_is_another_recipe():
+    base = row("rte", "3L-384", "d", 58.0, 60.0)
+    other = row("rte", "3L-384", "d", 54.0, 60.0, seed=1)
+    base["rte/3L-384/d/42"]["config"] = {"augment": 4}
+    other["rte/3L-384/d/1"]["config"] = {"augment": 4, "augment_intermediate": True}
+    [_, _, line] = goal_lines({"a.json": base, "b.json": other})
+    assert "RTE 96.7% (d; a.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 54) / 2
+
+
+def test_augment_intermediate_reaches_the_distill_options_only_when_asked():
+    from argparse import Namespace
+    from pathlib import Path
+
+    from bench.retention import row_config
+
+    args = Namespace(data=Path("d"), max_train=4000, epochs=1, lr=1e-4, cache=Path("c"), augment=4, prediction_epochs=2,
+                     augment_intermediate=False)
+    assert "augment_intermediate" not in row_config("d", "rte", "3L-384", args, 42, Path("g"))
+    args.augment_intermediate = True
+    cfg = row_config("d", "rte", "3L-384", args, 42, Path("g"))
+    assert cfg["augment_intermediate"] is True and cfg["intermediate_epochs"] == 1 and cfg["augment"] == 4
+    assert "augment_intermediate" not in row_config("a", "rte", "3L-384", args, 42, Path("g"))
