@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bench.retention import goal_lines
+from argparse import Namespace
+from pathlib import Path
+
+from bench.retention import goal_lines, row_config
 
 
 def row(task, student, r, value, teacher, seed=42):
@@ -72,11 +75,6 @@ def test_a_row_whose_intermediate_stage_read_the_augmented_set_is_another_recipe
 
 
 def test_augment_intermediate_reaches_the_distill_options_only_when_asked():
-    from argparse import Namespace
-    from pathlib import Path
-
-    from bench.retention import row_config
-
     args = Namespace(data=Path("d"), max_train=4000, epochs=1, lr=1e-4, cache=Path("c"), augment=4, prediction_epochs=2,
                      augment_intermediate=False)
     assert "augment_intermediate" not in row_config("d", "rte", "3L-384", args, 42, Path("g"))
