@@ -116,7 +116,8 @@ class AutoConfig:
     backends: tuple[str, ...] = option(("torch", "onnxruntime", "openvino"), "backends to consider: torch (fp32, dynamic int8), "
                                        "onnxruntime (int8), openvino (fp32, NNCF int8), inc (static int8)", metavar="NAME[,...]")
     time_limit: str = option("90m", "wall-clock limit of the whole search (90m, 1.5h); 15% of it is kept for the last step")
-    shapes: tuple[str, ...] = option((), "candidate student shapes (default: depths 1-6 x widths down to a third of the teacher's)",
+    shapes: tuple[str, ...] = option((), "candidate student shapes (default: depths 1-6 x widths down to a third of the teacher's x "
+                                     "the teacher's FFN ratio or half of it)",
                                      metavar="SHAPE[,...]")
     probes: int = option(8, "shapes timed to fit the latency model (spread over the candidates), plus 3 held out to test it")
     candidates: int = option(6, "shapes trained in the first round: the best by the prior among those predicted to fit")
@@ -325,7 +326,9 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
 
 
 def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]:
-    """The shapes to search: ``names``, or depths 1..teacher x widths teacher, 3/4, 1/2, 1/3 (heads of the teacher's width)."""
+    """The shapes to search: ``names``, or depths 1..teacher x widths teacher, 3/4, 1/2, 1/3 (heads of the teacher's width)
+    x FFN the teacher's ratio to its width, or half of it (at one depth, halving the FFN removes a third of a BERT layer's
+    matmul FLOPs but keeps every attention head: 3L-384-768 costs what 2L-384 does)."""
     h, heads, layers = teacher_config.hidden_size, teacher_config.num_attention_heads, teacher_config.num_hidden_layers
     head_dim = h // heads
     if names:  # heads as wide as the teacher's (so a student of its width takes its layers), where the width allows
@@ -338,16 +341,18 @@ def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]
         if width < head_dim:
             continue
         for depth in sorted({d for d in (1, 2, 3, 4, 6) if d <= layers} | {max(1, layers // 2)}):
-            shapes.append(Shape(depth, width, width // head_dim, int(ratio * width)))
+            for ffn in dict.fromkeys([int(ratio * width), int(ratio * width) // 2]):
+                shapes.append(Shape(depth, width, width // head_dim, ffn))
     return shapes
 
 
 def rank_by_prior(shapes: list[Shape], teacher_config) -> list[Shape]:
-    """The accuracy prior: shapes cut from the teacher's weights (no wider than it) first, then more parameters first."""
+    """The accuracy prior: shapes cut from the teacher's weights (no wider than it) first, then more parameters first,
+    then deeper first (at equal parameters, deep-and-thin students distil better: MobileBERT, MiniLM)."""
     def params(s: Shape) -> int:
         return s.layers * (4 * s.hidden * s.hidden + 2 * s.hidden * s.ffn)
 
-    return sorted(shapes, key=lambda s: (not fits_inside(teacher_config, s), -params(s), s.label))
+    return sorted(shapes, key=lambda s: (not fits_inside(teacher_config, s), -params(s), -s.layers, s.label))
 
 
 def probe_shapes(shapes: list[Shape], n: int) -> tuple[list[Shape], list[Shape]]:

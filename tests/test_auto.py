@@ -90,10 +90,15 @@ def test_time_limit_and_grid():
 
     shapes = candidate_shapes(C)
     assert {s.hidden for s in shapes} == {384, 288, 192, 128} and {s.layers for s in shapes} == {1, 2, 3, 4, 6}
-    assert all(s.hidden // s.heads == 32 and s.ffn == 4 * s.hidden for s in shapes)
+    assert all(s.hidden // s.heads == 32 for s in shapes)
+    # every depth x width twice: the teacher's FFN ratio (4x) and half of it (2x), labels distinct
+    assert sorted({s.ffn // s.hidden for s in shapes}) == [2, 4] and len(shapes) == 2 * 4 * 5 == len({s.label for s in shapes})
+    assert {"3L-384-768", "2L-384", "1L-128-256"} <= {s.label for s in shapes}
     wider = Shape(2, 512, 16, 2048)  # more parameters than 2L-384, but no teacher weights to start from
     ranked = rank_by_prior([*shapes, wider], C)
-    assert [s.label for s in ranked[:3]] == ["6L-384", "4L-384", "6L-288"]  # cut from the teacher first, by parameters
+    assert [s.label for s in ranked[:3]] == ["6L-384", "6L-384-768", "4L-384"]  # cut from the teacher first, by parameters, then depth
+    order = [s.label for s in ranked]
+    assert order.index("3L-384-768") == order.index("2L-384") - 1  # the same parameters: the deeper first
     assert ranked[-1] == wider
     named = candidate_shapes(C, ("2L-384", "3L-192", "1L-100"))
     assert [(s.label, s.heads) for s in named] == [("2L-384", 12), ("3L-192", 6), ("1L-100", 1)]  # 32-wide heads where they fit
