@@ -404,12 +404,30 @@ def _p50(result: Mapping[str, Any], point: tuple[int, int]) -> float:
     return float(result["measurement"].get("points", {}).get(point, {}).get("p50_ms", math.inf))
 
 
-def choose(results: Sequence[Mapping[str, Any]], budgets: Iterable[Budget]) -> Mapping[str, Any] | None:
-    """The most accurate result meeting every budget (ties: lower p50 at the first budget point), or None."""
+def room(result: Mapping[str, Any], budgets: Iterable[Budget]) -> float:
+    """How far ``result`` is inside its timed budgets, as the smallest fraction of a limit in the worst run
+    (0.25: 25% under a latency ceiling or over a throughput / speed-up floor); inf without timed budgets.
+    Sizes are left out: they do not swing from one run to the next."""
+    def one(b: Budget) -> float:
+        v = b.value(result["measurement"], worst=True)
+        return (b.limit - v) / b.limit if _OPERATOR[b.kind] == "<=" else (v - b.limit) / b.limit
+    return min((one(b) for b in budgets if b.kind != "size"), default=math.inf)
+
+
+def choose(results: Sequence[Mapping[str, Any]], budgets: Iterable[Budget], tie: float = 0.0) -> Mapping[str, Any] | None:
+    """The most accurate result meeting every budget, or None.
+
+    Results within ``tie`` accuracy of the most accurate one that fits count as equally accurate: among them the
+    one with the most :func:`room` is chosen (one that fits by a hair in this run misses in the next), then the more
+    accurate, then the lower p50 at the first budget point."""
     budgets = tuple(budgets)
     point = min(points(budgets), default=(1, 128))
     fits = [r for r in results if not math.isnan(r["accuracy"]) and all(b.met(r["measurement"]) for b in budgets)]
-    return min(fits, key=lambda r: (-r["accuracy"], _p50(r, point)), default=None)
+    if not fits:
+        return None
+    best = max(r["accuracy"] for r in fits)
+    near = [r for r in fits if r["accuracy"] >= best - tie]
+    return min(near, key=lambda r: (-room(r, budgets), -r["accuracy"], _p50(r, point)))
 
 
 def fastest(results: Sequence[Mapping[str, Any]], point: tuple[int, int] = (1, 128)) -> Mapping[str, Any] | None:

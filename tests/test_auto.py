@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from compress import auto as auto_module
-from compress.auto import AutoConfig, auto, candidate_shapes, parse_minutes, probe_shapes, rank_by_prior
+from compress.auto import AutoConfig, _best_round, auto, candidate_shapes, parse_minutes, probe_shapes, rank_by_prior
 from compress.core import synthetic
 from compress.core.artifacts import load_config
 from compress.core.config import from_dict
@@ -76,6 +76,16 @@ def _cfg(data, budget, **extra):
     base.pop("cache")
     base.update(extra)
     return from_dict(AutoConfig, base)
+
+
+def test_finalists_start_from_each_shape_best_round():
+    nan = float("nan")
+    entries = [{"label": "4L", "round": 0, "score": 80.27}, {"label": "4L", "round": 1, "score": 84.09},
+               {"label": "4L", "round": 2, "score": 83.75}, {"label": "3L", "round": 0, "score": 80.0},
+               {"label": "3L", "round": 1, "score": 80.0}, {"label": "2L", "round": 0, "score": 76.0},
+               {"label": "2L", "round": 1, "score": nan}]
+    best = _best_round(entries)
+    assert (best["4L"]["round"], best["3L"]["round"], best["2L"]["round"]) == (1, 1, 0)  # best; ties: later; never NaN
 
 
 def test_time_limit_and_grid():

@@ -9,7 +9,7 @@ import pytest
 
 from compress.core.errors import CompressError
 from compress.core.structure import Shape
-from compress.search import (Budget, Sample, choose, fastest, features, fit_latency_model, held_out_error, round_seconds,
+from compress.search import (Budget, Sample, choose, fastest, room, features, fit_latency_model, held_out_error, round_seconds,
                              measurement, nnls, pareto_front, parse_budgets, points, successive_halving)
 
 # ---------------------------------------------------------------------------- budgets
@@ -377,3 +377,19 @@ def test_choose_the_most_accurate_result_that_fits():
     assert choose(RESULTS, parse_budgets("p50<=2ms")) is None
     assert choose([], parse_budgets("p50<=2ms")) is None
     assert fastest(RESULTS)["name"] == "F" and fastest(RESULTS[:5])["name"] == "E" and fastest([]) is None
+
+
+def test_choose_within_a_tie_takes_the_one_with_room():
+    # The MRPC 1/16 case: two int8 variants of one student, 0.26 point apart; the more accurate fits 16x by a hair.
+    narrow = {"name": "ort", "accuracy": 76.57, "measurement": _measured(1.75, 10e6, speedup=16.3)}
+    wide = {"name": "ov", "accuracy": 76.31, "measurement": _measured(0.99, 10e6, speedup=28.8)}
+    worse = {"name": "far", "accuracy": 75.00, "measurement": _measured(0.50, 10e6, speedup=57.0)}
+    budgets = parse_budgets("speedup>=16x@b1,s128")
+    assert room(narrow, budgets) == pytest.approx(0.3 / 16) and room(wide, budgets) == pytest.approx(12.8 / 16)
+    assert room(narrow, parse_budgets("p50<=2ms; size<=20MB")) == pytest.approx(0.25 / 2)  # sizes do not count
+    assert room(narrow, parse_budgets("size<=20MB")) == float("inf")
+    assert choose([narrow, wide, worse], budgets)["name"] == "ort"  # no tie: accuracy alone
+    assert choose([narrow, wide, worse], budgets, tie=0.4)["name"] == "ov"  # 0.26 apart: equal; ov has the room
+    assert choose([narrow, wide, worse], budgets, tie=0.2)["name"] == "ort"
+    assert choose([narrow, wide, worse], budgets, tie=2.0)["name"] == "far"  # within 2 points, the most room
+    assert choose([narrow, wide, worse], parse_budgets("speedup>=20x@b1,s128"), tie=0.4)["name"] == "ov"  # narrow misses
