@@ -530,10 +530,10 @@ def _earlier_finalists(earlier: _Earlier, finalists: list[str], predicted: dict,
     """Models earlier searches (``--reuse``) trained, of shapes predicted to fit this budget, that score above a
     finalist (whose int8 may yet miss the budget): up to ``most`` of them, best first, join the finalists (copied
     in), so a second budget never ends with a worse model than one already trained for it."""
-    here = _latest(search.state["trained"].values())
+    here = _best_round(search.state["trained"].values())  # what each finalist will be made from
     weakest = min((here[c]["score"] for c in finalists), default=-math.inf)
     fitting = [e for e in earlier.trained.values() if e["label"] not in finalists and predicted.get(e["label"], {}).get("variants")]
-    better = sorted((e for e in _latest(fitting).values() if e["score"] > weakest), key=lambda e: -e["score"])[:most]
+    better = sorted((e for e in _best_round(fitting).values() if e["score"] > weakest), key=lambda e: -e["score"])[:most]
     for entry in better:
         _adopt(entry, search)
     return [e["label"] for e in better]

@@ -295,25 +295,27 @@ def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_f
                 "seconds": 1.0, "init": "teacher"}
 
     earlier = auto_module._Earlier(None, {(e["label"], e["round"], e["epochs"]): e for e in (
-        entry("X", 0, 0.70), entry("X", 2, 0.90),  # X's latest round counts
+        entry("X", 0, 0.70), entry("X", 2, 0.90),  # X's best round counts
+        entry("W", 1, 0.92), entry("W", 2, 0.60),  # W's too, though its latest scored lower
         entry("Y", 1, 0.95),  # predicted not to fit this budget
         entry("Z", 1, 0.50),  # below every finalist of this search
         entry("F", 1, 0.99),  # a finalist already
     )})
     (tmp_path / "work").mkdir()
-    search = auto_module._Search(tmp_path / "work", {"trained": {"F/0": {"label": "F", "round": 0, "score": 0.95},
+    search = auto_module._Search(tmp_path / "work", {"trained": {"F/0": {"label": "F", "round": 0, "score": 0.6},
                                                                  "F/1": {"label": "F", "round": 1, "score": 0.8},
                                                                  "G/1": {"label": "G", "round": 1, "score": 0.99}}})
     predicted = {"X": {"variants": ["openvino-int8"]}, "Y": {"variants": []}, "Z": {"variants": ["openvino-int8"]},
-                 "F": {"variants": ["openvino-int8"]}}
-    # X (.90) beats F's latest round (.8), the weakest finalist, though not G; Z (.5) beats none
-    assert auto_module._earlier_finalists(earlier, ["F", "G"], predicted, search) == ["X"]
+                 "F": {"variants": ["openvino-int8"]}, "W": {"variants": ["openvino-int8"]}}
+    # W (.92) and X (.90) beat F's best round (.8), the weakest finalist, though not G; Z (.5) beats none
+    assert auto_module._earlier_finalists(earlier, ["F", "G"], predicted, search) == ["W", "X"]
+    assert search.state["trained"]["W/1"]["score"] == 0.92 and "W/2" not in search.state["trained"]
     adopted = search.state["trained"]["X/2"]
     assert adopted["score"] == 0.90 and adopted["reused_from"].endswith("X-r2")
     assert (Path(adopted["dir"]) / "config.json").is_file() and Path(adopted["dir"]).parent == tmp_path / "work" / "candidates"
 
 
-def test_a_resumed_search_that_trains_further_quantizes_the_newer_round(teacher, tmp_path):
+def test_a_resumed_search_that_trains_further_quantizes_the_best_round(teacher, tmp_path):
     teacher_dir, data = teacher
     cfg = _cfg(data, "p50<=2.2ms@b1,s32", rounds=1)
     auto(teacher_dir, tmp_path / "out", cfg, timer=fake_timer())
@@ -322,7 +324,11 @@ def test_a_resumed_search_that_trains_further_quantizes_the_newer_round(teacher,
     report = json.loads((out / "search" / "search.json").read_text())
     assert {t["round"] for t in report["trained"]} == {0, 1}
     int8 = [r for r in report["results"] if r["variant"] == "torch-int8"]
-    assert int8 and all(f"{r['label']}-r1-torch-int8" == Path(r["dir"]).name for r in int8)
+    for r in int8:  # made from the label's best-scoring round (the later on a tie), named by it
+        rounds = [t for t in report["trained"] if t["label"] == r["label"]]
+        best = max(rounds, key=lambda t: (t["score"], t["round"]))["round"]
+        assert f"{r['label']}-r{best}-torch-int8" == Path(r["dir"]).name
+    assert int8
 
 
 def test_another_budget_reuses_the_probe_and_the_candidates_trained_with_the_same_settings(teacher, tmp_path, monkeypatch):
