@@ -165,6 +165,8 @@ class AutoConfig:
             raise CompressError(f"--eta must be at least 2, got {self.eta}")
         if self.margin < 0:
             raise CompressError(f"--margin must be 0 or more, got {self.margin}")
+        if self.tie < 0:
+            raise CompressError(f"--tie must be 0 (the most accurate alone) or more dev points, got {self.tie}")
         if self.init_from and not (Path(self.init_from) / "config.json").is_file():  # said now, not after the probe
             raise CompressError(f"--init-from {self.init_from} is not a model directory (no config.json); pass an encoder folder")
         for folder in self.compare:

@@ -370,6 +370,8 @@ def test_bad_budgets_are_refused_before_any_work(teacher, tmp_path):
             auto(teacher_dir, tmp_path / "x", _cfg(data, bad), timer=fake_timer())
     with pytest.raises(CompressError, match="unknown backend"):
         _cfg(data, "size<=20MB", backends=["tensorrt"]).validate()
+    with pytest.raises(CompressError, match="--tie must be 0"):
+        _cfg(data, "size<=20MB", tie=-0.5).validate()
     assert not (tmp_path / "x").exists()
 
 
