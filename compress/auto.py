@@ -551,24 +551,24 @@ def _with_runner_up(survivors: tuple[tuple[str, ...], ...], latest: dict[str, fl
     return finalists
 
 
-def _best_round(entries) -> dict[str, dict]:
-    """Each candidate's record of its best-scoring round, by label (on a tie the later one): a longer round is not
-    always better (MRPC 4L-288-576: 84.09 after 3 epochs, 83.75 after 4 more)."""
-    best: dict[str, dict] = {}
+def _per_label(entries, rank) -> dict[str, dict]:
+    """One record per candidate label: the highest by ``rank`` (on a tie, the one listed later)."""
+    kept: dict[str, dict] = {}
     for t in entries:
-        kept = best.get(t["label"])
-        if kept is None or math.isnan(kept["score"]) or (t["score"], t["round"]) >= (kept["score"], kept["round"]):
-            best[t["label"]] = t
-    return best
+        if t["label"] not in kept or rank(t) >= rank(kept[t["label"]]):
+            kept[t["label"]] = t
+    return kept
+
+
+def _best_round(entries) -> dict[str, dict]:
+    """Each candidate's best-scoring round, by label (on a tie the later one; a failed round only when none scored): a longer round
+    is not always better (MRPC 4L-288-576: 84.09 after 3 epochs, 83.75 after 4 more)."""
+    return _per_label(entries, lambda t: (-math.inf if math.isnan(t["score"]) else t["score"], t["round"]))
 
 
 def _latest(entries) -> dict[str, dict]:
     """Each candidate's record of its latest round, by label."""
-    latest: dict[str, dict] = {}
-    for t in entries:
-        if t["round"] >= latest.get(t["label"], {"round": -1})["round"]:
-            latest[t["label"]] = t
-    return latest
+    return _per_label(entries, lambda t: t["round"])
 
 
 def _adopt(entry: dict, search: _Search) -> float:

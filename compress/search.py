@@ -86,6 +86,11 @@ class Budget:
             raise CompressError(f"budget '{self.text}' needs {self.key}{where}, which was not measured: time that point")
         return float(found)
 
+    def room(self, m: Measurement) -> float:
+        """How far inside this budget ``m`` is in its worst run, as a fraction of the limit (negative: outside)."""
+        v = self.value(m, worst=True)
+        return (self.limit - v) / self.limit if _OPERATOR[self.kind] == "<=" else (v - self.limit) / self.limit
+
     def met(self, m: Measurement) -> bool:
         """Whether the measurement satisfies the budget in every run (a NaN measurement never does)."""
         v = self.value(m, worst=True)
@@ -408,10 +413,7 @@ def room(result: Mapping[str, Any], budgets: Iterable[Budget]) -> float:
     """How far ``result`` is inside its timed budgets, as the smallest fraction of a limit in the worst run
     (0.25: 25% under a latency ceiling or over a throughput / speed-up floor); inf without timed budgets.
     Sizes are left out: they do not swing from one run to the next."""
-    def one(b: Budget) -> float:
-        v = b.value(result["measurement"], worst=True)
-        return (b.limit - v) / b.limit if _OPERATOR[b.kind] == "<=" else (v - b.limit) / b.limit
-    return min((one(b) for b in budgets if b.kind != "size"), default=math.inf)
+    return min((b.room(result["measurement"]) for b in budgets if b.kind != "size"), default=math.inf)
 
 
 def choose(results: Sequence[Mapping[str, Any]], budgets: Iterable[Budget], tie: float = 0.0) -> Mapping[str, Any] | None:
