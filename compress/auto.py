@@ -410,7 +410,7 @@ def _probe(teacher_dir: Path, shapes: list[Shape], cfg: AutoConfig, at, search: 
     rows = timer([teacher_dir, *dirs], at, cfg.repeats, 1)
     # The teacher sets every speedup budget, and the probe's dozens of models are timed one after another: it is
     # timed again after them and its faster time kept, so one slow spell cannot loosen every budget at once (one
-    # did on this 2-core machine: 40.3 ms against its usual 22-25).
+    # did on a 2-core machine: 40.3 ms, against 27.1 in the next probe).
     again = {(r["batch"], r["seq"]): r["p50_ms"] for r in timer([teacher_dir], at, cfg.repeats, 1)}
     by_dir = {}
     for row in rows:
@@ -431,10 +431,9 @@ def _probe(teacher_dir: Path, shapes: list[Shape], cfg: AutoConfig, at, search: 
                  "errors": [{"variant": e["sample"].backend, "shape": e["sample"].shape.label, "batch": e["sample"].batch,
                              "seq": e["sample"].seq, "measured_ms": e["sample"].ms, "predicted_ms": e["predicted_ms"],
                              "percent": e["percent"]} for e in error["errors"]]}
-    teacher_rows = by_dir[str(teacher_dir)]
+    timings = {f"{r['batch']},{r['seq']}": [r["p50_ms"], again[(r["batch"], r["seq"])]] for r in by_dir[str(teacher_dir)]}
     return {"samples": fitted + [s for s in samples if s["held_out"]], "error": error,
-            "teacher": {f"{r['batch']},{r['seq']}": min(r["p50_ms"], again[(r["batch"], r["seq"])]) for r in teacher_rows},
-            "teacher_timings": {f"{r['batch']},{r['seq']}": [r["p50_ms"], again[(r["batch"], r["seq"])]] for r in teacher_rows},
+            "teacher": {point: min(ms) for point, ms in timings.items()}, "teacher_timings": timings,
             "teacher_size_bytes": size_on_disk(teacher_dir),
             "rows": [{**r, "model": str(r["model"])} for r in rows], "when": utc_now()}
 
@@ -674,7 +673,8 @@ def _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen
         "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
         "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"], "final_runs": cfg.final_runs,
         "probe_reused_from": probe.get("reused_from"),
-        "teacher_ms": probe["teacher"], "teacher_probe_timings": probe.get("teacher_timings"), "predicted": {k: {"variants": v["variants"]} for k, v in predicted.items()},
+        "teacher_ms": probe["teacher"], "teacher_probe_timings": probe.get("teacher_timings"),
+        "predicted": {k: {"variants": v["variants"]} for k, v in predicted.items()},
         "trained": list(search.state["trained"].values()), "halving_stopped": halving.stopped,
         "results": [{k: v for k, v in r.items() if k not in ("measurement", "predicted")}
                     | {"measured_p50_ms": r["measurement"]["points"][at]["p50_ms"],
