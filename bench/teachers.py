@@ -35,7 +35,6 @@ TASKS = ("sst2", "mrpc", "stsb", "cola", "rte", "squad")
 # The GLUE recipes are the headline benchmark's too (python -m bench), so the teachers are
 # the same models whichever script trains them first; SQuAD as in the paper (lr 5e-5, 2 epochs).
 SST2_TRAIN = 20000  # a seeded sample of SST-2's training sentences (max length 64)
-TEACHER_TASKS = ("sst2", "mrpc", "stsb", "cola", "rte")
 TEACHER_RECIPE = {
     "sst2": {"epochs": 2, "lr": 5e-5},
     "mrpc": {"epochs": 4, "lr": 5e-5},
