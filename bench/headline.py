@@ -208,7 +208,7 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str) -
             }
     teacher_int8 = pairs.get("teacher", {})
     backend = (teacher_int8.get(1) or {}).get("int8_backend")
-    suffix = "-int8-ov" if backend == "openvino" else "-int8"
+    suffix = "-int8-ov" if (backend or "").startswith("openvino") else "-int8"  # rows name the variant: "openvino-int8"
     task_drops = {t: drops[f"teacher-{t}{suffix}"]["drop"] for t in ("sst2", "mrpc", "stsb") if f"teacher-{t}{suffix}" in drops}
     out["int8"] = {
         "target": f"int8 on its fastest backend >= {TARGET_INT8_SPEEDUP:g}x the same model on its fastest fp32 backend "
