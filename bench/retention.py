@@ -120,21 +120,24 @@ def student_run(teacher: Path, out: Path, cfg: dict) -> dict:
     }
 
 
-def general_run(out: Path, student: str, data: Path, minutes: float) -> tuple[Path, dict]:
-    """A general-distilled ``student`` from the MiniLM encoder (its attention and value relations) on the corpus,
-    and what it cost ({"steps", "seconds", "cpu_seconds"})."""
+def general_run(out: Path, student: str, data: Path, steps: int, start: Path | None = None) -> tuple[Path, dict]:
+    """A general-distilled ``student`` (MiniLM attention and value relations on the corpus), cut from the MiniLM
+    encoder or continued from ``start`` (an earlier general student: a second cycle, warm-up and decay again), and
+    what it cost ({"steps", "seconds", "cpu_seconds"}, an earlier cycle's included, and "cycles")."""
     cost = out / "general_cost.json"
     if not (out / "config.json").is_file():
-        steps = max(50, int(minutes * 60 / 2.0))  # ~2 s per step of 64 x 128 tokens with the teacher online (2 threads)
+        before = json.loads((start / "general_cost.json").read_text()) if start else {}
         started, cpu = time.monotonic(), time.process_time()
         cfg = from_dict(GeneralDistillConfig, {
             "corpus": corpus_paths(data), "student": student, "losses": ["minilm"], "max_length": 128,
-            "init": "teacher",
+            "init": str(start) if start else "teacher",
             "max_steps": steps, "batch_size": 64, "lr": 5e-4, "eval_every": max(10, steps // 5), "save_every": max(10, steps // 5),
         })
         distill_general(minilm_path(), out, cfg, overwrite=True)
-        write_json_atomic(cost, {"steps": steps, "seconds": round(time.monotonic() - started, 1),
-                                 "cpu_seconds": round(time.process_time() - cpu, 1)})
+        write_json_atomic(cost, {"steps": steps + before.get("steps", 0),
+                                 "seconds": round(time.monotonic() - started + before.get("seconds", 0), 1),
+                                 "cpu_seconds": round(time.process_time() - cpu + before.get("cpu_seconds", 0), 1),
+                                 "cycles": before.get("cycles", 1) + 1 if start else 1})
     return out, (json.loads(cost.read_text()) if cost.is_file() else {})
 
 
@@ -166,7 +169,12 @@ def main(argv=None) -> int:
                         help="rows c/d/h: run the intermediate stage on the augmented set too (TinyBERT's order)")
     parser.add_argument("--transfer", type=int, default=8000, help="transfer examples in row g")
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--general-minutes", type=float, default=10.0)
+    parser.add_argument("--general-minutes", type=float, default=10.0,
+                        help="row d's general stage, as a time budget (about 2 s a step of 64 x 128 tokens on 2 threads)")
+    parser.add_argument("--general-steps", type=int, default=None, help="row d's general stage in steps (overrides --general-minutes)")
+    parser.add_argument("--general-from", type=Path, default=None, metavar="DIR",
+                        help="continue row d's general stage from this general-distilled student (another cycle of "
+                             "--general-steps); its cost counts in the row's")
     parser.add_argument("--cache", type=Path, default=None, help="teacher-output / augmented-set cache (default: MODELS/cache)")
     parser.add_argument("--no-int8", action="store_true")
     parser.add_argument("--note", default="")
@@ -215,8 +223,9 @@ def main(argv=None) -> int:
             for row in args.rows.split(","):
                 general, general_cost = None, {}
                 if row == "d":
-                    general, general_cost = general_run(args.models / f"general-{student}", student, args.data,
-                                                        args.general_minutes)
+                    steps = args.general_steps or max(50, int(args.general_minutes * 60 / 2.0))
+                    general, general_cost = general_run(args.models / f"general-{student}", student, args.data, steps,
+                                                        args.general_from)
                 for seed in seeds:
                     key = f"{task}/{student}/{row}/{seed}"
                     if key in results:
@@ -301,7 +310,8 @@ def render(results: dict, header: dict) -> str:
     if general:
         lines += ["", "## general distillation (row (d)'s starting point, once per student shape)", "",
                   "| student | steps (batch 64 x 128 tokens) | wall s | cpu s |", "|---|--:|--:|--:|"]
-        lines += [f"| {k} | {g['steps']} | {g['seconds']:.0f} | {g['cpu_seconds']:.0f} |" for k, g in general.items()]
+        lines += [f"| {k} | {g['steps']}{f' ({cycles} cycles)' if (cycles := g.get('cycles', 1)) > 1 else ''} | "
+                  f"{g['seconds']:.0f} | {g['cpu_seconds']:.0f} |" for k, g in general.items()]
     int8 = [r for r in results.values() if r["row"] == "int8"]
     if int8:
         lines += ["", "## int8 (ONNX Runtime dynamic) of the best 3L-384 row", "",
@@ -346,11 +356,12 @@ def best_rows(runs: dict[str, dict]) -> dict[tuple[str, str], dict]:
 
 
 def _recipe(r: dict) -> tuple:
-    """What makes two rows the same recipe: task, shape, row letter, the general stage's length and the settings a
+    """What makes two rows the same recipe: task, shape, row letter, the general stage's length and cycles, the settings a
     run may change (learning rate, epochs, augmented copies and which stages read them, transfer examples); not the
     seed, teacher or paths."""
     cfg = r.get("config") or {}
-    return (r["task"], r["student"], r["row"], (r.get("general") or {}).get("steps"), cfg.get("lr"), cfg.get("epochs"),
+    general = r.get("general") or {}
+    return (r["task"], r["student"], r["row"], general.get("steps"), general.get("cycles", 1), cfg.get("lr"), cfg.get("epochs"),
             cfg.get("intermediate_epochs"), cfg.get("augment") or 0, bool(cfg.get("augment_intermediate")),
             cfg.get("transfer_examples"))
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from argparse import Namespace
 from pathlib import Path
 
-from bench.retention import goal_lines, row_config
+import bench.retention as retention
+from bench.retention import general_run, goal_lines, row_config
 
 
 def row(task, student, r, value, teacher, seed=42):
@@ -54,6 +56,37 @@ def test_general_stages_of_other_lengths_are_other_recipes():
     long["rte/3L-384/d/42"]["general"] = {"steps": 900}
     [_, _, line] = goal_lines({"short.json": short, "long.json": long})
     assert "RTE 96.7% (d; long.json; teacher 60.00)" in line  # 58 / 60, not pooled with the 240-step seeds
+
+
+def test_a_continued_general_stage_is_another_recipe_than_one_cycle_of_the_same_length():
+    one = row("rte", "3L-384", "d", 58.0, 60.0)
+    one["rte/3L-384/d/42"]["general"] = {"steps": 2800}
+    two = row("rte", "3L-384", "d", 54.0, 60.0, seed=1)
+    two["rte/3L-384/d/1"]["general"] = {"steps": 2800, "cycles": 2}
+    [_, _, line] = goal_lines({"one.json": one, "two.json": two})
+    assert "RTE 96.7% (d; one.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 54) / 2
+
+
+def test_a_continued_general_stage_starts_from_the_earlier_student_and_adds_its_cost(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_general(teacher, out, cfg, overwrite):
+        seen["init"], seen["steps"] = cfg.init, cfg.train.max_steps
+        Path(out).mkdir(parents=True)
+        (Path(out) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(retention, "distill_general", fake_general)
+    monkeypatch.setattr(retention, "minilm_path", lambda: tmp_path / "minilm")
+    monkeypatch.setattr(retention, "corpus_paths", lambda data: [str(tmp_path / "corpus.txt")])
+    start = tmp_path / "general-1600"
+    start.mkdir()
+    (start / "general_cost.json").write_text(json.dumps({"steps": 1600, "seconds": 3000.0, "cpu_seconds": 2900.0}))
+    out, cost = general_run(tmp_path / "general-2800", "3L-384", tmp_path, 1200, start)
+    assert seen == {"init": str(start), "steps": 1200}
+    assert cost["steps"] == 2800 and cost["cycles"] == 2
+    assert cost["seconds"] >= 3000.0 and cost["cpu_seconds"] >= 2900.0
+    _, fresh = general_run(tmp_path / "general-fresh", "3L-384", tmp_path, 300)
+    assert seen == {"init": "teacher", "steps": 300} and fresh["steps"] == 300 and fresh["cycles"] == 1
 
 
 def test_a_row_run_with_another_learning_rate_is_another_recipe():
