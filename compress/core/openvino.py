@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,6 +196,20 @@ def int8_weights(ov_model) -> int:
         if op.get_type_name() == "Constant" and op.get_output_element_type(0).get_type_name() in INT8_TYPES:
             count += len(op.get_output_partial_shape(0)) == 2
     return count
+
+
+def matmuls_outside(ov_model, layers: str) -> list[str]:
+    """The MatMul ops of an ``openvino.Model`` outside the encoder layers (the pooler and task head), by name.
+
+    ``layers``: the layer list's qualified name in the PyTorch model (``bert.encoder.layer``);
+    converted ops are named after their module, ``__module.inner.bert.encoder.layer.0.attention.self.query/...``
+    (ONNX graphs: ``/bert/encoder/layer.0/...``). Empty when no MatMul carries the layers' names
+    (an export that named its ops otherwise): then nothing can be told apart.
+    """
+    names = [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() == "MatMul"]
+    inside = re.compile(re.escape(layers) + r"\.\d+\.")
+    outside = [n for n in names if not inside.search(n.replace("/", "."))]
+    return outside if len(outside) < len(names) else []
 
 
 def save_ir(ov_model, directory: Path) -> Path:

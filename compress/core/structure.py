@@ -73,6 +73,12 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
     return base_model(model).get_submodule(family_of(model).layers)
 
 
+def layers_path(model: nn.Module) -> str:
+    """The qualified name of the encoder's layer list in ``model`` (``bert.encoder.layer``, ``model.layers``)."""
+    layers = encoder_layers(model)
+    return next(name for name, module in model.named_modules() if module is layers)
+
+
 _LAYOUTS: dict[type, Family] = {}  # layer class -> the (first) family laid out like it
 
 
