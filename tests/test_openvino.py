@@ -92,6 +92,15 @@ def test_export_gives_the_torch_outputs(env, kind, tmp_path):
         assert describe(load_model(source))["heads"] == [3, 2] and describe(load_model(source))["ffn"] == [37, 20]
 
 
+def test_conversion_logs_no_transformers_loss_warning(env, tmp_path, monkeypatch):
+    from transformers import modeling_utils
+
+    said = []
+    monkeypatch.setattr(modeling_utils.logger, "warning_once", lambda msg, *a, **k: said.append(msg))
+    export_openvino(env.parent, tmp_path / "ov")
+    assert not [msg for msg in said if "loss_type" in msg]
+
+
 def test_export_of_a_sentence_folder_keeps_its_pooling_and_embeddings(env, tmp_path):
     folder = save_tiny(make_tiny_model("base", seed=4), env.tokenizer, tmp_path / "st")
     write_sentence_files(folder, SentenceSpec(pooling="mean", normalize=True), 32)

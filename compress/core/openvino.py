@@ -142,6 +142,11 @@ def _convert_torch(model_dir: Path, head: str) -> Converted:
 
     # Eager attention, as the ONNX export: plain ops, which OpenVINO fuses into its own attention.
     model = load_model(model_dir, attn_implementation="eager")
+    # TorchScript tracing reads every attribute; transformers' ``loss_function`` property would log a
+    # bogus "loss_type=None ... unrecognized" warning for a model that computes no loss here.
+    for module in model.modules():
+        if hasattr(type(module), "loss_function"):
+            module.loss_function = None
     names = OUTPUTS[head]
     positional = _Positional(model, names)
     tokenizer = load_tokenizer(model_dir)
