@@ -52,13 +52,17 @@ def recipe(minilm: Path, glue: Path) -> dict:
         {"name": "student-4L-312", "run": "distill", "teacher": "${teacher-sst2}",  # cut from the teacher (--init teacher)
          "config": {**sst2, "student": "4L-312", "init": "teacher", "losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4,
                     "batch_size": 32}},
+        {"name": "student-2L-384", "run": "distill", "teacher": "${teacher-sst2}",  # the teacher's 12 heads of 32
+         "config": {**sst2, "student": "2L-384", "heads": 12, "init": "teacher", "losses": ["kd", "hard"], "epochs": 3,
+                    "lr": 1e-4, "batch_size": 32}},
         {"name": "teacher-sst2-heads50", "run": "prune", "model": "${teacher-sst2}",
          "config": {**sst2, "remove_heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
         {"name": "student-3L-384-heads50", "run": "prune", "model": "${student-3L-384}",
          "config": {**sst2, "remove_heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
     ]
     for name, task in (("teacher-sst2", "sst2"), ("teacher-mrpc", "mrpc"), ("teacher-stsb", "stsb"),
-                       ("student-3L-384", "sst2"), ("student-4L-312", "sst2"), ("student-3L-384-heads50", "sst2")):
+                       ("student-3L-384", "sst2"), ("student-4L-312", "sst2"), ("student-3L-384-heads50", "sst2"),
+                       ("student-2L-384", "sst2")):
         stages.append({"name": f"{name}-int8", "run": "quantize", "model": "${" + name + "}",
                        "config": {**data(task), "backend": "onnxruntime", "scheme": "dynamic"}})
     stages.append({"name": "teacher-sst2-int8-torch", "run": "quantize", "model": "${teacher-sst2}",
@@ -66,7 +70,7 @@ def recipe(minilm: Path, glue: Path) -> dict:
     # Every SST-2 model on every engine: NNCF static int8 (OpenVINO), and the fp32 model as ONNX and OpenVINO IR,
     # so that each int8 model is compared with the same model on its fastest fp32 backend.
     for name, task in (("teacher-sst2", "sst2"), ("teacher-mrpc", "mrpc"), ("teacher-stsb", "stsb"),
-                       ("student-3L-384", "sst2"), ("student-4L-312", "sst2")):
+                       ("student-3L-384", "sst2"), ("student-4L-312", "sst2"), ("student-2L-384", "sst2")):
         stages.append({"name": f"{name}-int8-ov", "run": "quantize", "model": "${" + name + "}",
                        "config": {**data(task), "backend": "openvino", "scheme": "static"}})
     for name in ("teacher-sst2", "student-3L-384", "student-4L-312"):

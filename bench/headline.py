@@ -51,6 +51,9 @@ ROWS = (
     ("student 4L-312 fp32 (OpenVINO)", "student-4L-312-ov", "4L-312"),
     ("student 4L-312 int8 (ONNX Runtime)", "student-4L-312-int8", "4L-312"),
     ("student 4L-312 int8 (OpenVINO)", "student-4L-312-int8-ov", "4L-312"),
+    ("student 2L-384 (cut from the teacher, KD)", "student-2L-384", "2L-384"),
+    ("student 2L-384 int8 (ONNX Runtime)", "student-2L-384-int8", "2L-384"),
+    ("student 2L-384 int8 (OpenVINO)", "student-2L-384-int8-ov", "2L-384"),
 )
 TASKS = ("sst2", "mrpc", "stsb")  # the teachers the recipe trains: SST-2 for the table, all three for int8 drops
 REFERENCE_BACKENDS = ("torch", "onnxruntime", "openvino")  # the BERT-base shape on each: the fastest is the reference
@@ -360,7 +363,8 @@ def render(results: dict[str, Any]) -> str:
         "MRPC and STS-B train on their full training sets (max length 128); all dev sets complete; CoLA and RTE appear "
         "through the retention benchmark's per-task students below. "
         "Students: `compress distill`'s defaults (KD + hard labels, 3 epochs, lr 1e-4; 20,000 sentences is above the "
-        "augmentation limit); the 4L-312 is cut from the teacher (`--init teacher`).",
+        "augmentation limit); the 4L-312 and the 2L-384 (12 heads of 32, as the teacher's) are cut from the teacher "
+        "(`--init teacher`).",
         *([f"- adopted stages: {', '.join(sorted(results['adopted']))} were trained earlier with this recipe's exact "
            "settings and adopted into the run directory instead of being trained twice."] if results.get("adopted") else []),
         f"- latency: {lat['repeat_runs']} interleaved runs (every model in turn, each in its own process, {lat['threads']} "
