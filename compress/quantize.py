@@ -139,7 +139,7 @@ CONSTANT_RATIO = 1e-3
 class QuantizeConfig:
     """How to quantize: backend and scheme, calibration, kernels preset, the accuracy guard."""
 
-    backend: str = option("onnxruntime", "int8 backend: torch (PyTorch dynamic, Linear layers), onnxruntime (ONNX export + Optimum), inc (Neural Compressor 3.x static PT2E), openvino (OpenVINO IR + NNCF static)",
+    backend: str = option("onnxruntime", "int8 backend: torch (PyTorch dynamic, Linear layers), onnxruntime (ONNX export + Optimum), inc (Neural Compressor 3.x static PT2E), openvino (OpenVINO IR + NNCF static; the pooler and task head stay fp32)",
                           choices=lambda: BACKENDS.names())
     scheme: str = option("dynamic", "dynamic (activation ranges per batch), static (calibrated) or qat (quantization-aware training); torch: dynamic, onnxruntime: dynamic/static, inc: static/qat, openvino: static",
                          choices=SCHEMES)
