@@ -146,7 +146,7 @@ def test_int8_is_stored_and_run_as_int8(env, tmp_path):
     assert int8_weights(openvino.Core().read_model(str(env.int8 / OPENVINO_FILE))) == 15
     assert record["openvino_quantization"]["int8_weight_matrices"] == 15
     fp32 = export_openvino(env.parent, tmp_path / "fp32")
-    # ... so the weights file is ~4x smaller than the fp32 IR's (measured 3.9x): embeddings stay fp32.
+    # ... so the weights file is ~4x smaller than the fp32 IR's (measured 3.9x).
     assert (env.int8 / OPENVINO_WEIGHTS).stat().st_size < 0.3 * (fp32 / OPENVINO_WEIGHTS).stat().st_size
     # ... and run as int8: every matrix multiplication of the layers, in the plugin's own words; the head's two in f32.
     ran = layer_precisions(load_model(env.int8).compiled)
@@ -165,7 +165,7 @@ def test_the_pooler_and_task_head_stay_fp32(env):
     assert layer and ops[layer[0]].input_value(1).get_node().get_type_name() != "Constant"  # int8, then dequantized
 
 
-def test_an_mlm_head_and_unnamed_graphs_keep_nothing_in_fp32():
+def test_the_matmuls_outside_the_layers_are_told_apart_by_name():
     from compress.core.openvino import matmuls_outside
 
     class Op:
