@@ -97,6 +97,9 @@ FP32_BACKENDS = ("torch", "onnxruntime", "openvino")
 # Real inputs are cut where tasks cut them by default (a longer model still sees the same set).
 MAX_REAL_LENGTH = 128
 
+# How OpenVINO rows compile: per grid point for its fixed shape, or once for any shape.
+OPENVINO_SHAPES = ("static", "dynamic")
+
 # Seed for the random token ids, so every model sees the same inputs.
 INPUT_SEED = 0
 
@@ -111,6 +114,10 @@ class LatencyConfig:
     threads: int | None = option(None, "intra-op threads (default: usable physical cores)")
     backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc, openvino, openvino-bf16",
                           choices=lambda: [name for name, _ in BACKENDS.items()])
+    openvino_shapes: str = option("static", "OpenVINO rows: static compiles the model once per grid point for its fixed "
+                                  "[batch, seq] (as a deployment padding to one length would; faster for small models), "
+                                  "dynamic once for any shape; real-length timings (--lengths) always run dynamic",
+                                  choices=OPENVINO_SHAPES)
     peak: bool = option(True, "also measure the fp32 GEMM peak and report each model's % of it")
     repeat_runs: int = option(1, "repeat the whole measurement (every model in turn) K times: rows give the median of the "
                               "runs' medians, their spread, and the speed-up of the worst run (a speed-up holds only if it "
@@ -155,6 +162,8 @@ class LatencyConfig:
                 raise CompressError(f"--reference-backends takes fp32 backends ({', '.join(FP32_BACKENDS)}); got {name!r}")
         if self.threads is not None and self.threads < 1:
             raise CompressError(f"--threads must be at least 1, got {self.threads}")
+        if self.openvino_shapes not in OPENVINO_SHAPES:
+            raise CompressError(f"--openvino-shapes is static or dynamic, got {self.openvino_shapes!r}")
         if self.backend not in BACKENDS:
             # Registration order (the fp32 baseline first), not the registry's alphabetical one.
             valid = ", ".join(name for name, _ in BACKENDS.items())
@@ -175,7 +184,8 @@ class Session:
     A batch is a dict of int64 numpy arrays of shape (batch, seq): ``input_ids``,
     ``attention_mask``, ``token_type_ids``. ``prepare`` turns it into what ``forward``
     takes (tensors, the family's inputs only), outside the timed region; ``forward``
-    runs the model once.
+    runs the model once. ``shaped`` holds forwards compiled for one fixed (batch, seq),
+    which the grid point of that shape uses instead of ``forward``.
     """
 
     prepare: Callable[[dict[str, np.ndarray]], Any]
@@ -186,6 +196,7 @@ class Session:
     max_positions: int  # longest sequence the model accepts
     backend: str = ""  # the backend that ran, as rows name it (e.g. onnxruntime-int8)
     note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
+    shaped: dict[tuple[int, int], Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
 
 
 # A backend: (model_dir, cfg) -> Session, called inside a worker process after the
@@ -234,15 +245,19 @@ def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, no
     def prepare(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return model_inputs(model, {k: torch.from_numpy(v) for k, v in batch.items()})  # those the family takes
 
-    def forward(inputs: dict[str, torch.Tensor]):
-        with torch.inference_mode():
-            return model(**inputs)
-
     if counted is not None:
         params, structure = count_parameters(counted), describe(counted)
     else:
         params, structure = parameter_count(model_dir), structure_of(model_dir)
-    return Session(prepare, forward, config.vocab_size, params, structure, config.max_position_embeddings, backend, note)
+    return Session(prepare, forward_of(model), config.vocab_size, params, structure, config.max_position_embeddings, backend, note)
+
+
+def forward_of(model) -> Callable[[dict[str, torch.Tensor]], Any]:
+    """One call of ``model`` on prepared inputs, without autograd."""
+    def forward(inputs: dict[str, torch.Tensor]):
+        with torch.inference_mode():
+            return model(**inputs)
+    return forward
 
 
 @BACKENDS.register("torch-int8")
@@ -296,21 +311,25 @@ def openvino_session(model_dir: Path, cfg: LatencyConfig, precision: str = OPENV
     """
     fmt = artifact_format(model_dir)
     name = "openvino" if precision == OPENVINO_PRECISION else f"openvino-{precision}"
-    if fmt == OPENVINO:
-        model = OpenVINORunner(model_dir, load_config(model_dir), saved_head(model_dir), threads=cfg.threads, precision=precision)
-    elif fmt in ("torch", "onnx"):
-        with tempfile.TemporaryDirectory(prefix="compress-openvino-") as tmp:
-            # The compiled model holds its weights: the IR can go right after.
-            ir = export_openvino(model_dir, Path(tmp) / "openvino")
-            model = OpenVINORunner(ir, load_config(ir), saved_head(ir), threads=cfg.threads, precision=precision)
-    else:
+    if fmt not in (OPENVINO, "torch", "onnx"):
         raise CompressError(f"the {name} latency backend runs OpenVINO, ONNX or fp32 PyTorch directories; {model_dir} is {fmt} "
                             "(use --backend auto)")
+    shapes = cfg.grid() if cfg.openvino_shapes == "static" else []
+    with tempfile.TemporaryDirectory(prefix="compress-openvino-") as tmp:
+        # A converted IR is compiled for every shape before it goes: each compiled model holds its weights.
+        ir = model_dir if fmt == OPENVINO else export_openvino(model_dir, Path(tmp) / "openvino")
+        config, head = load_config(ir), saved_head(ir)
+        model = OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision)  # any shape
+        fixed = {shape: OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision, shape=shape)
+                 for shape in shapes}
     ran = layer_precisions(model.compiled)
     backend = "openvino" + ("-int8" if is_quantized(model_dir) else "") + ("" if model.precision == "f32" else f"-{model.precision}")
     note = (f"{model_dir.name}: OpenVINO inference precision {model.precision} (asked: {precision}); matrix multiplications in "
-            + ", ".join(f"{kind} x{count}" for kind, count in sorted(ran.items())))
-    return runtime_session(model, model_dir, cfg, backend, note)
+            + ", ".join(f"{kind} x{count}" for kind, count in sorted(ran.items()))
+            + ("; compiled for each grid point's fixed [batch, seq]" if fixed else "; compiled for any shape"))
+    session = runtime_session(model, model_dir, cfg, backend, note)
+    session.shaped = {shape: forward_of(runner) for shape, runner in fixed.items()}
+    return session
 
 
 @BACKENDS.register("openvino-bf16")
@@ -1009,12 +1028,13 @@ class Timing:
     def burst(self, batch: int, seq: int, passes: int, min_seconds: float = 0.0) -> list[float]:
         """Seconds of ``passes`` timed forwards at (batch, seq); the point's first burst warms up first."""
         first = (batch, seq) not in self.prepared
+        forward = self.session.shaped.get((batch, seq), self.session.forward)
         if first:
             self.prepared[batch, seq] = self.session.prepare(random_batch(self.session.vocab_size, batch, seq))
-            self.session.forward(self.prepared[batch, seq])  # untimed, beyond warm-up: inc compiles for this shape here
+            forward(self.prepared[batch, seq])  # untimed, beyond warm-up: inc compiles for this shape here
         cfg = dataclasses.replace(self.cfg, repeats=passes, min_seconds=min_seconds, warmup=self.cfg.warmup if first else 0)
         prepared = self.prepared[batch, seq]
-        times = time_calls(lambda: self.session.forward(prepared), cfg)
+        times = time_calls(lambda: forward(prepared), cfg)
         self.seconds.setdefault((batch, seq), []).extend(times)
         return times
 

@@ -273,6 +273,7 @@ def test_worker_failures_become_one_line_errors(job, match):
         ({"bursts": 0}, "--bursts"),
         ({"bursts": 31}, "--bursts must be between 1 and --repeats"),
         ({"reference_backends": ("torch-int8",)}, "fp32 backends"),
+        ({"openvino_shapes": "fixed"}, "--openvino-shapes is static or dynamic"),
     ],
 )
 def test_config_validation(changes, match):
@@ -438,3 +439,23 @@ def test_bursts_real_worker_error_is_one_line(tmp_path, two_models):
     with pytest.raises(CompressError) as err:
         measure_latency([two_models[0], broken], fast(repeats=4, bursts=2, record=False))
     assert "broken" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_grid_point_runs_the_forward_compiled_for_its_shape(monkeypatch, tiny_model_dir):
+    import compress.eval.latency as latency
+
+    calls = []
+    real = latency.BACKENDS.get("torch")
+
+    def shaped_backend(model_dir, cfg):  # torch, plus a "compiled" forward for (2, 16) that counts its calls
+        session = real(model_dir, cfg)
+        session.shaped = {(2, 16): lambda inputs: calls.append(inputs["input_ids"].shape)}
+        return session
+
+    monkeypatch.setitem(latency.BACKENDS._items, "torch", shaped_backend)
+    timing = latency.Timing(Path(tiny_model_dir), {"backend": "torch", "batch": (1, 2), "seq": (16,), "warmup": 2,
+                                                   "repeats": 3, "threads": 1, "peak": False})
+    timing.burst(1, 16, 3)
+    assert calls == []  # (1, 16) has no forward of its own: the session's any-shape one ran
+    timing.burst(2, 16, 3)
+    assert len(calls) == 1 + 2 + 3 and set(calls) == {(2, 16)}  # the untimed first call, the warm-up, the timed passes

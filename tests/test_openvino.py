@@ -259,6 +259,53 @@ def test_latency_runs_openvino_and_reports_the_precision(env):
     assert "u8" in report["rows"][1]["note"] or "i8" in report["rows"][1]["note"]
 
 
+def test_a_runner_compiled_for_one_shape_gives_the_dynamic_outputs_and_refuses_others(env):
+    from compress.core.artifacts import load_config, saved_head
+
+    config, head = load_config(env.int8), saved_head(env.int8)
+    dynamic = OpenVINORunner(env.int8, config, head, threads=1)
+    static = OpenVINORunner(env.int8, config, head, threads=1, shape=(2, 12))
+    assert [port.get_partial_shape().is_static for port in static.compiled.inputs] == [True] * len(static.compiled.inputs)
+    assert not dynamic.compiled.inputs[0].get_partial_shape().is_static
+    batch = {"input_ids": torch.randint(5, 50, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long),
+             "token_type_ids": torch.zeros(2, 12, dtype=torch.long)}
+    with torch.inference_mode():
+        np.testing.assert_allclose(static(**batch).logits.numpy(), dynamic(**batch).logits.numpy(), atol=1e-5)
+        with pytest.raises(Exception):  # another shape: the request refuses it rather than running it wrong
+            static(**{k: v[:, :8] for k, v in batch.items()})
+
+
+def test_only_batch_by_sequence_inputs_get_a_fixed_shape():
+    import openvino.opset13 as ops
+
+    from compress.core.runtime import compile_openvino
+
+    image = ops.parameter([-1, 3, 8], np.float32, name="pixels")
+    model = openvino.Model([ops.relu(image)], [image], "not-an-encoder")
+    with pytest.raises(CompressError, match="input pixels is not \\[batch, seq\\]"):
+        compile_openvino(model, threads=1, shape=(1, 8))
+    assert compile_openvino(model, threads=1) is not None  # compiled for any shape, it is fine
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_latency_compiles_openvino_per_grid_point_when_asked(env, shapes):
+    from compress.eval.latency import openvino_session
+
+    cfg = from_dict(LatencyConfig, {"backend": "openvino", "batch": (1, 2), "seq": (16,), "threads": 1,
+                                    "openvino_shapes": shapes})
+    session = openvino_session(env.parent, cfg)  # an fp32 PyTorch folder: converted, then compiled
+    assert sorted(session.shaped) == ([(1, 16), (2, 16)] if shapes == "static" else [])
+    assert session.note.endswith("compiled for each grid point's fixed [batch, seq]" if shapes == "static"
+                                 else "compiled for any shape")
+    inputs = session.prepare({"input_ids": np.full((2, 16), 7), "attention_mask": np.ones((2, 16), dtype=np.int64),
+                              "token_type_ids": np.zeros((2, 16), dtype=np.int64)})
+    if shapes == "static":
+        np.testing.assert_allclose(session.shaped[2, 16](inputs).logits.numpy(), session.forward(inputs).logits.numpy(),
+                                   atol=1e-5)
+    with pytest.raises(CompressError, match="--openvino-shapes is static or dynamic"):
+        from_dict(LatencyConfig, {"openvino_shapes": "fixed"}).validate()
+
+
 def test_asking_for_bf16_is_honoured_where_the_cpu_has_it(env):
     from compress.core.artifacts import load_config, saved_head
 
