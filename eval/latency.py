@@ -134,6 +134,9 @@ class LatencyConfig:
                                  metavar="TASK|FILE")
     lengths_batch: int = option(32, "the batch size of the sorted, dynamically padded pass of --lengths")
     lengths_passes: int = option(3, "timed passes over the --lengths set (each batch's median is kept)")
+    lengths_multiple: int = option(8, "with --openvino-shapes static, OpenVINO pads --lengths inputs to a multiple of this "
+                                   "many tokens and compiles one model per padded shape (fewer shapes, more padding)",
+                                   metavar="N")
     data_dir: str | None = option(None, "GLUE data folder for --lengths TASK (default: the hub's copy)", metavar="DIR")
     record: bool = option(True, "append the results to each model's metrics.json")
     out: str | None = option(None, "directory for latency.json and latency.md", metavar="DIR")
@@ -151,8 +154,8 @@ class LatencyConfig:
             raise CompressError(f"--repeats must be at least 1, got {self.repeats}")
         if self.min_seconds < 0:
             raise CompressError(f"--min-seconds must be 0 or more, got {self.min_seconds}")
-        if self.lengths_batch < 1 or self.lengths_passes < 1:
-            raise CompressError("--lengths-batch and --lengths-passes must be at least 1")
+        if self.lengths_batch < 1 or self.lengths_passes < 1 or self.lengths_multiple < 1:
+            raise CompressError("--lengths-batch, --lengths-passes and --lengths-multiple must be at least 1")
         if self.repeat_runs < 1:
             raise CompressError(f"--repeat-runs must be at least 1, got {self.repeat_runs}")
         if not 1 <= self.bursts <= self.repeats:
@@ -184,8 +187,9 @@ class Session:
     A batch is a dict of int64 numpy arrays of shape (batch, seq): ``input_ids``,
     ``attention_mask``, ``token_type_ids``. ``prepare`` turns it into what ``forward``
     takes (tensors, the family's inputs only), outside the timed region; ``forward``
-    runs the model once. ``shaped`` holds forwards compiled for one fixed (batch, seq),
-    which the grid point of that shape uses instead of ``forward``.
+    runs the model once. ``compile_for``, where a backend has it, returns a forward
+    compiled for one fixed (batch, seq) only: a grid point of that shape, and real inputs
+    padded to that shape, use it instead of ``forward``.
     """
 
     prepare: Callable[[dict[str, np.ndarray]], Any]
@@ -196,7 +200,7 @@ class Session:
     max_positions: int  # longest sequence the model accepts
     backend: str = ""  # the backend that ran, as rows name it (e.g. onnxruntime-int8)
     note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
-    shaped: dict[tuple[int, int], Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
+    compile_for: Callable[[tuple[int, int]], Callable[[Any], Any]] | None = None
 
 
 # A backend: (model_dir, cfg) -> Session, called inside a worker process after the
@@ -314,21 +318,26 @@ def openvino_session(model_dir: Path, cfg: LatencyConfig, precision: str = OPENV
     if fmt not in (OPENVINO, "torch", "onnx"):
         raise CompressError(f"the {name} latency backend runs OpenVINO, ONNX or fp32 PyTorch directories; {model_dir} is {fmt} "
                             "(use --backend auto)")
-    shapes = cfg.grid() if cfg.openvino_shapes == "static" else []
-    with tempfile.TemporaryDirectory(prefix="compress-openvino-") as tmp:
-        # A converted IR is compiled for every shape before it goes: each compiled model holds its weights.
-        ir = model_dir if fmt == OPENVINO else export_openvino(model_dir, Path(tmp) / "openvino")
-        config, head = load_config(ir), saved_head(ir)
-        model = OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision)  # any shape
-        fixed = {shape: OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision, shape=shape)
-                 for shape in shapes}
+    # A converted IR lives as long as the worker (a temporary folder, removed at exit): shapes are compiled from it on demand.
+    tmp = tempfile.TemporaryDirectory(prefix="compress-openvino-")
+    ir = model_dir if fmt == OPENVINO else export_openvino(model_dir, Path(tmp.name) / "openvino")
+    config, head = load_config(ir), saved_head(ir)
+    model = OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision)  # any shape
     ran = layer_precisions(model.compiled)
     backend = "openvino" + ("-int8" if is_quantized(model_dir) else "") + ("" if model.precision == "f32" else f"-{model.precision}")
+    static = cfg.openvino_shapes == "static"
     note = (f"{model_dir.name}: OpenVINO inference precision {model.precision} (asked: {precision}); matrix multiplications in "
             + ", ".join(f"{kind} x{count}" for kind, count in sorted(ran.items()))
-            + ("; compiled for each grid point's fixed [batch, seq]" if fixed else "; compiled for any shape"))
+            + ("; compiled for each grid point's fixed [batch, seq]" if static else "; compiled for any shape")
+            + (f", real inputs padded to a multiple of {cfg.lengths_multiple} tokens, compiled per padded shape"
+               if static and cfg.lengths else ""))
     session = runtime_session(model, model_dir, cfg, backend, note)
-    session.shaped = {shape: forward_of(runner) for shape, runner in fixed.items()}
+
+    def compile_for(shape: tuple[int, int], _keep=tmp) -> Callable[[Any], Any]:
+        return forward_of(OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision, shape=shape))
+
+    if static:
+        session.compile_for = compile_for
     return session
 
 
@@ -1023,12 +1032,15 @@ class Timing:
         self.session = BACKENDS.get(self.cfg.backend)(model_dir, self.cfg)
         check_seq(self.cfg.seq, self.session.max_positions, model_dir)
         self.prepared: dict[tuple[int, int], Any] = {}
+        self.shaped: dict[tuple[int, int], Callable[[Any], Any]] = {}  # forwards compiled for one point's shape
         self.seconds: dict[tuple[int, int], list[float]] = {}
 
     def burst(self, batch: int, seq: int, passes: int, min_seconds: float = 0.0) -> list[float]:
         """Seconds of ``passes`` timed forwards at (batch, seq); the point's first burst warms up first."""
         first = (batch, seq) not in self.prepared
-        forward = self.session.shaped.get((batch, seq), self.session.forward)
+        if first and self.session.compile_for is not None:
+            self.shaped[batch, seq] = self.session.compile_for((batch, seq))
+        forward = self.shaped.get((batch, seq), self.session.forward)
         if first:
             self.prepared[batch, seq] = self.session.prepare(random_batch(self.session.vocab_size, batch, seq))
             forward(self.prepared[batch, seq])  # untimed, beyond warm-up: inc compiles for this shape here
@@ -1081,9 +1093,11 @@ def time_real_lengths(session: Session, model_dir: Path, cfg: LatencyConfig) -> 
     inputs = real_inputs(cfg.lengths, load_tokenizer(model_dir), data_dir=cfg.data_dir,
                          max_length=min(session.max_positions, MAX_REAL_LENGTH))
     timed = {}
+    multiple = cfg.lengths_multiple if session.compile_for is not None else 1
     for batch in dict.fromkeys((1, cfg.lengths_batch)):
+        # With compile_for, one model per padded shape (compiled before timing, dropped after this batch size).
         timed[str(batch)] = time_real(session.forward, inputs, batch, prepare=session.prepare, warmup=cfg.warmup,
-                                      passes=cfg.lengths_passes)
+                                      passes=cfg.lengths_passes, multiple=multiple, forward_for=session.compile_for)
     return {"inputs": inputs.stats(), "batches": timed,
             "flops_per_sentence": float(np.mean([flops_per_sequence(session.structure, int(n)) for n in inputs.lengths]))}
 

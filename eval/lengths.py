@@ -189,21 +189,26 @@ def _read_file(path: Path) -> tuple[list[str], ...]:
 # ---------------------------------------------------------------------------- batching
 
 
-def batches(inputs: RealInputs, batch: int, pad_id: int = 0) -> list[dict[str, np.ndarray]]:
+def batches(inputs: RealInputs, batch: int, pad_id: int = 0, multiple: int = 1) -> list[dict[str, np.ndarray]]:
     """The sentences as model inputs, each exactly once: ``input_ids``, ``attention_mask``, ``token_type_ids``.
 
     Batch 1 keeps the set's order, each sentence at its own length (1, len_i). A larger
     batch sorts by length (stable) and pads each chunk of ``batch`` only to its own
     longest, as a server that buckets requests would: every array is (b, s) int64 with
     b <= ``batch`` (the last chunk may be short) and s the chunk's longest sentence.
+    ``multiple``: s is rounded up to a multiple of it (never past ``inputs.max_length``), so
+    that a runtime compiled per shape needs few shapes.
     """
     if batch < 1:
         raise CompressError(f"the batch size must be at least 1, got {batch}")
+    if multiple < 1:
+        raise CompressError(f"the padding multiple must be at least 1, got {multiple}")
     order = np.argsort(inputs.lengths, kind="stable") if batch > 1 else np.arange(inputs.n)
     out = []
     for start in range(0, inputs.n, batch):
         chunk = order[start:start + batch]
-        seq = max(len(inputs.ids[i]) for i in chunk)
+        longest = max(len(inputs.ids[i]) for i in chunk)
+        seq = max(longest, min(-(-longest // multiple) * multiple, inputs.max_length))
         ids = np.full((len(chunk), seq), pad_id, dtype=np.int64)  # (b, s)
         mask = np.zeros((len(chunk), seq), dtype=np.int64)  # 1 = real token, 0 = padding
         types = np.zeros((len(chunk), seq), dtype=np.int64)
@@ -218,7 +223,8 @@ def batches(inputs: RealInputs, batch: int, pad_id: int = 0) -> list[dict[str, n
 
 
 def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, *, warmup: int = 3, passes: int = 1,
-              prepare: Callable[[dict[str, np.ndarray]], Any] | None = None,
+              prepare: Callable[[dict[str, np.ndarray]], Any] | None = None, multiple: int = 1,
+              forward_for: Callable[[tuple[int, int]], Callable[[Any], object]] | None = None,
               clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Time ``forward`` over every sentence of ``inputs`` at ``batch``: latency per batch and throughput.
 
@@ -227,22 +233,29 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
     passes; p50/p99 are over batches (per sentence at batch 1). Throughput is
     ``n_sentences`` over the median pass's total seconds, padding included.
     ``prepare`` turns every batch into what ``forward`` takes (e.g. tensors), before any timing.
+    ``multiple``: pad each batch's length up to a multiple of it (see :func:`batches`).
+    ``forward_for``: a forward made for one (batch, seq) shape (e.g. a model compiled for it),
+    asked once per distinct padded shape before any timing; each batch then runs its shape's.
     """
     if warmup < 0:
         raise CompressError(f"warm-up calls must be 0 or more, got {warmup}")
     if passes < 1:
         raise CompressError(f"timed passes must be at least 1, got {passes}")
-    feeds = batches(inputs, batch)
+    feeds = batches(inputs, batch, multiple=multiple)
     padded = int(sum(feed["input_ids"].size for feed in feeds))
+    shapes = [feed["input_ids"].shape for feed in feeds]
+    made = {shape: forward_for(shape) for shape in dict.fromkeys(shapes)} if forward_for is not None else {}
+    forwards = [made.get(shape, forward) for shape in shapes]  # one per batch
     if prepare is not None:
         feeds = [prepare(feed) for feed in feeds]
     for i in range(warmup):
-        forward(feeds[i % len(feeds)])
+        forwards[i % len(feeds)](feeds[i % len(feeds)])
     seconds = np.empty((passes, len(feeds)))  # (passes, batches)
     for p in range(passes):
         for b, feed in enumerate(feeds):
+            run = forwards[b]
             start = clock()
-            forward(feed)
+            run(feed)
             seconds[p, b] = clock() - start
     per_batch_ms = np.median(seconds, axis=0) * 1e3  # (batches,)
     p50, p99 = np.percentile(per_batch_ms, [50, 99])
@@ -255,6 +268,8 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
         "mean_tokens": inputs.mean_tokens,  # real tokens per sentence
         "real_tokens": inputs.total_tokens,
         "padded_tokens": padded,  # sum of b * s: what the model computes on
+        "multiple": multiple,  # each batch's length rounded up to it
+        "shapes": len(made) or None,  # models made for a fixed shape, when forward_for was given
         "p50_ms": float(p50),
         "p99_ms": float(p99),
         "sentences_per_s": inputs.n / total_s if total_s > 0 else float("inf"),

@@ -441,21 +441,23 @@ def test_bursts_real_worker_error_is_one_line(tmp_path, two_models):
     assert "broken" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_grid_point_runs_the_forward_compiled_for_its_shape(monkeypatch, tiny_model_dir):
+def test_each_grid_point_runs_a_forward_compiled_for_its_shape(monkeypatch, tiny_model_dir):
     import compress.eval.latency as latency
 
     calls = []
     real = latency.BACKENDS.get("torch")
 
-    def shaped_backend(model_dir, cfg):  # torch, plus a "compiled" forward for (2, 16) that counts its calls
+    def shaped_backend(model_dir, cfg):  # torch, plus "compiled" forwards that record their shape and their input's
         session = real(model_dir, cfg)
-        session.shaped = {(2, 16): lambda inputs: calls.append(inputs["input_ids"].shape)}
+        session.compile_for = lambda shape: (lambda inputs: calls.append((shape, tuple(inputs["input_ids"].shape))))
         return session
 
     monkeypatch.setitem(latency.BACKENDS._items, "torch", shaped_backend)
     timing = latency.Timing(Path(tiny_model_dir), {"backend": "torch", "batch": (1, 2), "seq": (16,), "warmup": 2,
                                                    "repeats": 3, "threads": 1, "peak": False})
     timing.burst(1, 16, 3)
-    assert calls == []  # (1, 16) has no forward of its own: the session's any-shape one ran
+    assert len(calls) == 1 + 2 + 3 and set(calls) == {((1, 16), (1, 16))}  # the untimed first call, warm-up, timed passes
     timing.burst(2, 16, 3)
-    assert len(calls) == 1 + 2 + 3 and set(calls) == {(2, 16)}  # the untimed first call, the warm-up, the timed passes
+    timing.burst(2, 16, 2)  # a later burst of the same point: no warm-up, the same compiled forward
+    assert calls[6:] == [((2, 16), (2, 16))] * (1 + 2 + 3 + 2)
+    assert sorted(timing.shaped) == [(1, 16), (2, 16)]

@@ -96,6 +96,40 @@ def test_batch_below_1_is_refused():
         batches(known(LENGTHS), 0)
 
 
+def test_a_padding_multiple_rounds_each_length_up_but_never_past_the_limit():
+    inputs = RealInputs(known((5, 3, 7, 4, 6)).ids, known((5, 3, 7, 4, 6)).type_ids, "hand-made", max_length=6 + 1)
+    assert [f["input_ids"].shape for f in batches(inputs, 1, multiple=4)] == [(1, 7), (1, 4), (1, 7), (1, 4), (1, 7)]
+    # 5 -> 8 and 6 -> 8 would pass the limit of 7: cut to 7; 7 stays 7
+    feeds = batches(inputs, 2, multiple=3)  # sorted 3 4 | 5 6 | 7 -> 6, 6, 7 (9 is past the limit)
+    assert [f["input_ids"].shape for f in feeds] == [(2, 6), (2, 6), (1, 7)]
+    assert sentences_in(feeds) == [1, 3, 0, 4, 2] and int(feeds[0]["attention_mask"].sum()) == 3 + 4
+    with pytest.raises(CompressError, match="padding multiple must be at least 1"):
+        batches(inputs, 1, multiple=0)
+
+
+def test_a_forward_is_made_once_per_padded_shape_before_timing_and_each_batch_runs_its_own():
+    model = FakeModel()
+    made, ran = [], []
+
+    def forward_for(shape):
+        made.append((shape, len(model.calls)))  # when: before any call of the model
+
+        def run(feed):
+            ran.append(shape)
+            assert feed["input_ids"].shape == shape
+            model.forward(feed)
+        return run
+
+    result = time_real(lambda feed: pytest.fail("the any-shape forward ran"), known(LENGTHS), 1, warmup=2, passes=2,
+                       multiple=4, forward_for=forward_for, clock=model.clock)
+    # lengths 5 3 7 4 6 -> padded 8 4 8 4 8: two shapes, each made once, before the first call
+    assert made == [((1, 8), 0), ((1, 4), 0)]
+    assert ran == [(1, 8), (1, 4)] + [(1, 8), (1, 4), (1, 8), (1, 4), (1, 8)] * 2  # warm-up, then 2 passes
+    assert result["padded_tokens"] == 3 * 8 + 2 * 4 and result["real_tokens"] == 25
+    assert result["shapes"] == 2 and result["multiple"] == 4
+    assert result["p50_ms"] == pytest.approx(1.8)  # 1 ms + 0.1 ms x 8 padded tokens for 3 of 5 sentences
+
+
 # ---------------------------------------------------------------------------- timing, by hand
 
 
