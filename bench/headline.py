@@ -371,7 +371,10 @@ def render(results: dict[str, Any]) -> str:
         "threads); rows give the median of the runs' medians and the worst run's speed-up in brackets. Random token ids at "
         "batch 1 and 32, sequence 128; real inputs: the SST-2 dev set's "
         f"{inputs.get('n', '?')} sentences at their own lengths (mean {_fmt(inputs.get('mean_tokens'), '.1f')} tokens), "
-        "batch 1 one at a time and batch 32 sorted with dynamic padding. The speed reference is the BERT-base shape on "
+        "batch 1 one at a time and batch 32 sorted with dynamic padding"
+        + (f"; OpenVINO rows are compiled for each fixed shape: every grid point's, and the real inputs padded to a multiple "
+           f"of {lat['config']['lengths_multiple']} tokens" if lat.get("config", {}).get("openvino_shapes") == "static" else "")
+        + ". The speed reference is the BERT-base shape on "
         "its fastest fp32 backend of " + ", ".join(REFERENCE_BACKENDS) + " in the same run; 'vs eager' is against it in "
         "PyTorch eager. Floors: FLOPs at the measured peak of the precision each model ran in.",
         "",
