@@ -30,8 +30,9 @@ default) picks by the directory's format: ``torch`` (fp32 eager), ``torch-int8``
 (dynamic int8 Linears), ``onnxruntime`` (an ONNX directory, or an fp32 PyTorch one
 exported inside the worker), ``inc`` (Neural Compressor PT2E, inductor-compiled),
 ``openvino`` (an OpenVINO IR, or an fp32 PyTorch / ONNX directory converted inside the
-worker; f32, PERFORMANCE_HINT=LATENCY); ``torch-bf16`` casts an fp32 model to bfloat16 and
-``openvino-bf16`` asks OpenVINO for bf16. All load through ``compress.core.runtime``, as
+worker; f32, PERFORMANCE_HINT=LATENCY; compiled once more for each grid point's fixed
+shape, and for each padded shape of the real inputs, unless ``--openvino-shapes dynamic``);
+``torch-bf16`` casts an fp32 model to bfloat16 and ``openvino-bf16`` asks OpenVINO for bf16. All load through ``compress.core.runtime``, as
 evaluation does; each row names the backend that ran, and an OpenVINO row's note the
 precision the compiled model reports.
 """
