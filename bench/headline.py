@@ -55,6 +55,9 @@ ROWS = (
     ("student 2L-384 int8 (ONNX Runtime)", "student-2L-384-int8", "2L-384"),
     ("student 2L-384 int8 (OpenVINO)", "student-2L-384-int8-ov", "2L-384"),
 )
+# Each point's timed passes last at least this long (still >= --repeats passes): 20 passes of a 2 ms model take
+# 40 ms, which one slow spell of the shared machine can cover whole (a 1.80 ms model once timed 2.50 ms in one run).
+MIN_SECONDS = 2.0
 TASKS = ("sst2", "mrpc", "stsb")  # the teachers the recipe trains: SST-2 for the table, all three for int8 drops
 REFERENCE_BACKENDS = ("torch", "onnxruntime", "openvino")  # the BERT-base shape on each: the fastest is the reference
 # The targets: (1) speed-up over BERT-base-shape fp32 on its fastest backend, at an SST-2 retention;
@@ -109,7 +112,7 @@ def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, a
                            and Path(parent).resolve() == Path(o["dir"]).resolve()), None)
             m["sst2"] = source["sst2"] if source else None
     latency = measure_latency([base] + [m["dir"] for m in models], LatencyConfig(
-        batch=(1, 32), seq=(128,), repeats=repeats, warmup=5, repeat_runs=runs, reference_backends=REFERENCE_BACKENDS,
+        batch=(1, 32), seq=(128,), repeats=repeats, min_seconds=MIN_SECONDS, warmup=5, repeat_runs=runs, reference_backends=REFERENCE_BACKENDS,
         lengths="sst2", data_dir=str(glue), lengths_passes=2, record=False))
     teacher_scores = {t: _dev(work / f"teacher-{t}", t) for t in TASKS}
     for m in models:
@@ -368,7 +371,8 @@ def render(results: dict[str, Any]) -> str:
         *([f"- adopted stages: {', '.join(sorted(results['adopted']))} were trained earlier with this recipe's exact "
            "settings and adopted into the run directory instead of being trained twice."] if results.get("adopted") else []),
         f"- latency: {lat['repeat_runs']} interleaved runs (every model in turn, each in its own process, {lat['threads']} "
-        "threads); rows give the median of the runs' medians and the worst run's speed-up in brackets. Random token ids at "
+        f"threads; each point timed for at least {lat.get('config', {}).get('repeats', '?')} passes and "
+        f"{_fmt(lat.get('config', {}).get('min_seconds'), 'g')} s); rows give the median of the runs' medians and the worst run's speed-up in brackets. Random token ids at "
         "batch 1 and 32, sequence 128; real inputs: the SST-2 dev set's "
         f"{inputs.get('n', '?')} sentences at their own lengths (mean {_fmt(inputs.get('mean_tokens'), '.1f')} tokens), "
         "batch 1 one at a time and batch 32 sorted with dynamic padding"
