@@ -32,9 +32,9 @@ exported inside the worker), ``inc`` (Neural Compressor PT2E, inductor-compiled)
 ``openvino`` (an OpenVINO IR, or an fp32 PyTorch / ONNX directory converted inside the
 worker; f32, PERFORMANCE_HINT=LATENCY; compiled once more for each grid point's fixed
 shape, and for each padded shape of the real inputs, unless ``--openvino-shapes dynamic``);
-``torch-bf16`` casts an fp32 model to bfloat16 and ``openvino-bf16`` asks OpenVINO for bf16. All load through ``compress.core.runtime``, as
-evaluation does; each row names the backend that ran, and an OpenVINO row's note the
-precision the compiled model reports.
+``torch-bf16`` casts an fp32 model to bfloat16 and ``openvino-bf16`` asks OpenVINO for
+bf16. All load through ``compress.core.runtime``, as evaluation does; each row names the
+backend that ran, and an OpenVINO row's note the precision the compiled model reports.
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ class LatencyConfig:
     threads: int | None = option(None, "intra-op threads (default: usable physical cores)")
     backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc, openvino, openvino-bf16",
                           choices=lambda: [name for name, _ in BACKENDS.items()])
-    openvino_shapes: str = option("static", "OpenVINO rows: static compiles the model once per grid point for its fixed "
-                                  "[batch, seq] (as a deployment padding to one length would; faster for small models), "
-                                  "dynamic once for any shape; real-length timings (--lengths) always run dynamic",
-                                  choices=OPENVINO_SHAPES)
+    openvino_shapes: str = option("static", "OpenVINO rows: static compiles the model once more for each grid point's "
+                                  "fixed [batch, seq] and, with --lengths, for each padded shape of the real inputs (see "
+                                  "--lengths-multiple), as a deployment padding to a few lengths would (faster for small "
+                                  "models); dynamic compiles it once for any shape", choices=OPENVINO_SHAPES)
     peak: bool = option(True, "also measure the fp32 GEMM peak and report each model's % of it")
     repeat_runs: int = option(1, "repeat the whole measurement (every model in turn) K times: rows give the median of the "
                               "runs' medians, their spread, and the speed-up of the worst run (a speed-up holds only if it "
@@ -320,8 +320,8 @@ def openvino_session(model_dir: Path, cfg: LatencyConfig, precision: str = OPENV
         raise CompressError(f"the {name} latency backend runs OpenVINO, ONNX or fp32 PyTorch directories; {model_dir} is {fmt} "
                             "(use --backend auto)")
     # A converted IR lives as long as the worker (a temporary folder, removed at exit): shapes are compiled from it on demand.
-    tmp = tempfile.TemporaryDirectory(prefix="compress-openvino-")
-    ir = model_dir if fmt == OPENVINO else export_openvino(model_dir, Path(tmp.name) / "openvino")
+    tmp = None if fmt == OPENVINO else tempfile.TemporaryDirectory(prefix="compress-openvino-")
+    ir = model_dir if tmp is None else export_openvino(model_dir, Path(tmp.name) / "openvino")
     config, head = load_config(ir), saved_head(ir)
     model = OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision)  # any shape
     ran = layer_precisions(model.compiled)
