@@ -271,8 +271,13 @@ def test_a_runner_compiled_for_one_shape_gives_the_dynamic_outputs_and_refuses_o
              "token_type_ids": torch.zeros(2, 12, dtype=torch.long)}
     with torch.inference_mode():
         np.testing.assert_allclose(static(**batch).logits.numpy(), dynamic(**batch).logits.numpy(), atol=1e-5)
-        with pytest.raises(Exception):  # another shape: the request refuses it rather than running it wrong
-            static(**{k: v[:, :8] for k, v in batch.items()})
+        with pytest.raises(CompressError, match=r"compiled for inputs of shape \(2, 12\); got \(2, 8\)"):
+            static(**{k: v[:, :8] for k, v in batch.items()})  # another shape is refused, not run wrong
+        # the any-shape runner takes each call's shape, and back: the same input gives the same logits after a shorter one
+        long, short, again = (dynamic(**{k: v[:1, :seq] for k, v in batch.items()}).logits for seq in (12, 5, 12))
+        assert long.shape == short.shape == (1, 2) and torch.equal(long, again) and not torch.equal(long, short)
+        first, second = static(**batch).logits, static(**batch).logits
+        assert first.data_ptr() != second.data_ptr()  # each call's outputs are its own, not the request's buffer
 
 
 def test_only_batch_by_sequence_inputs_get_a_fixed_shape():
@@ -302,7 +307,7 @@ def test_latency_compiles_openvino_per_grid_point_when_asked(env, shapes):
                                   "token_type_ids": np.zeros((2, 16), dtype=np.int64)})
         forward = session.compile_for((2, 16))  # from the converted IR, which outlives the session's creation
         np.testing.assert_allclose(forward(inputs).logits.numpy(), session.forward(inputs).logits.numpy(), atol=1e-5)
-        with pytest.raises(Exception):
+        with pytest.raises(CompressError, match="compiled for inputs of shape"):
             forward({k: v[:1] for k, v in inputs.items()})  # (1, 16) is not its shape
     with pytest.raises(CompressError, match="--openvino-shapes is static or dynamic"):
         from_dict(LatencyConfig, {"openvino_shapes": "fixed"}).validate()

@@ -538,18 +538,40 @@ class OpenVINORunner(Runner):
         self.input_types = [port.get_element_type().to_dtype() for port in compiled.inputs]
         self.output_names = tuple(_port_name(port, OUTPUT_FIELDS) for port in compiled.outputs)
         object.__setattr__(self, "output_ports", list(compiled.outputs))  # built once: reading .outputs makes new ports
+        # A model compiled for one shape: the request's own input buffers, written in place each call.
+        static = all(port.get_partial_shape().is_static for port in compiled.inputs)
+        self.shape = tuple(compiled.inputs[0].get_shape()) if static and compiled.inputs else None
+        object.__setattr__(self, "buffers", [self.request.get_input_tensor(i).data for i in range(len(compiled.inputs))]
+                           if static else None)
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         # Only the inputs the IR declares (no token_type_ids for DistilBERT, ModernBERT), in its integer type.
-        feeds = {name: inputs[name].detach().cpu().numpy().astype(dtype, copy=False)
-                 for name, dtype in zip(self.input_names, self.input_types)}
-        # The request reads the feeds in place (share_inputs: no copy into its own tensors, about 0.05 ms a call for a
-        # small model at batch 1; safe, the call is synchronous); the outputs are copied out of its buffers.
-        results = self.request.infer(feeds, share_inputs=True)
-        return [torch.from_numpy(results[port]) for port in self.output_ports]
+        # Feeding the request's tensors directly (no input dict for the Python data dispatcher) saves 0.06-0.09 ms a
+        # call, measured on a 2-layer int8 student at batch 1 (0.50 against 0.56 ms at 32 tokens).
+        request = self.request
+        for i, (name, dtype) in enumerate(zip(self.input_names, self.input_types)):
+            value = inputs[name].detach().cpu().numpy()
+            if self.buffers is None:  # any shape: the request reads the array in place (the call is synchronous)
+                request.set_input_tensor(i, _ov_tensor(np.ascontiguousarray(value, dtype=dtype)))
+            elif value.shape != self.buffers[i].shape:
+                raise CompressError(f"{self.path} was compiled for inputs of shape {self.shape}; got {tuple(value.shape)} "
+                                    "(pad to that shape, or compile for any shape)")
+            else:
+                np.copyto(self.buffers[i], value, casting="same_kind")
+        request.infer()
+        # Copied out: the request's buffers are overwritten by its next call.
+        return [torch.from_numpy(request.get_output_tensor(i).data.copy()) for i in range(len(self.output_ports))]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, precision={self.precision}"
+
+
+def _ov_tensor(array: np.ndarray):
+    """An OpenVINO tensor over ``array``'s memory (no copy)."""
+    # deferred: a heavy import, loaded already by whoever compiled the model
+    import openvino as ov
+
+    return ov.Tensor(array, shared_memory=True)
 
 
 # Output names the Hugging Face output classes use, preferred when an IR tensor has several names.
