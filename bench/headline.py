@@ -112,8 +112,8 @@ def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, a
                            and Path(parent).resolve() == Path(o["dir"]).resolve()), None)
             m["sst2"] = source["sst2"] if source else None
     latency = measure_latency([base] + [m["dir"] for m in models], LatencyConfig(
-        batch=(1, 32), seq=(128,), repeats=repeats, min_seconds=MIN_SECONDS, warmup=5, repeat_runs=runs, reference_backends=REFERENCE_BACKENDS,
-        lengths="sst2", data_dir=str(glue), lengths_passes=2, record=False))
+        batch=(1, 32), seq=(128,), repeats=repeats, min_seconds=MIN_SECONDS, warmup=5, repeat_runs=runs,
+        reference_backends=REFERENCE_BACKENDS, lengths="sst2", data_dir=str(glue), lengths_passes=2, record=False))
     teacher_scores = {t: _dev(work / f"teacher-{t}", t) for t in TASKS}
     for m in models:
         m["retention"] = m["sst2"] / teacher_scores["sst2"] if m["sst2"] is not None and teacher_scores["sst2"] else None
@@ -372,8 +372,9 @@ def render(results: dict[str, Any]) -> str:
            "settings and adopted into the run directory instead of being trained twice."] if results.get("adopted") else []),
         f"- latency: {lat['repeat_runs']} interleaved runs (every model in turn, each in its own process, {lat['threads']} "
         f"threads; each point timed for at least {lat.get('config', {}).get('repeats', '?')} passes and "
-        f"{_fmt(lat.get('config', {}).get('min_seconds'), 'g')} s); rows give the median of the runs' medians and the worst run's speed-up in brackets. Random token ids at "
-        "batch 1 and 32, sequence 128; real inputs: the SST-2 dev set's "
+        f"{_fmt(lat.get('config', {}).get('min_seconds'), 'g')} s); rows give the median of the runs' medians and the "
+        "worst run's speed-up in brackets. Random token ids at batch 1 and 32, sequence 128; real inputs: the SST-2 "
+        "dev set's "
         f"{inputs.get('n', '?')} sentences at their own lengths (mean {_fmt(inputs.get('mean_tokens'), '.1f')} tokens), "
         "batch 1 one at a time and batch 32 sorted with dynamic padding"
         + (f"; OpenVINO rows are compiled for each fixed shape: every grid point's, and the real inputs padded to a multiple "
