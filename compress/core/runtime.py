@@ -540,7 +540,6 @@ class OpenVINORunner(Runner):
         object.__setattr__(self, "output_ports", list(compiled.outputs))  # built once: reading .outputs makes new ports
         # A model compiled for one shape: the request's own input buffers, written in place each call.
         static = all(port.get_partial_shape().is_static for port in compiled.inputs)
-        self.shape = tuple(compiled.inputs[0].get_shape()) if static and compiled.inputs else None
         object.__setattr__(self, "buffers", [self.request.get_input_tensor(i).data for i in range(len(compiled.inputs))]
                            if static else None)
 
@@ -554,7 +553,7 @@ class OpenVINORunner(Runner):
             if self.buffers is None:  # any shape: the request reads the array in place (the call is synchronous)
                 request.set_input_tensor(i, _ov_tensor(np.ascontiguousarray(value, dtype=dtype)))
             elif value.shape != self.buffers[i].shape:
-                raise CompressError(f"{self.path} was compiled for inputs of shape {self.shape}; got {tuple(value.shape)} "
+                raise CompressError(f"{self.path} was compiled for inputs of shape {self.buffers[i].shape}; got {value.shape} "
                                     "(pad to that shape, or compile for any shape)")
             else:
                 np.copyto(self.buffers[i], value, casting="same_kind")
