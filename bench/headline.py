@@ -59,6 +59,11 @@ ROWS = (
 # 40 ms, which one slow spell of the shared machine can cover whole (a 1.80 ms model once timed 2.50 ms in one run).
 MIN_SECONDS = 2.0
 TASKS = ("sst2", "mrpc", "stsb")  # the teachers the recipe trains: SST-2 for the table, all three for int8 drops
+# Target 2's models: the same shape trained on each of TASKS (group -> task -> fp32 folder under the work dir).
+INT8_TASK_MODELS = {
+    "teacher": {t: f"teacher-{t}" for t in TASKS},
+    "3L-384": {"sst2": "student-3L-384", "mrpc": "student-3L-384-mrpc", "stsb": "student-3L-384-stsb"},
+}
 REFERENCE_BACKENDS = ("torch", "onnxruntime", "openvino")  # the BERT-base shape on each: the fastest is the reference
 # The targets: (1) speed-up over BERT-base-shape fp32 on its fastest backend, at an SST-2 retention;
 # (2) int8 over the same model's fastest fp32, and its drops; (3) BERT-base shape's share of the fp32 peak;
@@ -169,12 +174,15 @@ def _per_run_min(a: list[float], b: list[float]) -> float:
     return min(x / y for x, y in zip(a, b))
 
 
-def compute_targets(latency: dict, models: list[dict], drops: dict, base: str) -> dict[str, Any]:
+def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
+                    task_models: dict[str, dict[str, str]] = INT8_TASK_MODELS) -> dict[str, Any]:
     """Targets 1-5 from one latency report (rows per model and point, ``real_rows``, peaks, the reference).
 
     ``models``: dicts with ``dir`` (the latency row's ``model``), ``label``, ``group`` (fp32
     variants and int8 of one model share it) and ``retention`` (SST-2, of the teacher).
     ``drops``: int8 directory name -> the quantize stage's record (task, drop).
+    ``task_models``: the groups target 2 judges -> their fp32 folder per task (the int8 drops are of
+    ``<folder>-int8-ov`` or ``<folder>-int8``, whichever backend is the group's fastest int8 at b1).
     """
     b1, b32 = _rows_at(latency, 1), _rows_at(latency, 32)
     group = {m["dir"]: m for m in models}
@@ -195,7 +203,8 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str) -
     else:
         out["speed"]["met"] = False
 
-    # 2. int8 against the same model's fastest fp32 variant, run by run; the teacher's drops on three tasks.
+    # 2. int8 against the same model's fastest fp32 variant, run by run; met by any model trained on all three tasks
+    #    whose fastest int8 keeps the speed-up in every run and drops at most TARGET_INT8_DROP on each.
     pairs = {}
     for name in {m["group"] for m in models}:
         members = [m for m in models if m["group"] == name]
@@ -212,16 +221,21 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str) -
                 "fp32": min(fp32, key=lambda r: r["p50_ms"])["backend"],
                 "speedup": float(np.median(best_fp32)) / fast["p50_ms"], "speedup_min": _per_run_min(best_fp32, fast["runs_p50_ms"]),
             }
-    teacher_int8 = pairs.get("teacher", {})
-    backend = (teacher_int8.get(1) or {}).get("int8_backend")
-    suffix = "-int8-ov" if (backend or "").startswith("openvino") else "-int8"  # rows name the variant: "openvino-int8"
-    task_drops = {t: drops[f"teacher-{t}{suffix}"]["drop"] for t in ("sst2", "mrpc", "stsb") if f"teacher-{t}{suffix}" in drops}
+    judged = {}
+    for name, folders in task_models.items():
+        speed = pairs.get(name, {})
+        backend = (speed.get(1) or {}).get("int8_backend") or ""
+        suffix = "-int8-ov" if backend.startswith("openvino") else "-int8"  # rows name the variant: "openvino-int8"
+        task_drops = {t: drops[f"{d}{suffix}"]["drop"] for t, d in folders.items() if f"{d}{suffix}" in drops}
+        judged[name] = {
+            "drops": task_drops, "drops_of": ", ".join(f"{d}{suffix}" for d in folders.values()),
+            "met": len(speed) == 2 and all(p["speedup_min"] >= TARGET_INT8_SPEEDUP for p in speed.values())
+                   and len(task_drops) == len(folders) and all(d <= TARGET_INT8_DROP for d in task_drops.values()),
+        }
     out["int8"] = {
         "target": f"int8 on its fastest backend >= {TARGET_INT8_SPEEDUP:g}x the same model on its fastest fp32 backend "
                   f"(b1 and b32, every run), <= {TARGET_INT8_DROP} point drop on SST-2, MRPC, STS-B",
-        "pairs": pairs, "drops": task_drops, "drops_of": f"teacher-*{suffix}",
-        "met": bool(teacher_int8) and all(p["speedup_min"] >= TARGET_INT8_SPEEDUP for p in teacher_int8.values())
-               and len(task_drops) == 3 and all(d <= TARGET_INT8_DROP for d in task_drops.values()),
+        "pairs": pairs, "judged": judged, "met": any(j["met"] for j in judged.values()),
     }
 
     # 3. BERT-base shape on its fastest fp32 backend, as a share of the measured fp32 peak.
@@ -367,7 +381,8 @@ def render(results: dict[str, Any]) -> str:
         "through the retention benchmark's per-task students below. "
         "Students: `compress distill`'s defaults (KD + hard labels, 3 epochs, lr 1e-4; 20,000 sentences is above the "
         "augmentation limit); the 4L-312 and the 2L-384 (12 heads of 32, as the teacher's) are cut from the teacher "
-        "(`--init teacher`).",
+        "(`--init teacher`). For target 2, the 3L-384 is also distilled on MRPC and STS-B from their teachers "
+        "(same settings, no augmentation).",
         *([f"- adopted stages: {', '.join(sorted(results['adopted']))} were trained earlier with this recipe's exact "
            "settings and adopted into the run directory instead of being trained twice."] if results.get("adopted") else []),
         f"- latency: {lat['repeat_runs']} interleaved runs (every model in turn, each in its own process, {lat['threads']} "
@@ -424,14 +439,16 @@ def render(results: dict[str, Any]) -> str:
     else:
         lines.append(f"1. {_verdict(False)} — {sp['target']}: no compressed model kept {TARGET_RETENTION:.0%} of the teacher's SST-2 accuracy.")
     i8 = t["int8"]
-    teacher_pairs = i8["pairs"].get("teacher", {})
-    pair_text = "; ".join(f"b{b}: {p['int8_backend']} int8 {p['speedup']:.2f}x the {p['fp32']} fp32 (worst run {p['speedup_min']:.2f}x)"
-                          for b, p in sorted(teacher_pairs.items(), key=lambda kv: int(kv[0])))
-    lines.append(f"2. {_verdict(i8['met'])} — {i8['target']}: teacher {pair_text or 'not measured'}; drops ({i8['drops_of']}) "
-                 + ", ".join(f"{get_task(k).display} {v:+.2f}" for k, v in i8["drops"].items()) + ".")
-    others = [(g, p.get(1) or p.get("1")) for g, p in sorted(i8["pairs"].items()) if g != "teacher"]
+    lines.append(f"2. {_verdict(i8['met'])} — {i8['target']}:")
+    for name, j in (i8.get("judged") or {}).items():
+        speed = i8["pairs"].get(name, {})
+        pair_text = "; ".join(f"b{b}: {p['int8_backend']} int8 {p['speedup']:.2f}x the {p['fp32']} fp32 (worst run {p['speedup_min']:.2f}x)"
+                              for b, p in sorted(speed.items(), key=lambda kv: int(kv[0])))
+        lines.append(f"   - {name}: {_verdict(j['met'])}; {pair_text or 'not measured'}; drops ({j['drops_of']}) "
+                     + (", ".join(f"{get_task(k).display} {v:+.2f}" for k, v in j["drops"].items()) or "not measured") + ".")
+    others = [(g, p.get(1) or p.get("1")) for g, p in sorted(i8["pairs"].items()) if g not in (i8.get("judged") or {})]
     if any(p for _, p in others):
-        lines.append("   Other models, int8 over their own fastest fp32 at b1: " + ", ".join(
+        lines.append("   - Other models (no MRPC and STS-B versions), int8 over their own fastest fp32 at b1: " + ", ".join(
             f"{g} {p['speedup']:.2f}x ({p['int8_backend']} vs {p['fp32']}; worst run {p['speedup_min']:.2f}x)" for g, p in others if p) + ".")
     pk_ = t["peak"]
     lines.append(f"3. {_verdict(pk_['met'])} — {pk_['target']}: " + ", ".join(
