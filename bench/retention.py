@@ -357,13 +357,13 @@ def best_rows(runs: dict[str, dict]) -> dict[tuple[str, str], dict]:
 
 def _recipe(r: dict) -> tuple:
     """What makes two rows the same recipe: task, shape, row letter, the general stage's length and cycles, the settings a
-    run may change (learning rate, epochs, augmented copies and which stages read them, transfer examples); not the
-    seed, teacher or paths."""
+    run may change (training sample, learning rate, epochs, augmented copies and which stages read them, transfer
+    examples); not the seed, teacher or paths."""
     cfg = r.get("config") or {}
     general = r.get("general") or {}
     return (r["task"], r["student"], r["row"], general.get("steps"), general.get("cycles", 1), cfg.get("lr"), cfg.get("epochs"),
             cfg.get("intermediate_epochs"), cfg.get("augment") or 0, bool(cfg.get("augment_intermediate")),
-            cfg.get("transfer_examples"))
+            cfg.get("transfer_examples"), cfg.get("max_train_examples"))
 
 
 def goal_lines(runs: dict[str, dict]) -> list[str]:

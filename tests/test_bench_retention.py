@@ -98,6 +98,15 @@ def test_a_row_run_with_another_learning_rate_is_another_recipe():
     assert "RTE 96.7% (d; a.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 50) / 2
 
 
+def test_a_row_trained_on_a_larger_sample_is_another_recipe():
+    small = row("sst2", "4L-312", "f", 82.0, 86.0)
+    large = row("sst2", "4L-312", "f", 86.0, 86.0, seed=1)
+    small["sst2/4L-312/f/42"]["config"] = {"max_train_examples": 4000}
+    large["sst2/4L-312/f/1"]["config"] = {"max_train_examples": 20000}
+    [_, _, line] = goal_lines({"a.json": small, "b.json": large})
+    assert "SST-2 100.0% (f; b.json; teacher 86.00)" in line  # 86 / 86 alone, not (82 + 86) / 2 / 86 = 97.7%
+
+
 def test_a_row_whose_intermediate_stage_read_the_augmented_set_is_another_recipe():
     base = row("rte", "3L-384", "d", 58.0, 60.0)
     other = row("rte", "3L-384", "d", 54.0, 60.0, seed=1)
