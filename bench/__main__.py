@@ -46,10 +46,10 @@ def recipe(minilm: Path, glue: Path) -> dict:
         for t in TASKS
     ]
     sst2 = data("sst2")
+    student_3l = {"student": "3L-384", "init": "teacher-layers", "init_layers": [1, 3, 5], "losses": ["kd", "hard"],
+                  "epochs": 3, "lr": 1e-4, "batch_size": 32}
     stages += [
-        {"name": "student-3L-384", "run": "distill", "teacher": "${teacher-sst2}",
-         "config": {**sst2, "student": "3L-384", "init": "teacher-layers", "init_layers": [1, 3, 5],
-                    "losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4, "batch_size": 32}},
+        {"name": "student-3L-384", "run": "distill", "teacher": "${teacher-sst2}", "config": {**sst2, **student_3l}},
         {"name": "student-4L-312", "run": "distill", "teacher": "${teacher-sst2}",  # cut from the teacher (--init teacher)
          "config": {**sst2, "student": "4L-312", "init": "teacher", "losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4,
                     "batch_size": 32}},
@@ -57,9 +57,7 @@ def recipe(minilm: Path, glue: Path) -> dict:
          "config": {**sst2, "student": "2L-384", "heads": 12, "init": "teacher", "losses": ["kd", "hard"], "epochs": 3,
                     "lr": 1e-4, "batch_size": 32}},
         *({"name": f"student-3L-384-{t}", "run": "distill", "teacher": "${teacher-" + t + "}",  # target 2's int8 drops
-           "config": {**data(t), "student": "3L-384", "init": "teacher-layers", "init_layers": [1, 3, 5],
-                      "losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4, "batch_size": 32, "augment": 0}}
-          for t in ("mrpc", "stsb")),
+           "config": {**data(t), **student_3l, "augment": 0}} for t in TASKS if t != "sst2"),
         {"name": "teacher-sst2-heads50", "run": "prune", "model": "${teacher-sst2}",
          "config": {**sst2, "remove_heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
         {"name": "student-3L-384-heads50", "run": "prune", "model": "${student-3L-384}",

@@ -65,7 +65,7 @@ TASKS = ("sst2", "mrpc", "stsb")  # the teachers the recipe trains: SST-2 for th
 # Target 2's models: the same shape trained on each of TASKS (group -> task -> fp32 folder under the work dir).
 INT8_TASK_MODELS = {
     "teacher": {t: f"teacher-{t}" for t in TASKS},
-    "3L-384": {"sst2": "student-3L-384", "mrpc": "student-3L-384-mrpc", "stsb": "student-3L-384-stsb"},
+    "3L-384": {t: "student-3L-384" if t == "sst2" else f"student-3L-384-{t}" for t in TASKS},  # as the recipe names them
 }
 REFERENCE_BACKENDS = ("torch", "onnxruntime", "openvino")  # the BERT-base shape on each: the fastest is the reference
 # The targets: (1) speed-up over BERT-base-shape fp32 on its fastest backend, at an SST-2 retention;
@@ -445,13 +445,14 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"1. {_verdict(False)} — {sp['target']}: no compressed model kept {TARGET_RETENTION:.0%} of the teacher's SST-2 accuracy.")
     i8 = t["int8"]
     lines.append(f"2. {_verdict(i8['met'])} — {i8['target']}:")
-    for name, j in (i8.get("judged") or {}).items():
+    judged = i8.get("judged") or {}
+    for name, j in judged.items():
         speed = i8["pairs"].get(name, {})
         pair_text = "; ".join(f"b{b}: {p['int8_backend']} int8 {p['speedup']:.2f}x the {p['fp32']} fp32 (worst run {p['speedup_min']:.2f}x)"
                               for b, p in sorted(speed.items(), key=lambda kv: int(kv[0])))
         lines.append(f"   - {name}: {_verdict(j['met'])}; {pair_text or 'not measured'}; drops ({j['drops_of']}) "
                      + (", ".join(f"{get_task(k).display} {v:+.2f}" for k, v in j["drops"].items()) or "not measured") + ".")
-    others = [(g, p.get(1) or p.get("1")) for g, p in sorted(i8["pairs"].items()) if g not in (i8.get("judged") or {})]
+    others = [(g, p.get(1) or p.get("1")) for g, p in sorted(i8["pairs"].items()) if g not in judged]
     if any(p for _, p in others):
         lines.append("   - Other models (no MRPC and STS-B versions), int8 over their own fastest fp32 at b1: " + ", ".join(
             f"{g} {p['speedup']:.2f}x ({p['int8_backend']} vs {p['fp32']}; worst run {p['speedup_min']:.2f}x)" for g, p in others if p) + ".")
