@@ -461,3 +461,23 @@ def test_each_grid_point_runs_a_forward_compiled_for_its_shape(monkeypatch, tiny
     timing.burst(2, 16, 2)  # a later burst of the same point: no warm-up, the same compiled forward
     assert calls[6:] == [((2, 16), (2, 16))] * (1 + 2 + 3 + 2)
     assert sorted(timing.shaped) == [(1, 16), (2, 16)]
+
+
+def test_onnxruntime_rows_time_the_runtime_call_on_feeds_built_beforehand(tiny_model_dir):
+    """The timed forward is the session's own call: numpy in, numpy out, the same logits as the model's forward."""
+    import numpy as np
+    import torch
+
+    from compress.core.runtime import load_model
+    from compress.eval.latency import onnxruntime_session
+
+    session = onnxruntime_session(Path(tiny_model_dir), fast(backend="onnxruntime"))
+    batch = {"input_ids": np.array([[2, 7, 9, 4, 3], [2, 5, 3, 0, 0]]), "attention_mask": np.array([[1] * 5, [1, 1, 1, 0, 0]]),
+             "token_type_ids": np.zeros((2, 5), dtype=np.int32)}  # int32 types: the feeds cast them to the graph's int64
+    feeds = session.prepare(batch)
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.int64 for v in feeds.values())
+    (logits,) = session.forward(feeds)
+    assert isinstance(logits, np.ndarray) and logits.shape == (2, 2)
+    with torch.no_grad():
+        expected = load_model(tiny_model_dir)(**{k: torch.from_numpy(v).long() for k, v in batch.items()}).logits
+    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-5)
