@@ -37,8 +37,8 @@ bf16. All load through ``compress.core.runtime``, as evaluation does; each row n
 backend that ran, and an OpenVINO row's note the precision the compiled model reports.
 ONNX Runtime and OpenVINO rows time the runtime's own call on numpy feeds built before
 timing (``NumpyRunner.feeds`` / ``call``): no tensor conversion or transformers output
-object inside the timed region, which at batch 1 on short sentences was a tenth of a
-small model's time.
+object inside the timed region, which at batch 1 on short sentences was up to a tenth of
+a small model's time (bench/results/2026-11-27/call-overhead).
 """
 
 from __future__ import annotations

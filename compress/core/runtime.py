@@ -300,9 +300,10 @@ class NumpyRunner(Runner):
 
     The two halves exist apart for timing: ``compress latency`` builds each batch's feeds
     once, outside the timed region, and times :meth:`call` alone, the runtime's own work
-    as a server holding numpy inputs would pay it. On a 2-layer int8 student at batch 1
-    and about 29 tokens the wrapping around it (tensor conversions, the transformers
-    output object, the module call) cost 0.05-0.08 ms of a 0.5 ms call.
+    as a server holding numpy inputs would pay it. On a 2-layer int8 student at batch 1 on
+    SST-2 dev sentences the wrapping around it (tensor conversions, the transformers output
+    object, the module call) cost 0.05-0.06 ms of a 0.6-1.0 ms call
+    (bench/results/2026-11-27/call-overhead).
     """
 
     def feeds(self, inputs: dict[str, np.ndarray]) -> Any:
