@@ -38,13 +38,13 @@ from compress.eval.lengths import batches, real_inputs
 PADDING_MULTIPLE = 8  # compress latency's default --lengths-multiple
 
 
-def measure(model_dir: str, data_dir: str, task: str, threads: int, rounds: int) -> dict:
+def measure(model_dir: str, data_dir: str | None, task: str, threads: int, rounds: int) -> dict:
     """Median ms per sentence of each way of calling, over ``rounds`` interleaved passes of the dev set."""
     torch.set_num_threads(threads)
     model = load_model(model_dir, threads=threads)
     if not isinstance(model, NumpyRunner):
         raise SystemExit(f"{model_dir} is {artifact_format(model_dir)}; this benchmark times ONNX Runtime and OpenVINO folders")
-    inputs = real_inputs(task, load_tokenizer(model_dir), data_dir=data_dir)
+    inputs = real_inputs(task, load_tokenizer(model_dir), data_dir=data_dir)  # data_dir None: task is a text file
     if isinstance(model, OpenVINORunner):
         feeds = batches(inputs, 1, multiple=PADDING_MULTIPLE)
         shapes = sorted({feed["input_ids"].shape for feed in feeds})
