@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -33,9 +32,10 @@ import torch
 from compress.core.artifacts import artifact_format, load_tokenizer, utc_now, write_json_atomic, write_text_atomic
 from compress.core.hardware import hardware, package_versions
 from compress.core.runtime import NumpyRunner, OpenVINORunner, load_model
+from compress.eval.latency import LatencyConfig, forward_of, worker_env
 from compress.eval.lengths import batches, real_inputs
 
-PADDING_MULTIPLE = 8  # compress latency's default --lengths-multiple
+PADDING_MULTIPLE = LatencyConfig().lengths_multiple  # as compress latency pads by default
 
 
 def measure(model_dir: str, data_dir: str | None, task: str, threads: int, rounds: int) -> dict:
@@ -52,16 +52,13 @@ def measure(model_dir: str, data_dir: str | None, task: str, threads: int, round
         runners = [shaped[feed["input_ids"].shape] for feed in feeds]
     else:
         feeds = batches(inputs, 1)
-        runners = [model] * len(feeds)
+        shaped, runners = {None: model}, [model] * len(feeds)
 
-    def module_call(runner, tensors):
-        with torch.inference_mode():
-            return runner(**tensors)
-
+    modules = {id(runner): forward_of(runner) for runner in shaped.values()}  # latency's former timed call
     tensors = [{k: torch.from_numpy(v) for k, v in feed.items()} for feed in feeds]
     native = [runner.feeds(feed) for runner, feed in zip(runners, feeds)]
     ways = {
-        "module call": [(module_call, (runner, t)) for runner, t in zip(runners, tensors)],
+        "module call": [(modules[id(runner)], (t,)) for runner, t in zip(runners, tensors)],
         "runtime call": [(runner.call, (f,)) for runner, f in zip(runners, native)],
     }
     if isinstance(model, OpenVINORunner):
@@ -81,16 +78,15 @@ def measure(model_dir: str, data_dir: str | None, task: str, threads: int, round
     return {
         "model": model_dir, "format": artifact_format(model_dir), "sentences": n, "mean_tokens": inputs.mean_tokens,
         "padded_tokens_mean": float(np.mean([f["input_ids"].shape[1] for f in feeds])),
-        "compiled_shapes": len(set(id(r) for r in runners)),
+        "compiled_shapes": len(shaped),
         "ms_per_sentence": {name: float(np.median(s)) / n * 1e3 for name, s in seconds.items()},
         "ms_per_sentence_runs": {name: [x / n * 1e3 for x in s] for name, s in seconds.items()},
     }
 
 
 def run_worker(job: dict, threads: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     proc = subprocess.run([sys.executable, "-m", "bench.call_overhead", "--worker", json.dumps(job)],
-                          capture_output=True, text=True, env=env, timeout=3600)
+                          capture_output=True, text=True, env=worker_env(threads), timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"worker for {job['model_dir']} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
