@@ -64,10 +64,15 @@ def recipe(minilm: Path, glue: Path) -> dict:
          "config": {**sst2, "remove_heads": 0.5, "recovery": "distill", "importance_examples": 2048, "epochs": 1, "lr": 5e-5}},
         {"name": "student-2L-384-ffn50", "run": "prune", "model": "${student-2L-384}",
          "config": {**sst2, "remove_ffn": 0.5, "recovery": "none", "importance_examples": 2048}},
+        # Half its heads too (6 of 12 in each layer; 1 epoch of recovery distillation, as the other head prunes):
+        # at SST-2's real lengths at batch 1, halving the heads and then the FFN cut the OpenVINO int8 time per sentence by 18% and 35%.
+        {"name": "student-2L-384-ffn50-heads50", "run": "prune", "model": "${student-2L-384-ffn50}",
+         "config": {**sst2, "remove_heads": 0.5, "head_scope": "layer", "recovery": "distill", "importance_examples": 2048,
+                    "epochs": 1, "lr": 5e-5}},
     ]
     for name, task in (("teacher-sst2", "sst2"), ("teacher-mrpc", "mrpc"), ("teacher-stsb", "stsb"),
                        ("student-3L-384", "sst2"), ("student-4L-312", "sst2"), ("student-3L-384-heads50", "sst2"),
-                       ("student-2L-384", "sst2"), ("student-2L-384-ffn50", "sst2")):
+                       ("student-2L-384", "sst2"), ("student-2L-384-ffn50", "sst2"), ("student-2L-384-ffn50-heads50", "sst2")):
         stages.append({"name": f"{name}-int8", "run": "quantize", "model": "${" + name + "}",
                        "config": {**data(task), "backend": "onnxruntime", "scheme": "dynamic"}})
     stages.append({"name": "teacher-sst2-int8-torch", "run": "quantize", "model": "${teacher-sst2}",
@@ -76,7 +81,8 @@ def recipe(minilm: Path, glue: Path) -> dict:
     # so that each int8 model is compared with the same model on its fastest fp32 backend.
     for name, task in (("teacher-sst2", "sst2"), ("teacher-mrpc", "mrpc"), ("teacher-stsb", "stsb"),
                        ("student-3L-384", "sst2"), ("student-3L-384-mrpc", "mrpc"), ("student-3L-384-stsb", "stsb"),
-                       ("student-4L-312", "sst2"), ("student-2L-384", "sst2"), ("student-2L-384-ffn50", "sst2")):
+                       ("student-4L-312", "sst2"), ("student-2L-384", "sst2"), ("student-2L-384-ffn50", "sst2"),
+                       ("student-2L-384-ffn50-heads50", "sst2")):
         stages.append({"name": f"{name}-int8-ov", "run": "quantize", "model": "${" + name + "}",
                        "config": {**data(task), "backend": "openvino", "scheme": "static"}})
     for name in ("teacher-sst2", "student-3L-384", "student-4L-312"):

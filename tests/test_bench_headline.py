@@ -138,3 +138,22 @@ def test_an_openvino_models_profile_is_rendered_from_the_plugins_counters():
     # 2.39 / 3.63 = 65.8% -> 66%
     assert ("3.63 ms of layer time (p50 3.85 ms with the counters on), 66% in matrix products; top (layer type, kernel): "
             "FullyConnected brgemm_avx512_I8 2.31, Subgraph jit_avx512_i8 0.62.") in text
+
+
+def test_every_table_row_is_a_stage_of_the_recipe_and_every_stage_reads_an_earlier_one():
+    # models_of() keeps only the rows whose folder exists, so a misspelt stage would drop its row silently.
+    import re
+    from pathlib import Path
+
+    from bench.__main__ import recipe
+    from bench.headline import ROWS
+
+    stages = recipe(Path("minilm"), Path("glue"))["stages"]
+    names = [s["name"] for s in stages]
+    assert len(names) == len(set(names))
+    assert {name for _, name, _ in ROWS} <= set(names)
+    for i, stage in enumerate(stages):
+        for ref in re.findall(r"\$\{([^}]+)\}", str({k: v for k, v in stage.items() if k != "name"})):
+            assert ref in names[:i], f"{stage['name']} reads {ref}, which no earlier stage makes"
+    pruned = next(s for s in stages if s["name"] == "student-2L-384-ffn50-heads50")
+    assert pruned["model"] == "${student-2L-384-ffn50}" and pruned["config"]["remove_heads"] == 0.5
