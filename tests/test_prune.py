@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -308,6 +310,44 @@ def test_iterative_heads_with_distillation_recovery_and_layer_importance(trained
     assert removed == [1, 1]
     assert summary["after_recovery"] is not None
     assert "recovery:distill" in read_compression(out)["method"]
+
+
+def test_distillation_recovery_learns_from_the_recovery_teacher_when_given(trained, tmp_path, monkeypatch):
+    import compress.prune as prune_module
+    from compress.teacher.finetune import FinetuneConfig, finetune
+
+    data, model_dir = trained
+    # Another fine-tuned model of the same task stands for the student's own teacher.
+    teacher = finetune(model_dir, tmp_path / "teacher", from_dict(FinetuneConfig, {"task": "sst2", "data_dir": str(data),
+                                                                                   "epochs": 1, "lr": 1e-3, "seed": 4}))
+    calls = []
+    real = prune_module.distill
+
+    def spy(teacher_dir, out, cfg, **kw):
+        calls.append((Path(teacher_dir).resolve(), Path(cfg.init)))
+        return real(teacher_dir, out, cfg, **kw)
+
+    monkeypatch.setattr(prune_module, "distill", spy)
+    out = prune(model_dir, tmp_path / "p", _prune_cfg(data, remove_ffn=0.5, recovery="distill",
+                                                      recovery_teacher=str(teacher), epochs=1, lr=1e-3))
+    assert [c[0] for c in calls] == [Path(teacher).resolve()]  # the given teacher, not the unpruned model
+    assert st.ffn_widths(load_model(out)) == [64, 64]  # the student distilled is the pruned one
+    assert next(r for r in read_metrics(out) if r["kind"] == "prune")["after_recovery"] is not None
+    assert read_compression(out)["config"]["recovery_teacher"] == str(Path(teacher).resolve())
+
+    calls.clear()
+    prune(model_dir, tmp_path / "q", _prune_cfg(data, remove_ffn=0.5, recovery="distill", epochs=1, lr=1e-3))
+    assert [c[0] for c in calls] == [Path(model_dir).resolve()]  # without it: the unpruned model
+
+
+def test_recovery_teacher_needs_distillation_recovery_and_an_existing_model(trained, tmp_path):
+    data, model_dir = trained
+    with pytest.raises(CompressError, match="add --recovery distill"):
+        _prune_cfg(data, remove_ffn=0.5, recovery="finetune", recovery_teacher=str(model_dir)).validate()
+    with pytest.raises(CompressError, match="neither a directory nor a known hub model"):
+        prune(model_dir, tmp_path / "p", _prune_cfg(data, remove_ffn=0.5, recovery="distill",
+                                                    recovery_teacher=str(tmp_path / "missing")))
+    assert not (tmp_path / "p").exists()
 
 
 def test_until_threshold(trained, tmp_path):
