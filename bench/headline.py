@@ -180,6 +180,21 @@ def _per_run_min(a: list[float], b: list[float]) -> float:
     return min(x / y for x, y in zip(a, b))
 
 
+def _below_floor(points: tuple[dict, ...], precision: str) -> list[tuple[str, float]]:
+    """(model, x floor) of every row of ``precision`` that ran faster than its floor at the run's measured peak."""
+    return [(Path(r["model"]).name, r["x_floor"]) for rows in points for r in rows.values()
+            if r.get("precision") == precision and r.get("x_floor") is not None and r["x_floor"] < 1]
+
+
+def _not_judged_if_peak_slowed(target: dict, precision: str, faster: list[tuple[str, float]]) -> None:
+    """A model cannot beat its floor: if one did, the peak was measured in a slow spell and the target is not judged."""
+    if not faster:
+        return
+    name, x = min(faster, key=lambda f: f[1])
+    target.update(met=False, not_judged=f"{name} ran at {x:.2f}x its floor, faster than the measured {precision} peak "
+                                         "allows: the peak was measured in a slow spell, so this run cannot judge it")
+
+
 def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
                     task_models: dict[str, dict[str, str]] = INT8_TASK_MODELS) -> dict[str, Any]:
     """Targets 1-5 from one latency report (rows per model and point, ``real_rows``, peaks, the reference).
@@ -258,6 +273,8 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
     out["peak"] = {"target": f"BERT-base-shape fp32 on its fastest backend >= {TARGET_PEAK:.0%} of the measured fp32 peak at b1 and b32",
                    "peak_gflops": peak, "share": share,
                    "met": len(share) == 2 and all(v["pct"] >= 100 * TARGET_PEAK for v in share.values())}
+    faster = [(f"BERT-base shape b{b} ({v['backend']})", 100 / v["pct"]) for b, v in share.items() if v["pct"] > 100]
+    _not_judged_if_peak_slowed(out["peak"], "fp32", faster + _below_floor((b1, b32), "fp32"))
 
     # 4. The best small int8 model (not the teacher) at b1: its distance to the int8 floor.
     small = [b1[m["dir"]] for m in models if m["group"] != "teacher" and m["dir"] in b1
@@ -267,6 +284,7 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
                     **({"model": closest["model"], "backend": closest["backend"], "p50_ms": closest["p50_ms"],
                         "floor_ms": closest["floor_ms"], "x_floor": closest["x_floor"]} if closest else {}),
                     "met": bool(closest) and closest["x_floor"] <= TARGET_FLOOR}
+    _not_judged_if_peak_slowed(out["floor"], "int8", _below_floor((b1, b32), "int8"))
 
     # 5. Real SST-2 dev sentences at batch 1: the fastest student at the retention bar vs the teacher's fastest fp32.
     real = [r for r in latency.get("real_rows", []) if r["batch"] == 1]
@@ -366,7 +384,9 @@ def _fmt(x, spec=".2f", none="—"):
     return none if x is None else format(x, spec)
 
 
-def _verdict(met: bool) -> str:
+def _verdict(met: bool, target: dict | None = None) -> str:
+    if target and target.get("not_judged"):
+        return f"**NOT JUDGED** ({target['not_judged']})"
     return "**MET**" if met else "**NOT MET**"
 
 
@@ -461,11 +481,11 @@ def render(results: dict[str, Any]) -> str:
         lines.append("   - Other models (no MRPC and STS-B versions), int8 over their own fastest fp32 at b1: " + ", ".join(
             f"{g} {p['speedup']:.2f}x ({p['int8_backend']} vs {p['fp32']}; worst run {p['speedup_min']:.2f}x)" for g, p in others if p) + ".")
     pk_ = t["peak"]
-    lines.append(f"3. {_verdict(pk_['met'])} — {pk_['target']}: " + ", ".join(
+    lines.append(f"3. {_verdict(pk_['met'], pk_)} — {pk_['target']}: " + ", ".join(
         f"b{b} {v['pct']:.0f}% ({v['backend']}, {v['p50_ms']:.1f} ms)" for b, v in sorted(pk_["share"].items(), key=lambda kv: int(kv[0])))
         + f" of {_fmt(pk_['peak_gflops'], '.0f')} GFLOP/s.")
     fl = t["floor"]
-    lines.append(f"4. {_verdict(fl['met'])} — {fl['target']}: "
+    lines.append(f"4. {_verdict(fl['met'], fl)} — {fl['target']}: "
                  + (f"{Path(fl['model']).name} ({fl['backend']}) {fl['p50_ms']:.2f} ms = {fl['x_floor']:.1f}x its floor of "
                     f"{fl['floor_ms']:.2f} ms." if fl.get("model") else "no small int8 model measured."))
     rl = t["real"]
