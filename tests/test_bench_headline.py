@@ -142,7 +142,11 @@ def test_a_model_faster_than_its_floor_means_a_slowed_peak_and_targets_3_and_4_a
         "int8": {}, "settings": {}, "date": "today",
     }
     verdicts = [line for line in render(results).splitlines() if line[:3] in ("3. ", "4. ")]
-    assert all("**NOT JUDGED** (" in v and "slow spell" in v and "**MET**" not in v for v in verdicts)
+    assert all("**NOT JUDGED** (" in v and "the peak fell short" in v and "**MET**" not in v for v in verdicts)
+    # At its floor within 5% (0.97x) is possible, not a slowed peak: judged as usual.
+    near = report()
+    near["peaks"]["fp32"]["gflops"] = 275 / 1.03  # BERT-base on OpenVINO at b1: 103% of the peak
+    assert "not_judged" not in compute_targets(near, MODELS, DROPS, "bert-base-shape", TASK_MODELS)["peak"]
     # The hand-made report of the other tests has no such row: judged as usual.
     fair = compute_targets(report(), MODELS, DROPS, "bert-base-shape", TASK_MODELS)
     assert "not_judged" not in fair["peak"] and "not_judged" not in fair["floor"]
