@@ -191,7 +191,7 @@ def _below_floor(points: tuple[dict, ...], precision: str) -> list[tuple[str, fl
             if r.get("precision") == precision and r.get("x_floor") is not None and r["x_floor"] < BELOW_FLOOR]
 
 
-def _not_judged_if_peak_slowed(target: dict, precision: str, faster: list[tuple[str, float]]) -> None:
+def _not_judged_if_peak_short(target: dict, precision: str, faster: list[tuple[str, float]]) -> None:
     """A model cannot beat its floor: if one did, the measured peak is too low and the target is not judged."""
     if not faster:
         return
@@ -280,7 +280,7 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
                    "peak_gflops": peak, "share": share,
                    "met": len(share) == 2 and all(v["pct"] >= 100 * TARGET_PEAK for v in share.values())}
     faster = [(f"BERT-base shape b{b} ({v['backend']})", 100 / v["pct"]) for b, v in share.items() if 100 / v["pct"] < BELOW_FLOOR]
-    _not_judged_if_peak_slowed(out["peak"], "fp32", faster + _below_floor((b1, b32), "fp32"))
+    _not_judged_if_peak_short(out["peak"], "fp32", faster + _below_floor((b1, b32), "fp32"))
 
     # 4. The best small int8 model (not the teacher) at b1: its distance to the int8 floor.
     small = [b1[m["dir"]] for m in models if m["group"] != "teacher" and m["dir"] in b1
@@ -290,7 +290,7 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
                     **({"model": closest["model"], "backend": closest["backend"], "p50_ms": closest["p50_ms"],
                         "floor_ms": closest["floor_ms"], "x_floor": closest["x_floor"]} if closest else {}),
                     "met": bool(closest) and closest["x_floor"] <= TARGET_FLOOR}
-    _not_judged_if_peak_slowed(out["floor"], "int8", _below_floor((b1, b32), "int8"))
+    _not_judged_if_peak_short(out["floor"], "int8", _below_floor((b1, b32), "int8"))
 
     # 5. Real SST-2 dev sentences at batch 1: the fastest student at the retention bar vs the teacher's fastest fp32.
     real = [r for r in latency.get("real_rows", []) if r["batch"] == 1]
