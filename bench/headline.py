@@ -61,6 +61,9 @@ ROWS = (
     ("student 2L-384, 50% FFN and 50% heads pruned", "student-2L-384-ffn50-heads50", "2L-384-ffn50-heads50"),
     ("student 2L-384, 50% FFN and heads pruned, int8 (ONNX Runtime)", "student-2L-384-ffn50-heads50-int8", "2L-384-ffn50-heads50"),
     ("student 2L-384, 50% FFN and heads pruned, int8 (OpenVINO)", "student-2L-384-ffn50-heads50-int8-ov", "2L-384-ffn50-heads50"),
+    ("student 2L-384, 75% FFN and 50% heads pruned", "student-2L-384-ffn75-heads50", "2L-384-ffn75-heads50"),
+    ("student 2L-384, 75% FFN, 50% heads pruned, int8 (ONNX Runtime)", "student-2L-384-ffn75-heads50-int8", "2L-384-ffn75-heads50"),
+    ("student 2L-384, 75% FFN, 50% heads pruned, int8 (OpenVINO)", "student-2L-384-ffn75-heads50-int8-ov", "2L-384-ffn75-heads50"),
 )
 # Each point's timed passes last at least this long (still >= --repeats passes): 20 passes of a 2 ms model take
 # 40 ms, which one slow spell of the shared machine can cover whole (a 1.80 ms model once timed 2.50 ms in one run).

@@ -180,3 +180,6 @@ def test_every_table_row_is_a_stage_of_the_recipe_and_every_stage_reads_an_earli
     assert {name for _, name, _ in ROWS} <= set(stages)
     pruned = stages["student-2L-384-ffn50-heads50"]
     assert pruned.inputs["model"] == "${student-2L-384-ffn50}" and pruned.config.remove_heads == 0.5
+    narrower = stages["student-2L-384-ffn75-heads50"]  # the FFN cut again, from the head-pruned model, by its teacher
+    assert narrower.inputs["model"] == "${student-2L-384-ffn50-heads50}" and narrower.config.remove_ffn == 0.5
+    assert narrower.config.recovery_teacher == "${teacher-sst2}"
