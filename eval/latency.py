@@ -105,6 +105,9 @@ MAX_REAL_LENGTH = 128
 # How OpenVINO rows compile: per grid point for its fixed shape, or once for any shape.
 OPENVINO_SHAPES = ("static", "dynamic")
 
+# Timed passes a point keeps under --max-seconds: a median needs a few.
+MIN_PASSES = 3
+
 # Seed for the random token ids, so every model sees the same inputs.
 INPUT_SEED = 0
 
@@ -116,6 +119,9 @@ class LatencyConfig:
     warmup: int = option(5, "untimed forward passes before timing each (batch, seq)")
     repeats: int = option(30, "timed forward passes per (batch, seq)")
     min_seconds: float = option(0.0, "keep repeating until the timed passes add up to at least this long")
+    max_seconds: float = option(0.0, "stop timing a point once its passes add up to this long, even short of --repeats "
+                                f"(never fewer than {MIN_PASSES}), and start no pass over the --lengths set past it: "
+                                "a slow reference model (BERT-base at batch 32) needs fewer passes (0: no limit)")
     threads: int | None = option(None, "intra-op threads (default: usable physical cores)")
     backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc, openvino, openvino-bf16",
                           choices=lambda: [name for name, _ in BACKENDS.items()])
@@ -159,6 +165,9 @@ class LatencyConfig:
             raise CompressError(f"--repeats must be at least 1, got {self.repeats}")
         if self.min_seconds < 0:
             raise CompressError(f"--min-seconds must be 0 or more, got {self.min_seconds}")
+        if self.max_seconds < 0 or (self.max_seconds and self.max_seconds < self.min_seconds):
+            raise CompressError(f"--max-seconds must be 0 (no limit) or at least --min-seconds ({self.min_seconds:g}), "
+                                f"got {self.max_seconds:g}")
         if self.lengths_batch < 1 or self.lengths_passes < 1 or self.lengths_multiple < 1:
             raise CompressError("--lengths-batch, --lengths-passes and --lengths-multiple must be at least 1")
         if self.repeat_runs < 1:
@@ -376,8 +385,12 @@ def time_calls(fn: Callable[[], Any], cfg: LatencyConfig) -> list[float]:
     for _ in range(cfg.warmup):
         fn()
     times: list[float] = []
-    # At least `repeats` calls, and more while they add up to less than min_seconds.
-    while len(times) < cfg.repeats or sum(times) < cfg.min_seconds:
+    # At least `repeats` calls, and more while they add up to less than min_seconds; with max_seconds, no more once
+    # they add up to that (but never fewer than MIN_PASSES).
+    def capped() -> bool:
+        return bool(cfg.max_seconds) and len(times) >= MIN_PASSES and sum(times) >= cfg.max_seconds
+
+    while (len(times) < cfg.repeats or sum(times) < cfg.min_seconds) and not capped():
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -940,6 +953,7 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"- torch {packages.get('torch', '?')}, transformers {packages.get('transformers', '?')}; {report['when']}",
         *peak_lines(report),
         f"- {cfg.get('warmup', '?')} warm-up + {cfg.get('repeats', '?')} timed passes per point, random token ids"
+        + (f" (fewer, never below {MIN_PASSES}, where they passed {cfg['max_seconds']:g} s)" if cfg.get("max_seconds") else "")
         + (f", the whole measurement repeated {report['repeat_runs']} times (rows: median of the runs' medians)"
            if (report.get("repeat_runs") or 1) > 1 else "")
         + "; GFLOPs = encoder matmuls only; speed-up vs first = first model's p50 / this p50; % peak and x floor are "
@@ -1053,7 +1067,8 @@ class Timing:
         if first:
             self.prepared[batch, seq] = self.session.prepare(random_batch(self.session.vocab_size, batch, seq))
             forward(self.prepared[batch, seq])  # untimed, beyond warm-up: inc compiles for this shape here
-        cfg = dataclasses.replace(self.cfg, repeats=passes, min_seconds=min_seconds, warmup=self.cfg.warmup if first else 0)
+        cfg = dataclasses.replace(self.cfg, repeats=passes, min_seconds=min_seconds, warmup=self.cfg.warmup if first else 0,
+                                  max_seconds=self.cfg.max_seconds / self.cfg.bursts)  # a point's cap, shared by its bursts
         prepared = self.prepared[batch, seq]
         times = time_calls(lambda: forward(prepared), cfg)
         self.seconds.setdefault((batch, seq), []).extend(times)
@@ -1106,7 +1121,8 @@ def time_real_lengths(session: Session, model_dir: Path, cfg: LatencyConfig) -> 
     for batch in dict.fromkeys((1, cfg.lengths_batch)):
         # With compile_for, one model per padded shape (compiled before timing, dropped after this batch size).
         timed[str(batch)] = time_real(session.forward, inputs, batch, prepare=session.prepare, warmup=cfg.warmup,
-                                      passes=cfg.lengths_passes, multiple=multiple, forward_for=session.compile_for)
+                                      passes=cfg.lengths_passes, multiple=multiple, forward_for=session.compile_for,
+                                      max_seconds=cfg.max_seconds)
     return {"inputs": inputs.stats(), "batches": timed,
             "flops_per_sentence": float(np.mean([flops_per_sequence(session.structure, int(n)) for n in inputs.lengths]))}
 

@@ -225,7 +225,7 @@ def batches(inputs: RealInputs, batch: int, pad_id: int = 0, multiple: int = 1) 
 def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, *, warmup: int = 3, passes: int = 1,
               prepare: Callable[[dict[str, np.ndarray]], Any] | None = None, multiple: int = 1,
               forward_for: Callable[[tuple[int, int]], Callable[[Any], object]] | None = None,
-              clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+              max_seconds: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Time ``forward`` over every sentence of ``inputs`` at ``batch``: latency per batch and throughput.
 
     ``warmup`` untimed calls go to the first batches (cycling when there are fewer), then
@@ -236,6 +236,8 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
     ``multiple``: pad each batch's length up to a multiple of it (see :func:`batches`).
     ``forward_for``: a forward made for one (batch, seq) shape (e.g. a model compiled for it),
     asked once per distinct padded shape before any timing; each batch then runs its shape's.
+    ``max_seconds``: no further pass once the timed ones add up to this long (0: all ``passes``):
+    a slow model's one pass over a dev set can take a minute.
     """
     if warmup < 0:
         raise CompressError(f"warm-up calls must be 0 or more, got {warmup}")
@@ -257,6 +259,9 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
             start = clock()
             run(feed)
             seconds[p, b] = clock() - start
+        if max_seconds and seconds[: p + 1].sum() >= max_seconds:
+            seconds = seconds[: p + 1]
+            break
     per_batch_ms = np.median(seconds, axis=0) * 1e3  # (batches,)
     p50, p99 = np.percentile(per_batch_ms, [50, 99])
     total_s = float(np.median(seconds.sum(axis=1)))  # the median pass
@@ -264,7 +269,7 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
         "batch": batch,
         "n_sentences": inputs.n,
         "n_batches": len(feeds),
-        "passes": passes,
+        "passes": len(seconds),  # timed; fewer than asked when max_seconds cut them short
         "mean_tokens": inputs.mean_tokens,  # real tokens per sentence
         "real_tokens": inputs.total_tokens,
         "padded_tokens": padded,  # sum of b * s: what the model computes on

@@ -268,6 +268,8 @@ def test_worker_failures_become_one_line_errors(job, match):
         ({"warmup": -1}, "--warmup"),
         ({"threads": 0}, "--threads"),
         ({"min_seconds": -1.0}, "--min-seconds"),
+        ({"max_seconds": -1.0}, "--max-seconds must be 0"),
+        ({"min_seconds": 2.0, "max_seconds": 1.0}, r"at least --min-seconds \(2\)"),
         ({"backend": "tensorrt"}, "valid: torch"),
         ({"repeat_runs": 0}, "--repeat-runs"),
         ({"bursts": 0}, "--bursts"),
@@ -279,6 +281,42 @@ def test_worker_failures_become_one_line_errors(job, match):
 def test_config_validation(changes, match):
     with pytest.raises(CompressError, match=match):
         from_dict(LatencyConfig, changes)
+
+
+class FakeClock:
+    """``time.perf_counter`` for :func:`time_calls`: each call of the timed function costs ``cost`` seconds."""
+
+    def __init__(self, cost: float):
+        self.now, self.cost, self.calls = 0.0, cost, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def call(self) -> None:
+        self.now += self.cost
+        self.calls += 1
+
+
+@pytest.mark.parametrize(
+    "cost, repeats, min_seconds, max_seconds, timed",
+    [
+        (0.5, 20, 2.0, 0.0, 20),  # no cap: every one of --repeats
+        (4.0, 20, 2.0, 20.0, 5),  # 4 s calls: 5 add up to 20 s
+        (30.0, 20, 2.0, 20.0, 3),  # never fewer than 3, however slow
+        (0.5, 20, 2.0, 20.0, 20),  # under the cap: unchanged
+        (0.0625, 20, 2.0, 20.0, 32),  # min_seconds still asks for more passes of a fast model (32 x 1/16 s = 2 s)
+    ],
+)
+def test_max_seconds_caps_the_passes_of_a_slow_point_but_keeps_three(monkeypatch, cost, repeats, min_seconds, max_seconds,
+                                                                        timed):
+    from compress.eval import latency
+
+    clock = FakeClock(cost)
+    monkeypatch.setattr(latency.time, "perf_counter", clock)
+    cfg = LatencyConfig(repeats=repeats, min_seconds=min_seconds, max_seconds=max_seconds, warmup=2)
+    times = latency.time_calls(clock.call, cfg)
+    assert len(times) == timed and clock.calls == timed + 2  # the warm-up calls are not timed
+    assert times == pytest.approx([cost] * timed)
 
 
 def test_config_from_command_line_strings():

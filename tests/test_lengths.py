@@ -187,6 +187,20 @@ def test_a_slow_call_in_one_pass_is_outvoted_by_the_median():
     assert result["sentences_per_s"] == pytest.approx(5 / 7.5e-3)
 
 
+def test_max_seconds_stops_the_passes_once_they_add_up_to_it():
+    # A pass over the 5 sentences at batch 1 costs 7.5 ms: after 2 passes (15 ms) the 3rd, 4th and 5th are not run.
+    model = FakeModel()
+    result = time_real(model.forward, known(LENGTHS), 1, warmup=0, passes=5, max_seconds=0.012, clock=model.clock)
+    assert len(model.calls) == 2 * 5 and result["passes"] == 2
+    assert result["p50_ms"] == pytest.approx(1.5) and result["total_s"] == pytest.approx(7.5e-3)
+    # One pass always runs, however slow; without a cap every pass does.
+    model = FakeModel()
+    assert time_real(model.forward, known(LENGTHS), 1, warmup=0, passes=3, max_seconds=1e-6, clock=model.clock)["passes"] == 1
+    assert len(model.calls) == 5
+    model = FakeModel()
+    assert time_real(model.forward, known(LENGTHS), 1, warmup=0, passes=3, clock=model.clock)["passes"] == 3
+
+
 def test_bad_counts_are_refused():
     model = FakeModel()
     with pytest.raises(CompressError, match="passes"):
