@@ -72,7 +72,7 @@ def recipe(minilm: Path, glue: Path) -> dict:
         {"name": "student-2L-384-ffn50-heads50", "run": "prune", "model": "${student-2L-384-ffn50}",
          "config": {**sst2, "remove_heads": 0.5, "head_scope": "layer", "importance_examples": 2048, **recover_from_teacher}},
         # Half of the remaining FFN (768 -> 384 neurons in each layer), recovered the same way: 86.12 against 86.24, and
-        # 35% less time per SST-2 dev sentence on OpenVINO int8 at batch 1 in a probe (2,785 against 1,858 sentences/s).
+        # a third less time per SST-2 dev sentence on OpenVINO int8 at batch 1 in a probe (2,785 against 1,858 sentences/s).
         {"name": "student-2L-384-ffn75-heads50", "run": "prune", "model": "${student-2L-384-ffn50-heads50}",
          "config": {**sst2, "remove_ffn": 0.5, "importance_examples": 2048, **recover_from_teacher}},
     ]
