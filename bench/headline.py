@@ -24,7 +24,7 @@ from compress.core.artifacts import read_compression, read_metrics, utc_now, wri
 from compress.core.export import export_onnx
 from compress.core.hardware import hardware, package_versions
 from compress.core.tasks import get_task
-from compress.eval.latency import MIN_PASSES, LatencyConfig, measure_latency
+from compress.eval.latency import BELOW_FLOOR, MIN_PASSES, LatencyConfig, measure_latency
 from compress.eval.plots import _pyplot, save_figure
 from compress.eval.references import published_score
 from compress.students.presets import resolve_shape
@@ -185,10 +185,6 @@ def _rows_at(latency: dict, batch: int) -> dict[str, dict]:
 def _per_run_min(a: list[float], b: list[float]) -> float:
     """The worst run's ratio a/b (a speed-up holds only if it holds in every run)."""
     return min(x / y for x, y in zip(a, b))
-
-
-# A model at its floor is possible (the BERT-base shape reaches the fp32 peak on OpenVINO); one clearly below it is not.
-BELOW_FLOOR = 0.95
 
 
 def _below_floor(points: tuple[dict, ...], precision: str) -> list[tuple[str, float]]:

@@ -105,6 +105,10 @@ MAX_REAL_LENGTH = 128
 # How OpenVINO rows compile: per grid point for its fixed shape, or once for any shape.
 OPENVINO_SHAPES = ("static", "dynamic")
 
+# A model at its floor is possible (the BERT-base shape reaches the fp32 peak on OpenVINO); one faster than this share
+# of it (above 1/0.95 = 105% of the peak) is not: the peak run was slowed.
+BELOW_FLOOR = 0.95
+
 # Timed passes a point keeps under --max-seconds: a median needs a few.
 MIN_PASSES = 3
 
@@ -963,10 +967,10 @@ def _header(report: dict[str, Any]) -> list[str]:
     lines.extend(f"- note: {note}" for note in report.get("notes") or ())
     if report.get("load_avg_1min") is not None:
         lines.append(f"- 1-minute load average before the run: {report['load_avg_1min']:.2f} on {hw.get('usable_cores')} cores")
-    # Each row is against the peak of its own precision: above 100% means that peak run was slowed.
-    if any((r["pct_peak"] or 0) > 100 for r in report["rows"]):
+    # Each row is against the peak of its own precision: clearly above it means that peak run was slowed.
+    if any((r["pct_peak"] or 0) > 100 / BELOW_FLOOR for r in report["rows"]):
         lines.append(
-            "- note: some rows exceed the measured GEMM peak, so the peak run was slowed "
+            f"- note: some rows exceed the measured GEMM peak by more than {1 / BELOW_FLOOR - 1:.0%}, so the peak run was slowed "
             "(another busy process?); re-run on an idle machine"
         )
     return lines
