@@ -122,7 +122,8 @@ class LatencyConfig:
     seq: tuple[int, ...] = option((128,), "sequence lengths (tokens) to time", metavar="N[,...]")
     warmup: int = option(5, "untimed forward passes before timing each (batch, seq)")
     repeats: int = option(30, "timed forward passes per (batch, seq)")
-    min_seconds: float = option(0.0, "keep repeating until the timed passes add up to at least this long")
+    min_seconds: float = option(0.0, "keep repeating until the timed passes add up to at least this long (a point's "
+                                "passes, and the passes over the --lengths set)")
     max_seconds: float = option(0.0, "stop timing a point once its passes add up to this long, even short of --repeats "
                                 f"(never fewer than {MIN_PASSES}), and start no pass over the --lengths set past it: "
                                 "a slow reference model (BERT-base at batch 32) needs fewer passes (0: no limit)")
@@ -1126,7 +1127,7 @@ def time_real_lengths(session: Session, model_dir: Path, cfg: LatencyConfig) -> 
         # With compile_for, one model per padded shape (compiled before timing, dropped after this batch size).
         timed[str(batch)] = time_real(session.forward, inputs, batch, prepare=session.prepare, warmup=cfg.warmup,
                                       passes=cfg.lengths_passes, multiple=multiple, forward_for=session.compile_for,
-                                      max_seconds=cfg.max_seconds)
+                                      min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds)
     return {"inputs": inputs.stats(), "batches": timed,
             "flops_per_sentence": float(np.mean([flops_per_sequence(session.structure, int(n)) for n in inputs.lengths]))}
 

@@ -225,7 +225,7 @@ def batches(inputs: RealInputs, batch: int, pad_id: int = 0, multiple: int = 1) 
 def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, *, warmup: int = 3, passes: int = 1,
               prepare: Callable[[dict[str, np.ndarray]], Any] | None = None, multiple: int = 1,
               forward_for: Callable[[tuple[int, int]], Callable[[Any], object]] | None = None,
-              max_seconds: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+              min_seconds: float = 0.0, max_seconds: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Time ``forward`` over every sentence of ``inputs`` at ``batch``: latency per batch and throughput.
 
     ``warmup`` untimed calls go to the first batches (cycling when there are fewer), then
@@ -236,8 +236,9 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
     ``multiple``: pad each batch's length up to a multiple of it (see :func:`batches`).
     ``forward_for``: a forward made for one (batch, seq) shape (e.g. a model compiled for it),
     asked once per distinct padded shape before any timing; each batch then runs its shape's.
-    ``max_seconds``: no further pass once the timed ones add up to this long (0: all ``passes``):
-    a slow model's one pass over a dev set can take a minute.
+    ``min_seconds``: more passes while the timed ones add up to less than this; ``max_seconds``:
+    no further pass once they add up to this long (0: no limit; a slow model's one pass over a
+    dev set can take a minute). The first pass always runs.
     """
     if warmup < 0:
         raise CompressError(f"warm-up calls must be 0 or more, got {warmup}")
@@ -252,16 +253,22 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
         feeds = [prepare(feed) for feed in feeds]
     for i in range(warmup):
         forwards[i % len(feeds)](feeds[i % len(feeds)])
-    seconds = np.empty((passes, len(feeds)))  # (passes, batches)
-    for p in range(passes):
+    timed: list[np.ndarray] = []  # one (batches,) array per pass
+    spent = 0.0
+    # At least `passes`, more while they add up to less than min_seconds (a fast model's pass over a dev set takes
+    # 0.3 s: a few seconds' slow spell of the machine would cover all of them), none started past max_seconds.
+    while len(timed) < passes or spent < min_seconds:
+        if timed and max_seconds and spent >= max_seconds:
+            break
+        row = np.empty(len(feeds))
         for b, feed in enumerate(feeds):
             run = forwards[b]
             start = clock()
             run(feed)
-            seconds[p, b] = clock() - start
-        if max_seconds and seconds[: p + 1].sum() >= max_seconds:
-            seconds = seconds[: p + 1]
-            break
+            row[b] = clock() - start
+        timed.append(row)
+        spent += float(row.sum())
+    seconds = np.stack(timed)  # (passes, batches)
     per_batch_ms = np.median(seconds, axis=0) * 1e3  # (batches,)
     p50, p99 = np.percentile(per_batch_ms, [50, 99])
     total_s = float(np.median(seconds.sum(axis=1)))  # the median pass

@@ -201,6 +201,18 @@ def test_max_seconds_stops_the_passes_once_they_add_up_to_it():
     assert time_real(model.forward, known(LENGTHS), 1, warmup=0, passes=3, clock=model.clock)["passes"] == 3
 
 
+def test_min_seconds_adds_passes_until_they_add_up_to_it():
+    # A pass costs 7.5 ms: 2 asked, but 4 passes make 30 ms < 35, so a 5th runs (37.5 ms).
+    model = FakeModel()
+    result = time_real(model.forward, known(LENGTHS), 1, warmup=0, passes=2, min_seconds=0.035, clock=model.clock)
+    assert result["passes"] == 5 and len(model.calls) == 25 and result["total_s"] == pytest.approx(7.5e-3)
+    # max_seconds wins over min_seconds: no pass starts past it (20 ms: after the 3rd, 22.5 ms).
+    model = FakeModel()
+    result = time_real(model.forward, known(LENGTHS), 1, warmup=0, passes=2, min_seconds=0.035, max_seconds=0.02,
+                       clock=model.clock)
+    assert result["passes"] == 3
+
+
 def test_bad_counts_are_refused():
     model = FakeModel()
     with pytest.raises(CompressError, match="passes"):
