@@ -183,3 +183,13 @@ def test_every_table_row_is_a_stage_of_the_recipe_and_every_stage_reads_an_earli
     narrower = stages["student-2L-384-ffn75-heads50"]  # the FFN cut again, from the head-pruned model, by its teacher
     assert narrower.inputs["model"] == "${student-2L-384-ffn50-heads50}" and narrower.config.remove_ffn == 0.5
     assert narrower.config.recovery_teacher == "${teacher-sst2}"
+
+
+def test_pareto_front_keeps_the_points_no_other_point_beats():
+    from bench.headline import pareto_front
+
+    # (ms, accuracy): 0 (1.0, 86) fastest; 1 (2.0, 85) slower and worse than 0: off; 2 (3.0, 87.5) on;
+    # 3 (3.0, 87.0) as fast as 2 but worse: off; 4 (10, 87.5) slower, no better: off; 5 (20, 88) most accurate: on.
+    points = [(1.0, 86.0), (2.0, 85.0), (3.0, 87.5), (3.0, 87.0), (10.0, 87.5), (20.0, 88.0)]
+    assert pareto_front(points) == [0, 2, 5]
+    assert pareto_front([]) == [] and pareto_front([(5.0, 80.0)]) == [0]
