@@ -80,7 +80,7 @@ from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner,
 from compress.core.registry import Registry
 from compress.core.runtime import NumpyRunner, load_model, parameter_count, structure_of
 from compress.core.structure import count_parameters, describe, flops_per_sequence, model_inputs
-from compress.eval.lengths import real_inputs, time_real
+from compress.eval.lengths import more_passes, real_inputs, time_real
 from compress.eval.peak import PRECISIONS, cpu_theoretical_peaks, floor_ms, measure_peaks, peak_notes, precision_of_backend
 
 log = logging.getLogger(__name__)
@@ -391,11 +391,8 @@ def time_calls(fn: Callable[[], Any], cfg: LatencyConfig) -> list[float]:
         fn()
     times: list[float] = []
     spent = 0.0  # sum(times), kept as it grows: a 0.1 ms model makes 20,000 calls in 2 s
-    # At least `repeats` calls, and more while they add up to less than min_seconds; with max_seconds, no more once
-    # they add up to that (but never fewer than MIN_PASSES).
-    while len(times) < cfg.repeats or spent < cfg.min_seconds:
-        if cfg.max_seconds and len(times) >= MIN_PASSES and spent >= cfg.max_seconds:
-            break
+    while more_passes(len(times), spent, passes=cfg.repeats, min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds,
+                      keep=MIN_PASSES):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)

@@ -222,6 +222,18 @@ def batches(inputs: RealInputs, batch: int, pad_id: int = 0, multiple: int = 1) 
 # ---------------------------------------------------------------------------- timing
 
 
+def more_passes(done: int, spent: float, *, passes: int, min_seconds: float = 0.0, max_seconds: float = 0.0,
+                keep: int = 1) -> bool:
+    """Whether to time another pass, ``done`` of them taking ``spent`` seconds so far.
+
+    At least ``passes``, and more while they add up to less than ``min_seconds``; none once they
+    add up to ``max_seconds`` (0: no limit), but never fewer than ``keep`` (a median needs a few).
+    """
+    if max_seconds and done >= keep and spent >= max_seconds:
+        return False
+    return done < passes or spent < min_seconds
+
+
 def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, *, warmup: int = 3, passes: int = 1,
               prepare: Callable[[dict[str, np.ndarray]], Any] | None = None, multiple: int = 1,
               forward_for: Callable[[tuple[int, int]], Callable[[Any], object]] | None = None,
@@ -255,11 +267,8 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
         forwards[i % len(feeds)](feeds[i % len(feeds)])
     timed: list[np.ndarray] = []  # one (batches,) array per pass
     spent = 0.0
-    # At least `passes`, more while they add up to less than min_seconds (a fast model's pass over a dev set takes
-    # 0.3 s: a few seconds' slow spell of the machine would cover all of them), none started past max_seconds.
-    while len(timed) < passes or spent < min_seconds:
-        if timed and max_seconds and spent >= max_seconds:
-            break
+    # min_seconds: a fast model's pass over a dev set takes 0.3 s, which a few seconds' slow spell of the machine covers.
+    while more_passes(len(timed), spent, passes=passes, min_seconds=min_seconds, max_seconds=max_seconds):
         row = np.empty(len(feeds))
         for b, feed in enumerate(feeds):
             run = forwards[b]
