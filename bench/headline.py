@@ -519,8 +519,8 @@ def render(results: dict[str, Any]) -> str:
     rl = t["real"]
     lines.append(f"5. {_verdict(rl['met'])} — {rl['target']}: "
                  + (f"{Path(rl['model']).name} ({rl['backend']}) {rl['sentences_per_s']:.0f} sentences/s vs the teacher's "
-                    f"{rl['teacher_sentences_per_s']:.0f} ({rl['teacher_backend']}): {rl['speedup']:.1f}x, worst run "
-                    f"{rl['speedup_min']:.1f}x." if rl.get("model") else "not measured."))
+                    f"{rl['teacher_sentences_per_s']:.0f} ({rl['teacher_backend']}): {rl['speedup']:.2f}x, worst run "  # 9.96 is not 10.0
+                    f"{rl['speedup_min']:.2f}x." if rl.get("model") else "not measured."))
     lines += ["", "## int8 accuracy (dev, against the fp32 parent, measured by the quantize stage)", "",
               "| int8 model | task | metric | fp32 | int8 | drop |", "|---|---|---|--:|--:|--:|"]
     for name, d in results["int8"].items():
