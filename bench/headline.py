@@ -278,8 +278,10 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
         times = {b: v.get(f"b{batch},s128") for b, v in ref.items() if v.get(f"b{batch},s128")}
         if base_row and times and peak:
             fastest = min(times, key=times.get)
+            # The FLOPs of the graph that backend ran (an exported classifier's last layer computes one token).
+            gflops = ((latency.get("reference") or {}).get("gflops_per_seq") or {}).get(fastest, {}).get("128")
             share[batch] = {"backend": fastest, "p50_ms": times[fastest],
-                            "pct": 100 * base_row["gflops_per_seq"] * batch / (times[fastest] / 1e3) / peak}
+                            "pct": 100 * (gflops or base_row["gflops_per_seq"]) * batch / (times[fastest] / 1e3) / peak}
     out["peak"] = {"target": f"BERT-base-shape fp32 on its fastest backend >= {TARGET_PEAK:.0%} of the measured fp32 peak at b1 and b32",
                    "peak_gflops": peak, "share": share,
                    "met": len(share) == 2 and all(v["pct"] >= 100 * TARGET_PEAK for v in share.values())}

@@ -141,7 +141,8 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
         before = read_compression(source)
         written = read_compression(tmp)
         record = compression_record(
-            stage="export", method=cfg.format, config=cfg, parent=source, structure=before.get("structure"),
+            stage="export", method=cfg.format, config=cfg, parent=source,
+            structure=written.get("structure") or before.get("structure"),  # the graph's (a classifier's last layer: first token)
             extra={**{k: before[k] for k in ("head", "task", "precision", "backend", "scheme") if k in before},
                    **{k: written[k] for k in ("format", "backend", "precision", "inference_precision") if k in written},
                    "format": written.get("format") or fmt, "source_format": fmt, "check": {**check, "tolerance": tolerance}},

@@ -292,8 +292,10 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
             fp32.mkdir()
             shutil.copy2(job.parent_dir / ONNX_FILE, fp32 / ONNX_FILE)
             copy_sidecars(job.parent_dir, fp32)
+            structure = structure_of(job.parent_dir)
         else:
             export_onnx(job.parent_dir, fp32)
+            structure = structure_of(fp32)  # the graph's: a classifier's last layer computes the first token only
         common = {
             "model": onnx.load(fp32 / ONNX_FILE), "per_channel": job.cfg.per_channel, "reduce_range": reduce_range,
             "weight_qType": getattr(QuantType, weight_type), "activation_qType": QuantType.QUInt8,
@@ -313,6 +315,7 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
         quantizer.model.save_model_to_file(str(job.out / ONNX_FILE))
         copy_sidecars(fp32, job.out)
     return {
+        "structure": structure,
         "preset": preset,
         "onnx_quantization": {
             "format": "QDQ" if static else "QOperator", "mode": "QLinearOps" if static else "IntegerOps",
@@ -494,6 +497,7 @@ def _quantize_openvino(job: Job) -> dict[str, Any]:
     if not any(ran.get(kind) for kind in INT8_TYPES):
         raise CompressError(f"OpenVINO runs none of the int8 model's matrix multiplications in int8 ({ran}); it was not written")
     return {
+        "structure": converted.structure,  # the graph's: a classifier's last layer computes the first token only
         "outputs": list(converted.outputs),
         "source_format": converted.source_format,
         "inference_precision": inference_precision(compiled),  # what the non-int8 layers run in
@@ -779,7 +783,7 @@ def _dev_splits(task: Task, data: TaskData) -> dict[str, Any]:
 
 def _record(model_dir: Path, cfg: QuantizeConfig, backend: Backend, head: str, reference, calibration: Calibration, extra: dict[str, Any]) -> dict[str, Any]:
     """compression.json for the int8 directory."""
-    structure = structure_of(model_dir) if isinstance(reference, Runner) else describe(reference)
+    structure = extra.pop("structure", None) or (structure_of(model_dir) if isinstance(reference, Runner) else describe(reference))
     outputs = extra.pop("outputs", None) or list(OUTPUT_NAMES[head])
     return compression_record(
         stage="quantize", method=f"{cfg.backend}-{cfg.scheme}", config=cfg, parent=model_dir, structure=structure,

@@ -257,11 +257,13 @@ def require_format(model_dir: Path, fmt: str, backend: str) -> None:
 
 
 def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, note: str | None = None,
-                    counted=None) -> Session:
+                    counted=None, structure: dict[str, Any] | None = None) -> Session:
     """A Session timing any model from ``compress.core.runtime`` (HF call convention, torch tensors in).
 
     ``counted``: an fp32 torch model to count parameters and shapes on; otherwise they come
-    from the directory (an int8 file has no fp32 tensors to count).
+    from the directory (an int8 file has no fp32 tensors to count). ``structure``: that of
+    the graph the worker converted the directory to, which is what runs (a classifier's
+    last layer computes the first token only), so FLOPs are counted from it.
     """
     config = model.config
 
@@ -271,7 +273,7 @@ def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, no
     if counted is not None:
         params, structure = count_parameters(counted), describe(counted)
     else:
-        params, structure = parameter_count(model_dir), structure_of(model_dir)
+        params, structure = parameter_count(model_dir), structure or structure_of(model_dir)
     if isinstance(model, NumpyRunner):  # ONNX Runtime, OpenVINO: time the runtime's call on feeds built beforehand
         prepare, forward = model.feeds, model.call
     else:
@@ -311,14 +313,16 @@ def onnxruntime_session(model_dir: Path, cfg: LatencyConfig) -> Session:
     """An ONNX Runtime session (ORT_ENABLE_ALL); an fp32 PyTorch directory is exported first, in this worker."""
     fmt = artifact_format(model_dir)
     if fmt == "onnx":
-        model = load_model(model_dir, threads=cfg.threads)
+        model, structure = load_model(model_dir, threads=cfg.threads), None
     elif fmt == "torch":
         with tempfile.TemporaryDirectory(prefix="compress-onnx-") as tmp:
             # The session reads the whole graph at load, so the export can go right after.
-            model = load_model(export_onnx(model_dir, Path(tmp) / "onnx"), threads=cfg.threads)
+            exported = export_onnx(model_dir, Path(tmp) / "onnx")
+            model, structure = load_model(exported, threads=cfg.threads), structure_of(exported)
     else:
         raise CompressError(f"the onnxruntime latency backend runs ONNX or fp32 PyTorch directories; {model_dir} is {fmt} (use --backend auto)")
-    return runtime_session(model, model_dir, cfg, "onnxruntime-int8" if is_quantized(model_dir) else "onnxruntime")
+    return runtime_session(model, model_dir, cfg, "onnxruntime-int8" if is_quantized(model_dir) else "onnxruntime",
+                           structure=structure)
 
 
 @BACKENDS.register("inc")
@@ -354,7 +358,7 @@ def openvino_session(model_dir: Path, cfg: LatencyConfig, precision: str = OPENV
             + ("; compiled for each grid point's fixed [batch, seq]" if static else "; compiled for any shape")
             + (f", real inputs padded to a multiple of {cfg.lengths_multiple} tokens, compiled per padded shape"
                if static and cfg.lengths else ""))
-    session = runtime_session(model, model_dir, cfg, backend, note)
+    session = runtime_session(model, model_dir, cfg, backend, note, structure=structure_of(ir))
 
     def compile_for(shape: tuple[int, int], _keep=tmp) -> Callable[[Any], Any]:
         return OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision, shape=shape).call
@@ -701,11 +705,16 @@ def build_real_rows(paths: list[Path], names: list[str], results: list[list[dict
 
 
 def reference_summary(name: str, references: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-    """The first model's median p50 per fp32 backend and point, as the report's ``reference``."""
+    """The first model's median p50 per fp32 backend and point, as the report's ``reference``.
+
+    ``gflops_per_seq``: per backend and sequence length, the FLOPs of the graph that backend
+    ran (an exported classifier's last layer computes the first token only: fewer than PyTorch's).
+    """
     if not any(references.values()):
         return None
     return {"model": name, "p50_ms": {b: {f"b{bs},s{sq}": float(np.median(v)) for (bs, sq), v in _point_p50s(runs).items()}
-                                      for b, runs in references.items()}}
+                                      for b, runs in references.items()},
+            "gflops_per_seq": {b: {s: f / 1e9 for s, f in runs[0]["flops"].items()} for b, runs in references.items() if runs}}
 
 
 def record_metrics(report: dict[str, Any], paths: list[Path]) -> None:

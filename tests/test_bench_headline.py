@@ -89,6 +89,11 @@ def test_targets_from_a_hand_made_report():
     share = t["peak"]["share"]
     assert share[1]["backend"] == "openvino" and share[1]["pct"] == pytest.approx(100 * 275 / 300)
     assert share[32]["pct"] == pytest.approx(100 * 22 * 32 / 3 / 300) and t["peak"]["met"]
+    #    OpenVINO ran a graph whose last layer computes the first token only (20.5 GFLOP): its share counts those.
+    fewer = report()
+    fewer["reference"]["gflops_per_seq"] = {"torch": {"128": 22.0}, "openvino": {"128": 20.5}}
+    share = compute_targets(fewer, MODELS, DROPS, "bert-base-shape", TASK_MODELS)["peak"]["share"]
+    assert share[1]["pct"] == pytest.approx(100 * 20.5 / 0.08 / 300) and share[32]["pct"] == pytest.approx(100 * 20.5 * 32 / 3 / 300)
 
     # 4: the fastest small int8 model (4L, 1.2 ms) is 1.4x its floor.
     assert t["floor"]["model"] == "w/s4-int8" and t["floor"]["x_floor"] == 1.4 and t["floor"]["met"]

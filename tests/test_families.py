@@ -287,12 +287,37 @@ def test_int8(name, tok, tmp_path, glue, backend, scheme, monkeypatch):
     assert record["precision"] == "int8" and record["structure"]["heads"] == [4, 4]
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])  # each hands its layers its own mask format
+def test_a_last_layer_of_the_first_token_only_gives_the_same_logits(name, tok, attn):
+    try:
+        model = make_model(name, attn=attn)
+    except ValueError as err:  # transformers 4.x: ELECTRA has no SDPA attention
+        if "does not support an attention implementation" not in str(err):
+            raise
+        pytest.skip(f"{name} has no {attn} attention in this transformers")
+    st.prune_heads(model, {1: [0, 2]})  # the last layer: 2 heads of 4
+    x = inputs_for(model, tok)  # padded rows
+    full = logits(model, x)
+    assert st.first_token_only(model) is (name != "modernbert")  # ModernBERT's rotary, fused attention does not split
+    if name == "modernbert":
+        return
+    assert torch.allclose(logits(model, x), full, atol=1e-5)
+    with torch.no_grad():
+        hidden = st.base_model(model)(**x).last_hidden_state
+    assert hidden.shape == (len(TEXTS), 1, 32)  # the last layer computed one token
+    assert st.describe(model)["first_token_last_layer"] is True
+
+
 def test_onnx_export_parity(name, tok, tmp_path):
     model = make_model(name)
     st.prune_heads(model, {0: [1]})
     st.resize_ffn(model, 1, range(20))
     parent = save_tiny(model, tok, tmp_path / "pruned")
     out = export_onnx(parent, tmp_path / "onnx")
+    # A classifier reads the first token only: the graph's last layer computes that one (not ModernBERT's, see above).
+    assert read_compression(out)["structure"].get("first_token_last_layer", False) is (name != "modernbert")
+    assert "first_token_last_layer" not in read_compression(export_onnx(
+        save_tiny(make_model(name, head="base"), tok, tmp_path / "base"), tmp_path / "base-onnx"))["structure"]
     runner = load_model(out)
     assert list(runner.input_names) == list(get_family(name).inputs)  # only the inputs the model takes
     x = inputs_for(model, tok)

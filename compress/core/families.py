@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from torch import nn
+from torch import Tensor, nn
 
 from compress.core.compat import MODERNBERT_TYPES_FROM_CONFIG, no_init_weights
 from compress.core.errors import CompressError
@@ -78,6 +78,10 @@ class Family:
     layer_config: Callable[[nn.Module], dict[str, list]] | None = None
     default_layer_config: Callable[[Any, int], dict[str, list]] | None = None
     place_layers: Callable[[nn.Module, list[int]], None] | None = None
+    # One layer after its attention: (layer, context (batch, t, heads*d) before the output projection, the layer's
+    # input at those t tokens) -> the layer's output there. Lets a last layer compute its first token only; None:
+    # the family's layer does not split there (ModernBERT: rotary attention on fused projections).
+    finish_layer: Callable[[nn.Module, Tensor, Tensor], Tensor] | None = None
 
     def head_class(self, head: str) -> str:
         """The transformers class of ``head``; a head this family has none of is refused by name."""
@@ -147,22 +151,31 @@ def _classes(prefix: str, heads: tuple[str, ...]) -> dict[str, str]:
 
 ENCODER_HEADS = ("base", "sequence-classification", "question-answering")
 
+
+def _bert_finish(layer: nn.Module, context: Tensor, hidden: Tensor) -> Tensor:
+    # Output projection, residual and LayerNorm; then the FFN with its own residual and LayerNorm.
+    attended = layer.attention.output(context, hidden)
+    return layer.output(layer.intermediate(attended), attended)
+
+
 FAMILIES.register("bert", Family(
     model_type="bert", config_class="BertConfig", base="bert", layers="encoder.layer", attention=BERT_ATTENTION,
     ffn_in="intermediate.dense", ffn_out="output.dense",
     classes=_classes("Bert", (*ENCODER_HEADS, "masked-lm", "pretraining")),
     mlm_head=lambda model: model.cls.predictions,  # transform + decoder tied to the word embeddings
+    finish_layer=_bert_finish,
 ))
 for _type, _config, _prefix in (("roberta", "RobertaConfig", "Roberta"), ("xlm-roberta", "XLMRobertaConfig", "XLMRoberta")):
     FAMILIES.register(_type, Family(
         model_type=_type, config_class=_config, base="roberta", layers="encoder.layer", attention=BERT_ATTENTION,
         ffn_in="intermediate.dense", ffn_out="output.dense", classes=_classes(_prefix, (*ENCODER_HEADS, "masked-lm")),
-        mlm_head=lambda model: model.lm_head,
+        mlm_head=lambda model: model.lm_head, finish_layer=_bert_finish,
     ))
 # ELECTRA's discriminator (its MLM model is the small generator, not a compression target).
 FAMILIES.register("electra", Family(
     model_type="electra", config_class="ElectraConfig", base="electra", layers="encoder.layer", attention=BERT_ATTENTION,
     ffn_in="intermediate.dense", ffn_out="output.dense", classes=_classes("Electra", ENCODER_HEADS),
+    finish_layer=_bert_finish,
 ))
 
 
@@ -174,6 +187,11 @@ def _distilbert_mlm(model: nn.Module) -> nn.Module:
     return nn.Sequential(model.vocab_transform, model.activation, model.vocab_layer_norm, model.vocab_projector)
 
 
+def _distilbert_finish(layer: nn.Module, context: Tensor, hidden: Tensor) -> Tensor:
+    attended = layer.sa_layer_norm(layer.attention.out_lin(context) + hidden)
+    return layer.output_layer_norm(layer.ffn(attended) + attended)
+
+
 FAMILIES.register("distilbert", Family(
     model_type="distilbert", config_class="DistilBertConfig", base="distilbert", layers="transformer.layer",
     attention=Attention(
@@ -183,7 +201,7 @@ FAMILIES.register("distilbert", Family(
     ),
     ffn_in="ffn.lin1", ffn_out="ffn.lin2", classes=_classes("DistilBert", (*ENCODER_HEADS, "masked-lm")),
     sizes=Sizes(layers="n_layers", hidden="dim", heads="n_heads", ffn="hidden_dim"),
-    inputs=WITHOUT_SEGMENTS, mlm_head=_distilbert_mlm,
+    inputs=WITHOUT_SEGMENTS, mlm_head=_distilbert_mlm, finish_layer=_distilbert_finish,
 ))
 
 

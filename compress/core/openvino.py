@@ -65,7 +65,7 @@ from compress.core.artifacts import (  # noqa: F401  (OPENVINO, OPENVINO_FILE re
     write_json_atomic,
 )
 from compress.core.errors import CompressError
-from compress.core.export import OUTPUTS, _Positional
+from compress.core.export import FIRST_TOKEN_HEADS, OUTPUTS, _Positional
 from compress.core.runtime import (  # noqa: F401  (the runner and its helpers re-exported)
     OPENVINO_PRECISION,
     OpenVINORunner,
@@ -148,7 +148,7 @@ def _convert_torch(model_dir: Path, head: str) -> Converted:
         if hasattr(type(module), "loss_function"):
             module.loss_function = None
     names = OUTPUTS[head]
-    positional = _Positional(model, names)
+    positional = _Positional(model, names, first_token=head in FIRST_TOKEN_HEADS)
     tokenizer = load_tokenizer(model_dir)
     # Two rows of different lengths: nothing is specialised to batch 1 or to one length.
     example = tokenizer(["an example input", "a second, longer example input for tracing"], padding=True, return_tensors="pt")

@@ -17,7 +17,9 @@ A *structure* is a plain dict (it is stored in ``compression.json``)::
      "ffn": [1536, 1536, 900, ...],      # intermediate width per layer
      "kept_layers": [0, 1, 2, ...]}      # original layer ids, in order
 
-plus ``"glu": true`` for a gated FFN (ModernBERT: two input rows per neuron).
+plus ``"glu": true`` for a gated FFN (ModernBERT: two input rows per neuron), and
+``"first_token_last_layer": true`` for a graph whose last layer computes the first token
+only (:func:`first_token_only`; its FLOPs are counted that way).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
-from compress.core.compat import STOCK_PRUNED_HEADS
+from compress.core.compat import STOCK_PRUNED_HEADS, TRANSFORMERS_MAJOR
 from compress.core.errors import CompressError
 from compress.core.families import FAMILIES, Family, family_of
 
@@ -320,7 +322,59 @@ def describe(model: nn.Module) -> dict[str, Any]:
     }
     if family_of(model).glu:
         structure["glu"] = True
+    if getattr(encoder_layers(model)[-1], FIRST_TOKEN, False):
+        structure[FIRST_TOKEN] = True
     return structure
+
+
+FIRST_TOKEN = "first_token_last_layer"  # structure key, and the marker on a layer first_token_only changed
+
+
+def first_token_only(model: nn.Module) -> bool:
+    """Make the last encoder layer compute the first token's output only; False if the family cannot.
+
+    For a head that reads nothing but the first token (sequence classification: BERT's
+    pooler, RoBERTa's and ELECTRA's classifier, DistilBERT's pre-classifier): its keys and
+    values still come from every token, but its query, output projection and FFN run on one
+    token instead of s, and the encoder's output becomes (batch, 1, hidden). The logits are
+    the full model's (to float rounding). Changes the model in place: for exports, whose
+    graphs are traced from this forward; training and hidden-state distillation keep every token.
+    """
+    fam = family(model)
+    if fam.finish_layer is None or fam.attention.fused:
+        return False
+    layer = encoder_layers(model)[-1]
+    if num_heads(layer) == 0:
+        return False  # every head pruned: no attention to split
+    query, key, value = qkv_projections(layer)
+    d = head_size(layer)
+
+    def forward(hidden_states, attention_mask=None, *args, **kwargs):
+        batch, seq = hidden_states.shape[0], hidden_states.shape[1]
+        first = hidden_states[:, :1]  # (batch, 1, hidden)
+        q = query(first).view(batch, 1, -1, d).transpose(1, 2)  # (batch, heads, 1, d)
+        k = key(hidden_states).view(batch, seq, -1, d).transpose(1, 2)  # (batch, heads, seq, d)
+        v = value(hidden_states).view(batch, seq, -1, d).transpose(1, 2)
+        scores = _mask_first_query(q @ k.transpose(-1, -2) * d ** -0.5, attention_mask)  # (batch, heads, 1, seq)
+        context = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, 1, -1)  # (batch, 1, heads*d)
+        out = fam.finish_layer(layer, context, first)
+        return out if TRANSFORMERS_MAJOR >= 5 else (out,)  # 4.x layers return a tuple
+
+    layer.forward = forward
+    setattr(layer, FIRST_TOKEN, True)
+    return True
+
+
+def _mask_first_query(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Scores (batch, heads, 1, seq) with the padding masked, for the masks the encoders hand their layers."""
+    if mask is None:
+        return scores
+    if mask.dim() == 2:  # (batch, seq), 1 keep / 0 padding: DistilBERT's eager path on transformers 4.x
+        return scores.masked_fill(mask[:, None, None, :] == 0, torch.finfo(scores.dtype).min)
+    mask = mask[..., :1, :]  # (batch, 1, 1 or seq, seq): the first query's row
+    if mask.dtype == torch.bool:  # True: attend
+        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return scores + mask  # additive: 0, or a large negative number at padding
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -340,15 +394,19 @@ def flops_per_sequence(structure: dict[str, Any], seq_len: int) -> int:
     Q, K, V and output projections 4*s*h*a, scores QK^T and context AV 2*s*s*a,
     FFN 2*s*h*f multiply-adds (3*s*h*f for a gated FFN: input, gate and output matrices).
     Embedding lookups, LayerNorm, softmax and the task head are left out, as in the usual
-    BERT-base figure (22.35 GFLOPs at s=128).
+    BERT-base figure (22.35 GFLOPs at s=128). A last layer that computes the first token
+    only (``first_token_last_layer``) counts K and V over s tokens and the rest over one:
+    2*s*h*a + 2*h*a + 2*s*a + 2*h*f.
     """
     h = structure["hidden_size"]
     d = structure["head_size"]
     ffn_matrices = 3 if structure.get("glu") else 2
+    last = len(structure["heads"]) - 1
     macs = 0
-    for heads, f in zip(structure["heads"], structure["ffn"]):
+    for i, (heads, f) in enumerate(zip(structure["heads"], structure["ffn"])):
         a = heads * d
-        macs += 4 * seq_len * h * a + 2 * seq_len * seq_len * a + ffn_matrices * seq_len * h * f
+        queries = 1 if i == last and structure.get(FIRST_TOKEN) else seq_len  # tokens whose outputs the layer computes
+        macs += 2 * seq_len * h * a + 2 * queries * h * a + 2 * queries * seq_len * a + ffn_matrices * queries * h * f
     return 2 * macs
 
 
