@@ -51,12 +51,14 @@ class _Positional:
     """Call a Hugging Face model with positional inputs (those its family takes) and return a tuple of named outputs.
 
     ``first_token``: the model's head reads the first token only, so its last layer computes
-    that token alone (:func:`first_token_only`, in place; ``self.first_token`` says if it could).
+    that token alone where its family can (:func:`first_token_only`, in place; ``describe``
+    then records it).
     """
 
     def __init__(self, model, outputs: tuple[str, ...], *, first_token: bool = False):
         names = input_names(model)
-        self.first_token = first_token and first_token_only(model)
+        if first_token:
+            first_token_only(model)
 
         class Wrapper(torch.nn.Module):
             def __init__(self, inner):
