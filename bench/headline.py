@@ -114,11 +114,30 @@ def models_of(work: Path, auto: list[Path]) -> list[dict[str, Any]]:
     """The table's models present in ``work`` (and the auto-chosen ones): label, directory, model group, SST-2 dev."""
     models = [{"label": label, "dir": work / name, "group": group} for label, name, group in ROWS
               if (work / name / "config.json").is_file()]
-    models += [{"label": f"auto-chosen: {d.name}", "dir": d, "group": f"auto:{d.name}"} for d in auto]
+    models += [{"label": _auto_label(d), "dir": d, "group": f"auto:{d.name}"} for d in auto if (d / "config.json").is_file()]
     for m in models:
         # An exported fp32 copy scores what its source scored (the export is checked against it).
         m["sst2"] = _dev(m["dir"], "sst2")
     return models
+
+
+def auto_search(model_dir: Path) -> dict[str, Any] | None:
+    """What ``compress auto`` recorded beside the model it chose: budget, choice, dev score, search minutes."""
+    path = model_dir / "search" / "search.json"
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    chosen = report.get("chosen") or {}
+    return {"dir": str(model_dir), "budgets": report.get("budgets", []), "chosen": chosen.get("name"),
+            "accuracy": chosen.get("accuracy"), "minutes": round(report.get("seconds", 0) / 60, 1),
+            "trained": len(report.get("trained", [])), "halving_stopped": report.get("halving_stopped")}
+
+
+def _auto_label(model_dir: Path) -> str:
+    search = auto_search(model_dir)
+    if not search or not search["chosen"]:
+        return f"auto-chosen: {model_dir.name}"
+    return f"auto-chosen under {'; '.join(search['budgets'])}: {search['chosen']}"
 
 
 def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, auto: list[Path] = (),
@@ -146,6 +165,8 @@ def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, a
         "date": utc_now(), "hardware": hardware(), "packages": package_versions(), "models": table,
         "teacher_scores": teacher_scores, "base": base.name, "int8": drops, "targets": targets, "profile": profile,
         "latency": latency, "retention": _retention_rows(retention) if retention else None,
+        "retention_files": [str(p) for p in retention or ()],
+        "auto": [a for a in (auto_search(Path(d)) for d in auto) if a],
         "settings": _settings(work, read_metrics),
     }
 
@@ -439,6 +460,9 @@ def render(results: dict[str, Any]) -> str:
         "training sentences), then half its heads (6 of 12 in each layer, gate-gradient importance), then half its "
         "remaining FFN neurons (384 of 768 in each layer: the 75% FFN rows); each cut is recovered by 3 epochs of "
         "distillation from the SST-2 teacher (`--recovery distill --recovery-teacher`, KD + hard labels, lr 1e-4).",
+        *([f"- auto-chosen rows: `compress auto` with the teacher and SST-2 sample above, its own training defaults (1 "
+           "epoch per first-round candidate, successive halving), ONNX Runtime and OpenVINO variants, within the time "
+           "limit the recipe gives it; budget and choice in the compress auto section below."] if results.get("auto") else []),
         *([f"- adopted stages: {', '.join(sorted(results['adopted']))} were trained earlier with this recipe's exact "
            "settings and adopted into the run directory instead of being trained twice."] if results.get("adopted") else []),
         f"- latency: {lat['repeat_runs']} interleaved runs (every model in turn, each in its own process, {lat['threads']} "
@@ -533,6 +557,16 @@ def render(results: dict[str, Any]) -> str:
         for r in results["retention"]:
             lines.append(f"| {r['student']} | {get_task(r['task']).display} | ({r['row']}) | {r['value']:.2f} | {r['teacher']:.2f} | "
                          f"{100 * r['retention']:.1f}% | {r['seeds']} |")
+        if results.get("retention_files"):
+            lines += ["", f"From {len(results['retention_files'])} retention.json files: "
+                      + ", ".join(f"`{f}`" for f in results["retention_files"]) + "."]
+    if results.get("auto"):
+        lines += ["", "## compress auto (the most accurate model under a budget, searched and re-measured here)", "",
+                  "| budget | chosen | SST-2 | search min | candidates trained | successive halving stopped |",
+                  "|---|---|--:|--:|--:|---|"]
+        for a in results["auto"]:
+            lines.append(f"| {'; '.join(a['budgets'])} | {a['chosen']} | {_fmt(a['accuracy'], '.2f')} | {a['minutes']:.1f} | "
+                         f"{a['trained']} | {a['halving_stopped']} |")
     prof = results.get("profile")
     if prof and (prof.get("ov_profile") or prof.get("torch_fp32")):
         lines += ["", f"## Profile of the fastest model at the retention bar ({prof['model']})", ""]

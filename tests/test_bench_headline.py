@@ -130,6 +130,47 @@ def test_the_report_states_every_verdict():
     assert "53.0x (worst run 50.0x" in verdicts[0] and "3.68x, worst run 3.25x" in verdicts[4]
 
 
+def test_the_auto_chosen_model_is_labelled_and_reported_from_its_search(tmp_path):
+    import json
+
+    from bench.headline import auto_search, models_of
+
+    chosen = tmp_path / "auto-sst2"
+    (chosen / "search").mkdir(parents=True)
+    (chosen / "config.json").write_text("{}")
+    (chosen / "search" / "search.json").write_text(json.dumps({
+        "budgets": ["speedup>=8x@b1,s128"], "chosen": {"name": "2L-384 openvino-int8", "accuracy": 85.1}, "seconds": 1410.0,
+        "trained": [{}, {}, {}, {}], "halving_stopped": "time"}))
+    missing = tmp_path / "not-made"  # a search that failed leaves no folder: no row, no section
+    rows = models_of(tmp_path / "work", [chosen, missing])
+    assert [(m["label"], m["group"]) for m in rows] == [("auto-chosen under speedup>=8x@b1,s128: 2L-384 openvino-int8",
+                                                         "auto:auto-sst2")]
+    search = auto_search(chosen)
+    assert (search["minutes"], search["trained"], search["accuracy"]) == (23.5, 4, 85.1) and auto_search(missing) is None
+    t = compute_targets(report(), MODELS, DROPS, "bert-base-shape", TASK_MODELS)
+    results = {
+        "hardware": {"cpu": "AMD EPYC", "usable_cores": 2, "flags": ["avx512_vnni"]}, "packages": {"torch": "2"},
+        "latency": report(), "targets": t, "models": MODELS, "teacher_scores": {"sst2": 85.0}, "base": "bert-base-shape",
+        "int8": {}, "settings": {}, "date": "today", "auto": [search],
+    }
+    assert "| speedup>=8x@b1,s128 | 2L-384 openvino-int8 | 85.10 | 23.5 | 4 | time |" in render(results).splitlines()
+
+
+def test_the_recipe_ends_with_compress_auto_on_the_sst2_teacher_and_every_committed_retention_run_is_read():
+    from pathlib import Path
+
+    from bench.__main__ import AUTO_STAGE, committed_retention, recipe
+    from compress.pipeline import load_recipe
+
+    stages = load_recipe(recipe(Path("minilm"), Path("glue"))).stages
+    last = stages[-1]  # last: its final measurement times models, nothing may train beside it
+    assert (last.name, last.kind, last.inputs["teacher"]) == (AUTO_STAGE, "auto", "${teacher-sst2}")
+    assert last.config.budget == "speedup>=8x@b1,s128" and last.config.data.max_train_examples == 20000
+    files = committed_retention()
+    assert any(f.as_posix().endswith("bench/results/2026-11-25/retention/retention.json") for f in files)
+    assert all(f.name == "retention.json" and f.is_file() for f in files)
+
+
 def test_a_model_faster_than_its_floor_means_a_slowed_peak_and_targets_3_and_4_are_not_judged():
     slow = report()
     slow["peaks"]["fp32"]["gflops"] = 160.0  # BERT-base on OpenVINO did 275 GFLOP/s at b1: 172% of this "peak"
