@@ -9,6 +9,9 @@ BIN    := $(VENV)/bin
 # Extra pip arguments, e.g. PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cu124"
 PIP_ARGS ?=
 DATA   ?= ../shared/data
+# make bench: where its models go (re-used by the next run: unchanged stages are skipped) and its report.
+BENCH_WORK ?= runs/bench
+BENCH_OUT  ?= bench/results/$(shell date -u +%F)/headline
 
 .PHONY: help venv test test-transformers4 test-all demo bench clean
 
@@ -17,7 +20,8 @@ help:
 	@echo "make test                run the fast test suite (transformers 5 set, .venv)"
 	@echo "make test-transformers4  the fast suite on the transformers 4.57 set (.venv-transformers4)"
 	@echo "make test-all            the fast suite plus slow checks on real data in DATA=$(DATA)"
-	@echo "make bench               real-data benchmarks (needs DATA=$(DATA))"
+	@echo "make bench               the headline benchmark on real data (needs DATA=$(DATA)); models in"
+	@echo "                         BENCH_WORK=$(BENCH_WORK) (kept: a re-run skips unchanged stages), report in BENCH_OUT"
 
 venv: $(VENV)/.installed
 
@@ -40,7 +44,7 @@ demo: venv
 	$(BIN)/compress demo --out runs/demo --overwrite
 
 bench: venv
-	$(BIN)/python -m bench --data $(DATA)
+	$(BIN)/python -m bench --data $(DATA) --work $(BENCH_WORK) --out $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) .venv-transformers4 runs build *.egg-info

@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--work", type=Path, default=Path("runs/bench"), help="model directories (not committed)")
-    parser.add_argument("--out", type=Path, default=None, help="results (default: bench/results/<date>)")
+    parser.add_argument("--out", type=Path, default=None, help="results (default: bench/results/<date>/headline)")
     parser.add_argument("--repeats", type=int, default=20, help="timed passes per model and point, in each run")
     parser.add_argument("--runs", type=int, default=3, help="interleaved latency runs (medians of run medians)")
     parser.add_argument("--auto", default="", help="auto-chosen model folders to measure beside the others (DIR,...)")
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     started = time.monotonic()
-    out = args.out or Path("bench/results") / dt.date.today().isoformat()
+    out = args.out or Path("bench/results") / dt.datetime.now(dt.timezone.utc).date().isoformat() / "headline"
     glue = (args.data / "glue").absolute()
     if not (glue / "SST-2" / "train.tsv").is_file():
         print(f"bench: no GLUE data in {glue}; pass --data pointing at the folder with glue/", file=sys.stderr)

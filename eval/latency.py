@@ -526,9 +526,12 @@ def run_all(
     """
     jobs = [(name, {"mode": "model", "model": str(path), "config": worker_config(cfg, threads)})
             for path, name in zip(paths, names)]
+    # The first model's own job already times it on the backend its format picks: that one is not timed twice.
+    own = _own_backend(paths[0], cfg)
+    shared = [b for b in cfg.reference_backends if b == own]
     jobs += [(f"{names[0]} [{b}]", {"mode": "model", "model": str(paths[0]),
                                     "config": {**worker_config(cfg, threads), "backend": b}, "reference": b})
-             for b in cfg.reference_backends]
+             for b in cfg.reference_backends if b not in shared]
     total = cfg.repeat_runs * (len(jobs) * len(cfg.grid()) + (1 if cfg.peak else 0))
     peaks: list[dict[str, Any]] = []
     results: list[list[dict[str, Any]]] = [[] for _ in paths]
@@ -551,7 +554,16 @@ def run_all(
                 first = result["points"][0]
                 p50 = percentile_stats(first["seconds"])["p50_ms"]
                 log.info(f"{name}: p50 {p50:.2f} ms at batch {first['batch']} seq {first['seq']}{tag}")
+            for b in shared:
+                references[b].append(results[0][-1])
     return best_peaks(peaks), results, references
+
+
+def _own_backend(path: Path, cfg: LatencyConfig) -> str:
+    """The backend a model's own job runs on: ``cfg.backend``, or for ``auto`` the one its format picks."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    return AUTO_BACKENDS.get(artifact_format(path), "")
 
 
 def best_peaks(runs: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from compress import auto as auto_module
@@ -137,7 +138,7 @@ def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, t
     assert rounds.count(0) == 3 and rounds.count(1) == 2
     # the probe run (teacher first), the teacher again after it, and one final run (teacher first)
     assert len(calls) == 3 and calls[1] == [str(teacher_dir)] and str(teacher_dir) == calls[0][0] == calls[2][0]
-    assert timer.runs == [1, 1, 3]  # the final run repeated --final-runs times (default 3)
+    assert timer.runs == [2, 1, 3]  # the probe in 2 runs, the final run repeated --final-runs times (default 3)
     assert chosen["slowest_p50_ms"] == chosen["measured_p50_ms"]  # a noiseless timer: every run alike
     assert not (tmp_path / ".out.auto-tmp").exists()
     # the teacher (2 layers x 64: 1 + 0.05 x 2 x 4 = 1.40 ms) as the final runs and the probe timed it
@@ -212,6 +213,30 @@ def test_when_every_finalist_misses_the_other_candidates_are_timed_in_a_second_r
     assert "(second run)" in (out / "search" / "report.md").read_text()
 
 
+def test_a_probe_sample_slowed_in_one_run_is_taken_at_its_fastest_run(teacher, tmp_path):
+    teacher_dir, data = teacher
+    exact = fake_timer()
+
+    def timer(dirs, at, repeats, runs):  # the probe's second run 3x slow for every shape: the median would be 2x
+        rows = exact(dirs, at, repeats, runs)
+        out = []
+        for r in rows:
+            if "probe" in r["model"] and runs == 2:
+                per_run = [r["p50_ms"], 3 * r["p50_ms"]]
+                r = {**r, "runs_p50_ms": per_run, "p50_ms": float(np.median(per_run))}
+            out.append(r)
+        return out
+
+    with pytest.raises(CompressError, match="no student shape is predicted"):  # stop after the probe
+        auto(teacher_dir, tmp_path / "out", _cfg(data, "p50<=0.5ms@b1,s32"), timer=timer)
+    probe = json.loads((work_dir_for(tmp_path / "out") / "state.json").read_text())["probe"]
+    for sample in probe["samples"]:  # exactly the noiseless timer's 1 ms + 0.05 ms per layer x width unit (int8: half)
+        shape = sample["shape"]
+        expected = 1.0 + 0.05 * shape["layers"] * shape["hidden"] / 16 * (0.5 if "int8" in sample["variant"] else 1.0)
+        assert sample["ms"] == pytest.approx(expected)
+    assert probe["error"]["worst"] < 1.0
+
+
 def test_nothing_fits_names_the_fastest_model_measured(teacher, tmp_path):
     teacher_dir, data = teacher
     with pytest.raises(CompressError, match=r"the fastest model probed was .* at 1\.\d\d ms"):
@@ -228,7 +253,8 @@ def test_a_slow_spell_during_the_teachers_probe_timing_does_not_loosen_speedup_b
     def timer(dirs, at, repeats, runs):  # the probe's first timing of the teacher 3x slow (4.20 ms instead of 1.40)
         calls.append(len(calls))
         rows = exact(dirs, at, repeats, runs)
-        return [{**r, "p50_ms": r["p50_ms"] * 3} if len(calls) == 1 and r["model"] == str(teacher_dir) else r for r in rows]
+        return [{**r, "p50_ms": r["p50_ms"] * 3, "runs_p50_ms": [ms * 3 for ms in r["runs_p50_ms"]]}
+                if len(calls) == 1 and r["model"] == str(teacher_dir) else r for r in rows]
 
     # The fastest probe shape, 1L-32 as torch int8, takes 1 + 0.05 x 1 x 32/16 x 0.5 = 1.05 ms: 1.33x the true 1.40 ms,
     # 4.0x the slow one. 1.5x is out of reach, and the search says so before training anything.

@@ -52,7 +52,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
-from torch.export.pt2_archive import constants as c
 from transformers import modeling_outputs as mo
 
 from compress.core.artifacts import (  # noqa: F401  (re-exported)
@@ -634,6 +633,10 @@ def check_pt2_archive(file: Path) -> None:
     no native code, every payload a plain tensor, sample inputs loadable with
     ``weights_only=True``.
     """
+    # Imported here: torch.export.pt2_archive pulls in torch's serializer and distributed tensors, about a
+    # second at every start of a process that never meets a .pt2 (every latency worker, every command).
+    from torch.export.pt2_archive import constants as c
+
     bad = f"{file} is not a plain torch.export archive of tensors"
     try:
         archive = zipfile.ZipFile(file)
