@@ -9,8 +9,8 @@ stage whose inputs and config are unchanged. Reduced settings for a 2-core CPU (
 the whole benchmark fits in 170 minutes), all reported in the output: SST-2 training is
 a seeded sample of 20,000 sentences (max length 64); MRPC and STS-B train on their full
 training sets; the teacher is not head-pruned (a 20-minute stage whose model was never
-near the Pareto front); only the final models of the pruning chains get int8 versions. Only the teachers the
-targets use are trained (SST-2, and MRPC and STS-B for the int8 drops), and the 3L-384 on
+near the Pareto front); only the final models of the pruning chains get int8 versions.
+Only the teachers the targets use are trained (SST-2, and MRPC and STS-B for the int8 drops), and the 3L-384 on
 MRPC and STS-B too (no augmentation), so that target 2 judges a student's int8 on three tasks
 as well as the teacher's; the other tasks' teachers and students are the retention
 benchmark's (every retention.json committed under bench/results/, or ``--retention``). The
