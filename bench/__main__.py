@@ -10,9 +10,9 @@ the whole benchmark fits in 170 minutes), all reported in the output: SST-2 trai
 a seeded sample of 20,000 sentences (max length 64); MRPC and STS-B train on their full
 training sets; the teacher is not head-pruned (a 20-minute stage whose model was never
 near the Pareto front); only the final models of the pruning chains get int8 versions.
-Only the teachers the targets use are trained (SST-2, and MRPC and STS-B for the int8 drops), and the 3L-384 on
-MRPC and STS-B too (no augmentation), so that target 2 judges a student's int8 on three tasks
-as well as the teacher's; the other tasks' teachers and students are the retention
+Only the teachers the targets use are trained (SST-2, and MRPC and STS-B for the int8
+drops), and the 3L-384 on MRPC and STS-B too (no augmentation), so that target 2 judges a
+student's int8 on three tasks as well as the teacher's; the other tasks' teachers and students are the retention
 benchmark's (every retention.json committed under bench/results/, or ``--retention``). The
 last stage is ``compress auto`` under a budget relative to the teacher (speed-up >= 8x at
 batch 1, 20-minute limit); its choice joins the table beside the hand-made students (and
@@ -86,7 +86,7 @@ def recipe(minilm: Path, glue: Path) -> dict:
         {"name": "student-2L-384-ffn75-heads50", "run": "prune", "model": "${student-2L-384-ffn50-heads50}",
          "config": {**sst2, "remove_ffn": 0.5, "importance_examples": 2048, **recover_from_teacher}},
     ]
-    # The pruning chain's intermediate models (3L-384 heads-50%, 2L-384 FFN-50% and FFN-50% heads-50%) stay fp32: their
+    # The pruning chains' intermediate models (3L-384 heads-50%, 2L-384 FFN-50% and FFN-50% heads-50%) stay fp32: their
     # int8 pairs were never the fastest at the retention bar and cost 6 latency rows of about a minute each.
     # Every model that gets an int8 version gets both: ONNX Runtime dynamic and OpenVINO + NNCF static. Target 2 judges a
     # shape by its fastest int8 backend, so both need every task's model; the fp32 model is also exported as ONNX and

@@ -217,8 +217,8 @@ def test_every_table_row_is_a_stage_of_the_recipe_and_every_stage_reads_an_earli
     # models_of() keeps only the rows whose folder exists, so a misspelt stage would drop its row silently.
     from pathlib import Path
 
-    from bench.__main__ import recipe
-    from bench.headline import ROWS
+    from bench.__main__ import AUTO_STAGE, recipe
+    from bench.headline import INT8_TASK_MODELS, ROWS
     from compress.pipeline import load_recipe
 
     # The recipe loader refuses a repeated stage name, a reference to no earlier stage and an invalid option.
@@ -231,9 +231,6 @@ def test_every_table_row_is_a_stage_of_the_recipe_and_every_stage_reads_an_earli
     assert narrower.config.recovery_teacher == "${teacher-sst2}"
     # make bench's 170 minutes: no stage is built that nothing shows or reads (the head-pruned teacher and the int8
     # versions of the pruning chains' intermediate models were dropped for time).
-    from bench.__main__ import AUTO_STAGE
-    from bench.headline import INT8_TASK_MODELS
-
     refs = [v for st in stages.values() for v in (*st.inputs.values(), getattr(st.config, "recovery_teacher", None))]
     read = {v.strip("${}") for v in refs if isinstance(v, str) and v.startswith("${")}
     shown = {name for _, name, _ in ROWS} | {f"{m}-int8{s}" for task_models in INT8_TASK_MODELS.values()
