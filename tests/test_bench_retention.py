@@ -67,6 +67,34 @@ def test_a_continued_general_stage_is_another_recipe_than_one_cycle_of_the_same_
     assert "RTE 96.7% (d; one.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 54) / 2
 
 
+def test_a_bf16_general_stage_is_another_recipe_than_an_fp32_one_of_the_same_length():
+    fp32 = row("rte", "3L-384", "d", 58.0, 60.0)
+    fp32["rte/3L-384/d/42"]["general"] = {"steps": 2800}  # written before the precision was recorded: fp32
+    bf16 = row("rte", "3L-384", "d", 54.0, 60.0, seed=1)
+    bf16["rte/3L-384/d/1"]["general"] = {"steps": 2800, "precision": "bf16"}
+    [_, _, line] = goal_lines({"fp32.json": fp32, "bf16.json": bf16})
+    assert "RTE 96.7% (d; fp32.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 54) / 2
+
+
+def test_the_general_stage_trains_in_the_precision_asked_and_records_it(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_general(teacher, out, cfg, overwrite):
+        seen["precision"] = cfg.train.precision
+        Path(out).mkdir(parents=True)
+        (Path(out) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(retention, "distill_general", fake_general)
+    monkeypatch.setattr(retention, "minilm_path", lambda: tmp_path / "minilm")
+    monkeypatch.setattr(retention, "corpus_paths", lambda data: [str(tmp_path / "corpus.txt")])
+    _, cost = general_run(tmp_path / "g-bf16", "3L-384", tmp_path, 100, precision="bf16")
+    assert seen == {"precision": "bf16"} and cost["precision"] == "bf16"
+    _, cost = general_run(tmp_path / "g-more", "3L-384", tmp_path, 100, tmp_path / "g-bf16", precision="fp32")
+    assert seen == {"precision": "fp32"} and cost["precision"] == "mixed" and cost["steps"] == 200  # one cycle of each
+    _, cost = general_run(tmp_path / "g-fp32", "3L-384", tmp_path, 100)
+    assert seen == {"precision": "fp32"} and cost["precision"] == "fp32"
+
+
 def test_a_continued_general_stage_starts_from_the_earlier_student_and_adds_its_cost(tmp_path, monkeypatch):
     seen = {}
 
