@@ -124,8 +124,8 @@ def general_run(out: Path, student: str, data: Path, steps: int, start: Path | N
                 precision: str = "fp32") -> tuple[Path, dict]:
     """A general-distilled ``student`` (MiniLM attention and value relations on the corpus), cut from the MiniLM
     encoder or continued from ``start`` (an earlier general student: a second cycle, warm-up and decay again), trained
-    in ``precision`` (fp32, or bf16 mixed precision: about twice the steps an hour on a CPU with AVX-512 BF16), and
-    what it cost ({"steps", "seconds", "cpu_seconds"}, an earlier cycle's included, "cycles" and "precision")."""
+    in ``precision`` (fp32, or bf16 mixed precision: 12 steps of the 3L-384 took 33 s against 64 s in fp32 on
+    this AVX-512 BF16 CPU, 2 threads, run one after the other), and what it cost ({"steps", "seconds", "cpu_seconds"}, an earlier cycle's included, "cycles" and "precision")."""
     cost = out / "general_cost.json"
     if not (out / "config.json").is_file():
         before = json.loads((start / "general_cost.json").read_text()) if start else {}
