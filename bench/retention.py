@@ -125,10 +125,12 @@ def general_run(out: Path, student: str, data: Path, steps: int, start: Path | N
     """A general-distilled ``student`` (MiniLM attention and value relations on the corpus), cut from the MiniLM
     encoder or continued from ``start`` (an earlier general student: a second cycle, warm-up and decay again), trained
     in ``precision`` (fp32, or bf16 mixed precision: 12 steps of the 3L-384 took 33 s against 64 s in fp32 on
-    this AVX-512 BF16 CPU, 2 threads, run one after the other), and what it cost ({"steps", "seconds", "cpu_seconds"}, an earlier cycle's included, "cycles" and "precision")."""
+    this AVX-512 BF16 CPU, 2 threads, run one after the other), and what it cost ({"steps", "seconds",
+    "cpu_seconds"}, an earlier cycle's included, "cycles" and "precision": "mixed" when the cycles' differ)."""
     cost = out / "general_cost.json"
     if not (out / "config.json").is_file():
         before = json.loads((start / "general_cost.json").read_text()) if start else {}
+        earlier = before.get("precision", "fp32") if start else precision  # costs written before it was recorded: fp32
         started, cpu = time.monotonic(), time.process_time()
         cfg = from_dict(GeneralDistillConfig, {
             "corpus": corpus_paths(data), "student": student, "losses": ["minilm"], "max_length": 128,
@@ -140,7 +142,7 @@ def general_run(out: Path, student: str, data: Path, steps: int, start: Path | N
                                  "seconds": round(time.monotonic() - started + before.get("seconds", 0), 1),
                                  "cpu_seconds": round(time.process_time() - cpu + before.get("cpu_seconds", 0), 1),
                                  "cycles": before.get("cycles", 1) + 1 if start else 1,
-                                 "precision": precision if not start or before.get("precision", "fp32") == precision else "mixed"})
+                                 "precision": precision if earlier == precision else "mixed"})
     return out, (json.loads(cost.read_text()) if cost.is_file() else {})
 
 

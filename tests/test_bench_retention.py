@@ -76,45 +76,42 @@ def test_a_bf16_general_stage_is_another_recipe_than_an_fp32_one_of_the_same_len
     assert "RTE 96.7% (d; fp32.json; teacher 60.00)" in line  # 58 / 60 alone, not (58 + 54) / 2
 
 
-def test_the_general_stage_trains_in_the_precision_asked_and_records_it(tmp_path, monkeypatch):
+def fake_general_stage(monkeypatch, tmp_path) -> dict:
+    """distill_general replaced by one that writes an empty student; returns what the last call was given."""
     seen = {}
 
     def fake_general(teacher, out, cfg, overwrite):
-        seen["precision"] = cfg.train.precision
+        seen.update(init=cfg.init, steps=cfg.train.max_steps, precision=cfg.train.precision)
         Path(out).mkdir(parents=True)
         (Path(out) / "config.json").write_text("{}")
 
     monkeypatch.setattr(retention, "distill_general", fake_general)
     monkeypatch.setattr(retention, "minilm_path", lambda: tmp_path / "minilm")
     monkeypatch.setattr(retention, "corpus_paths", lambda data: [str(tmp_path / "corpus.txt")])
+    return seen
+
+
+def test_the_general_stage_trains_in_the_precision_asked_and_records_it(tmp_path, monkeypatch):
+    seen = fake_general_stage(monkeypatch, tmp_path)
     _, cost = general_run(tmp_path / "g-bf16", "3L-384", tmp_path, 100, precision="bf16")
-    assert seen == {"precision": "bf16"} and cost["precision"] == "bf16"
+    assert seen["precision"] == "bf16" and cost["precision"] == "bf16"
     _, cost = general_run(tmp_path / "g-more", "3L-384", tmp_path, 100, tmp_path / "g-bf16", precision="fp32")
-    assert seen == {"precision": "fp32"} and cost["precision"] == "mixed" and cost["steps"] == 200  # one cycle of each
+    assert seen["precision"] == "fp32" and cost["precision"] == "mixed" and cost["steps"] == 200  # one cycle of each
     _, cost = general_run(tmp_path / "g-fp32", "3L-384", tmp_path, 100)
-    assert seen == {"precision": "fp32"} and cost["precision"] == "fp32"
+    assert seen["precision"] == "fp32" and cost["precision"] == "fp32"
 
 
 def test_a_continued_general_stage_starts_from_the_earlier_student_and_adds_its_cost(tmp_path, monkeypatch):
-    seen = {}
-
-    def fake_general(teacher, out, cfg, overwrite):
-        seen["init"], seen["steps"] = cfg.init, cfg.train.max_steps
-        Path(out).mkdir(parents=True)
-        (Path(out) / "config.json").write_text("{}")
-
-    monkeypatch.setattr(retention, "distill_general", fake_general)
-    monkeypatch.setattr(retention, "minilm_path", lambda: tmp_path / "minilm")
-    monkeypatch.setattr(retention, "corpus_paths", lambda data: [str(tmp_path / "corpus.txt")])
+    seen = fake_general_stage(monkeypatch, tmp_path)
     start = tmp_path / "general-1600"
     start.mkdir()
     (start / "general_cost.json").write_text(json.dumps({"steps": 1600, "seconds": 3000.0, "cpu_seconds": 2900.0}))
     out, cost = general_run(tmp_path / "general-2800", "3L-384", tmp_path, 1200, start)
-    assert seen == {"init": str(start), "steps": 1200}
+    assert (seen["init"], seen["steps"]) == (str(start), 1200)
     assert cost["steps"] == 2800 and cost["cycles"] == 2
     assert cost["seconds"] >= 3000.0 and cost["cpu_seconds"] >= 2900.0
     _, fresh = general_run(tmp_path / "general-fresh", "3L-384", tmp_path, 300)
-    assert seen == {"init": "teacher", "steps": 300} and fresh["steps"] == 300 and fresh["cycles"] == 1
+    assert (seen["init"], seen["steps"]) == ("teacher", 300) and fresh["steps"] == 300 and fresh["cycles"] == 1
 
 
 def test_a_row_run_with_another_learning_rate_is_another_recipe():
