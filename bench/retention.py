@@ -22,7 +22,9 @@ task and student shape, the rows add one method at a time:
   corpus sentences;
 * (h) (c) cut from the pretrained MiniLM encoder (``--init-from``) instead of the fine-tuned
   teacher, no general stage: (d)'s starting point before its general distillation, so
-  (d) - (h) is what the general stage itself adds.
+  (d) - (h) is what the general stage itself adds;
+* (i) (f) from (d)'s general-distilled student: the defaults with the general stage first,
+  without (d)'s intermediate stage.
 
 Then the best 3L-384 row of each task is quantized (ONNX Runtime dynamic int8) and scored.
 Each row's dev metric, retention of its teacher's, and training seconds are recorded;
@@ -60,6 +62,7 @@ ROWS = {
     "f": "today's defaults",
     "g": "(e) + transfer texts",
     "h": "(c) cut from the pretrained encoder",
+    "i": "(f) from the general-distilled student",
 }
 PAIR_TASKS, SINGLE_TASKS = ("mrpc", "stsb", "rte"), ("sst2", "cola")
 MAX_LENGTH = {"sst2": 64, "cola": 64}  # other tasks: 128
@@ -82,8 +85,6 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
         cfg.update(two_stage=True, augment=args.augment, intermediate_epochs=args.epochs, epochs=args.prediction_epochs)
         if args.augment_intermediate:  # only when asked, so earlier runs' configs stay the same recipe
             cfg["augment_intermediate"] = True
-    if row == "d":
-        cfg["init"] = str(general)
     if row == "h":
         cfg["init_from"] = str(minilm_path())
     if row == "e":
@@ -93,8 +94,10 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
         sources = [f"task:{t}" for t in family if t != task] + [str(p) for p in corpus_paths(args.data)]
         cfg.update(augment=args.augment, epochs=args.prediction_epochs, transfer_text=sources,
                    transfer_examples=args.transfer)
-    if row == "f":  # nothing but what any run must say: the defaults decide the rest
+    if row in "fi":  # nothing but what any run must say: the defaults decide the rest
         cfg = {k: cfg[k] for k in ("task", "student", "init", "data_dir", "max_length", "max_train_examples", "seed", "cache_dir")}
+    if row in "di":
+        cfg["init"] = str(general)
     return cfg
 
 
@@ -175,13 +178,13 @@ def main(argv=None) -> int:
     parser.add_argument("--transfer", type=int, default=8000, help="transfer examples in row g")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--general-minutes", type=float, default=10.0,
-                        help="row d's general stage, as a time budget (about 2 s a step of 64 x 128 tokens on 2 threads)")
-    parser.add_argument("--general-steps", type=int, default=None, help="row d's general stage in steps (overrides --general-minutes)")
+                        help="rows d and i's general stage, as a time budget (about 2 s a step of 64 x 128 tokens on 2 threads)")
+    parser.add_argument("--general-steps", type=int, default=None, help="rows d and i's general stage in steps (overrides --general-minutes)")
     parser.add_argument("--general-from", type=Path, default=None, metavar="DIR",
-                        help="continue row d's general stage from this general-distilled student (another cycle of "
+                        help="continue rows d and i's general stage from this general-distilled student (another cycle of "
                              "--general-steps); its cost counts in the row's")
     parser.add_argument("--general-precision", choices=("fp32", "bf16"), default="fp32",
-                        help="row d's general stage in fp32 or bf16 mixed precision (the task rows stay fp32)")
+                        help="rows d and i's general stage in fp32 or bf16 mixed precision (the task rows stay fp32)")
     parser.add_argument("--cache", type=Path, default=None, help="teacher-output / augmented-set cache (default: MODELS/cache)")
     parser.add_argument("--no-int8", action="store_true")
     parser.add_argument("--note", default="")
@@ -229,7 +232,7 @@ def main(argv=None) -> int:
             teacher = args.teachers / f"teacher-{task}"
             for row in args.rows.split(","):
                 general, general_cost = None, {}
-                if row == "d":
+                if row in "di":  # both start from the shape's general student
                     steps = args.general_steps or max(50, int(args.general_minutes * 60 / 2.0))
                     general, general_cost = general_run(args.models / f"general-{student}", student, args.data, steps,
                                                         args.general_from, args.general_precision)
@@ -286,7 +289,8 @@ def render(results: dict, header: dict) -> str:
         "chosen from (a)-(e): (a)'s terms and 3 epochs on the set plus 4 augmented copies (sets of at most 10,000 examples); "
         f"(g) (e) plus {s.get('transfer', '8000')} teacher-scored transfer examples (the other GLUE tasks' pairs for a pair task, "
         "their sentences for a single-sentence one, then corpus sentences); (h) (c) cut from the pretrained MiniLM encoder "
-        "(`--init-from`), not the fine-tuned teacher: (d)'s start without its general stage. 3L-384 starts from teacher layers 1,3,5; "
+        "(`--init-from`), not the fine-tuned teacher: (d)'s start without its general stage; (i) (f) from (d)'s general-distilled "
+        "student. 3L-384 starts from teacher layers 1,3,5; "
         "4L-312 from teacher layers 1,2,4,5 cut to 312 wide (`--init teacher`: the most active hidden dimensions, the heads' "
         "26 strongest dimensions, the 1200 strongest FFN neurons); '4L-312 (random init)' rows started at random.",
         "- seconds: wall-clock training time of the row (teacher cache and augmentation included when built); cpu: process CPU time.",
@@ -315,7 +319,7 @@ def render(results: dict, header: dict) -> str:
         )
     general = {r["student"]: r["general"] for r in results.values() if r.get("general")}
     if general:
-        lines += ["", "## general distillation (row (d)'s starting point, once per student shape)", "",
+        lines += ["", "## general distillation (rows (d) and (i)'s starting point, once per student shape)", "",
                   "| student | steps (batch 64 x 128 tokens) | wall s | cpu s |", "|---|--:|--:|--:|"]
         lines += [f"| {k} | {g['steps']}{f' ({cycles} cycles)' if (cycles := g.get('cycles', 1)) > 1 else ''}"
                   f"{f', {precision}' if (precision := g.get('precision', 'fp32')) != 'fp32' else ''} | "

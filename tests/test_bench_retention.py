@@ -149,3 +149,13 @@ def test_augment_intermediate_reaches_the_distill_options_only_when_asked():
     cfg = row_config("d", "rte", "3L-384", args, 42, Path("g"))
     assert cfg["augment_intermediate"] is True and cfg["intermediate_epochs"] == 1 and cfg["augment"] == 4
     assert "augment_intermediate" not in row_config("a", "rte", "3L-384", args, 42, Path("g"))
+
+
+def test_row_i_is_the_defaults_from_the_general_student():
+    args = Namespace(data=Path("d"), max_train=4000, epochs=3, lr=1e-4, cache=Path("c"), augment=4, prediction_epochs=2,
+                     augment_intermediate=False)
+    f = row_config("f", "rte", "4L-312", args, 1, None)
+    i = row_config("i", "rte", "4L-312", args, 1, Path("g"))
+    assert f["init"] == "teacher" and i["init"] == "g"
+    assert {k: v for k, v in i.items() if k != "init"} == {k: v for k, v in f.items() if k != "init"}
+    assert "losses" not in i and "two_stage" not in i  # the defaults decide, as in (f)
