@@ -67,6 +67,7 @@ ROWS = {
 PAIR_TASKS, SINGLE_TASKS = ("mrpc", "stsb", "rte"), ("sst2", "cola")
 MAX_LENGTH = {"sst2": 64, "cola": 64}  # other tasks: 128
 INTERMEDIATE = ["hidden", "attention"]
+FROM_GENERAL = "di"  # the rows that start from the shape's general-distilled student
 
 
 def row_config(row: str, task: str, student: str, args, seed: int, general: Path | None) -> dict:
@@ -96,7 +97,7 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
                    transfer_examples=args.transfer)
     if row in "fi":  # nothing but what any run must say: the defaults decide the rest
         cfg = {k: cfg[k] for k in ("task", "student", "init", "data_dir", "max_length", "max_train_examples", "seed", "cache_dir")}
-    if row in "di":
+    if row in FROM_GENERAL:
         cfg["init"] = str(general)
     return cfg
 
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
             teacher = args.teachers / f"teacher-{task}"
             for row in args.rows.split(","):
                 general, general_cost = None, {}
-                if row in "di":  # both start from the shape's general student
+                if row in FROM_GENERAL:
                     steps = args.general_steps or max(50, int(args.general_minutes * 60 / 2.0))
                     general, general_cost = general_run(args.models / f"general-{student}", student, args.data, steps,
                                                         args.general_from, args.general_precision)
