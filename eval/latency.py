@@ -19,9 +19,11 @@ With ``--bursts N`` every model's worker is started at once and stays loaded
 (``"mode": "serve"``: one JSON line per request, one answer per line); the parent then
 asks each in turn for 1/N of a point's timed passes, N times round, so the models take
 turns in short bursts and a slow spell of the machine (on a shared host it can last
-seconds and slow everything by a third) lands on all of them rather than on one:
+seconds and slow everything by a third) lands on all of them rather than on one; the
+real inputs of ``--lengths`` are then timed the same way, in turns of half a second:
 
     parent --{"burst": [batch, seq, passes, min_s]}--> worker --{"seconds": [...]}--> parent
+    parent --{"real": [batch, seconds]}--------------> worker --{"more": true|false}-> parent
     parent --{"finish": true}------------------------> worker --{"done": {...}}-----> parent
 
 A latency backend (``BACKENDS``) loads one model directory into a :class:`Session`
@@ -80,7 +82,7 @@ from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner,
 from compress.core.registry import Registry
 from compress.core.runtime import NumpyRunner, load_model, parameter_count, structure_of
 from compress.core.structure import count_parameters, describe, flops_per_sequence, model_inputs
-from compress.eval.lengths import more_passes, real_inputs, time_real
+from compress.eval.lengths import RealInputs, RealTimer, more_passes, real_inputs
 from compress.eval.peak import PRECISIONS, cpu_theoretical_peaks, floor_ms, measure_peaks, peak_notes, precision_of_backend
 
 log = logging.getLogger(__name__)
@@ -140,7 +142,8 @@ class LatencyConfig:
                               "holds in every run)", metavar="K")
     bursts: int = option(1, "split each point's timed passes into N bursts taken in turn by every model (all loaded at "
                          "once, one process each, idle while another times), so that a slow spell of the machine hits "
-                         "every model alike instead of whichever was timing then", metavar="N")
+                         "every model alike instead of whichever was timing then; --lengths passes are then taken in "
+                         "turns of half a second", metavar="N")
     reference_backends: tuple[str, ...] = option((), "also time the FIRST model on these fp32 backends (e.g. torch,"
                                                  "onnxruntime,openvino): rows then give speed-ups against its fastest "
                                                  "fp32 backend and against PyTorch eager", metavar="B[,...]")
@@ -798,6 +801,9 @@ def run_worker(job: dict[str, Any], threads: int, label: str, bar=None) -> dict[
 
 # Between two bursts: time for the last worker's thread pool to stop spinning before the next one times.
 BURST_PAUSE_S = 0.05
+# A model's turn on the real inputs when models take turns: short against the slow spells of a shared host (seconds
+# to minutes), long against a call (a BERT-base batch of 32 is the longest, about a second; a turn ends after a call).
+REAL_SLICE_S = 0.5
 
 
 def run_interleaved(jobs: list[tuple[str, dict[str, Any]]], cfg: LatencyConfig, threads: int, bar=None) -> list[dict[str, Any]]:
@@ -806,7 +812,10 @@ def run_interleaved(jobs: list[tuple[str, dict[str, Any]]], cfg: LatencyConfig, 
     All workers load first (the slowest part, and nobody times meanwhile); then for each
     (batch, seq), round after round, each worker times its share of the passes while the
     others wait on their stdin. A worker's passes of a point are pooled, so its payload is
-    the one-shot worker's, point for point.
+    the one-shot worker's, point for point. With ``--lengths``, the real inputs follow the
+    same way: round after round each worker times them for :data:`REAL_SLICE_S`, going on
+    from where its last turn stopped, until its passes are done (a fast model's passes end
+    in a few rounds, a slow one's take more; the passes themselves are the one-shot worker's).
     """
     workers: list[_Served] = []
     try:
@@ -823,6 +832,14 @@ def run_interleaved(jobs: list[tuple[str, dict[str, Any]]], cfg: LatencyConfig, 
                     worker.ask({"burst": [batch, seq, passes, cfg.min_seconds / cfg.bursts]}, "seconds")
             if bar is not None:
                 bar.update(len(workers))
+        if cfg.lengths:  # the real inputs in slices of REAL_SLICE_S, round after round, until every model is done
+            for batch in real_batches(cfg):
+                active = list(workers)
+                while active:
+                    for worker in list(active):
+                        time.sleep(BURST_PAUSE_S)
+                        if not worker.ask({"real": [batch, REAL_SLICE_S]}, "more"):
+                            active.remove(worker)
         return [worker.ask({"finish": True}, "done") for worker in workers]
     finally:
         for worker in workers:
@@ -973,7 +990,9 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"{hw.get('logical_cores')} logical cores, {hw.get('usable_cores')} usable",
         f"- flags: {', '.join(hw.get('flags', [])) or 'none of interest'}",
         f"- threads: {report['threads']} intra-op, 1 inter-op; one process per model"
-        + (f"; each point's passes in {cfg['bursts']} bursts, the models taking turns" if (cfg.get("bursts") or 1) > 1 else ""),
+        + (f"; each point's passes in {cfg['bursts']} bursts, the models taking turns"
+           + (f" (and on the real inputs, turns of {REAL_SLICE_S:g} s)" if cfg.get("lengths") else "")
+           if (cfg.get("bursts") or 1) > 1 else ""),
         f"- torch {packages.get('torch', '?')}, transformers {packages.get('transformers', '?')}; {report['when']}",
         *peak_lines(report),
         f"- {cfg.get('warmup', '?')} warm-up + {cfg.get('repeats', '?')} timed passes per point, random token ids"
@@ -1081,12 +1100,17 @@ class Timing:
         self.prepared: dict[tuple[int, int], Any] = {}
         self.shaped: dict[tuple[int, int], Callable[[Any], Any]] = {}  # forwards compiled for one point's shape
         self.seconds: dict[tuple[int, int], list[float]] = {}
+        self.inputs: RealInputs | None = None  # the --lengths set, read at its first use
+        self.real_timer: RealTimer | None = None  # the real-input batch size under way, timed in slices
+        self.real: dict[str, dict[str, Any]] = {}  # batch size -> time_real's figures, once finished
 
     def burst(self, batch: int, seq: int, passes: int, min_seconds: float = 0.0) -> list[float]:
         """Seconds of ``passes`` timed forwards at (batch, seq); the point's first burst warms up first."""
         first = (batch, seq) not in self.prepared
-        if first and self.session.compile_for is not None:
-            self.shaped[batch, seq] = self.session.compile_for((batch, seq))
+        if self.session.compile_for is not None and (batch, seq) not in self.shaped:
+            # One compiled model at a time: each holds its own packed weights (a BERT-base shape's, about half a
+            # gigabyte), and with --bursts every model's worker is alive at once.
+            self.shaped = {(batch, seq): self.session.compile_for((batch, seq))}
         forward = self.shaped.get((batch, seq), self.session.forward)
         if first:
             self.prepared[batch, seq] = self.session.prepare(random_batch(self.session.vocab_size, batch, seq))
@@ -1098,10 +1122,45 @@ class Timing:
         self.seconds.setdefault((batch, seq), []).extend(times)
         return times
 
-    def result(self) -> dict[str, Any]:
-        """The points timed so far (passes pooled per point), real-length timings when asked, and what ran."""
+    def real_slice(self, batch: int, seconds: float = float("inf")) -> bool:
+        """Time the real inputs at ``batch`` for a slice of ``seconds`` (see :class:`RealTimer`); whether more remain.
+
+        One batch size is under way at a time, and only its compiled models are kept: asking
+        for another drops an unfinished one (it starts again when asked for).
+        """
+        key = str(batch)
+        if key in self.real:
+            return False
         cfg, session = self.cfg, self.session
-        real = time_real_lengths(session, self.model_dir, cfg) if cfg.lengths else None
+        if self.real_timer is None or self.real_timer.batch != batch:
+            self.shaped, self.real_timer = {}, None  # the grid's compiled models, or another batch size's: done with
+            if self.inputs is None:
+                self.inputs = real_inputs(cfg.lengths, load_tokenizer(self.model_dir), data_dir=cfg.data_dir,
+                                          max_length=min(session.max_positions, MAX_REAL_LENGTH))
+            # With compile_for, one model per padded shape (compiled before timing, dropped after this batch size).
+            self.real_timer = RealTimer(
+                session.forward, self.inputs, batch, prepare=session.prepare, warmup=cfg.warmup, passes=cfg.lengths_passes,
+                multiple=cfg.lengths_multiple if session.compile_for is not None else 1, forward_for=session.compile_for,
+                min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds)
+        if self.real_timer.advance(seconds):
+            return True
+        self.real[key], self.real_timer = self.real_timer.result(), None
+        return False
+
+    def result(self) -> dict[str, Any]:
+        """The points timed so far (passes pooled per point), real-length timings when asked, and what ran.
+
+        Real-input batch sizes not yet timed in slices are timed here, in one go.
+        """
+        cfg, session = self.cfg, self.session
+        real = None
+        if cfg.lengths:
+            for batch in real_batches(cfg):
+                while self.real_slice(batch):
+                    pass
+            real = {"inputs": self.inputs.stats(), "batches": {str(b): self.real[str(b)] for b in real_batches(cfg)},
+                    "flops_per_sentence": float(np.mean([flops_per_sequence(session.structure, int(n))
+                                                         for n in self.inputs.lengths]))}
         return {
             "points": [{"batch": b, "seq": s, "seconds": self.seconds[b, s]} for b, s in cfg.grid() if (b, s) in self.seconds],
             **({"real": real} if real else {}),
@@ -1131,24 +1190,17 @@ def serve(model_dir: Path, config: dict[str, Any], stdin, emit: Callable[[dict],
         if "burst" in request:
             batch, seq, passes, min_seconds = request["burst"]
             emit({"seconds": timing.burst(int(batch), int(seq), int(passes), float(min_seconds))})
+        elif "real" in request:
+            batch, seconds = request["real"]
+            emit({"more": timing.real_slice(int(batch), float(seconds))})
         elif request.get("finish"):
             emit({"done": timing.result()})
             return
 
 
-def time_real_lengths(session: Session, model_dir: Path, cfg: LatencyConfig) -> dict[str, Any]:
-    """The session on the real inputs of ``cfg.lengths`` at batch 1 (in order) and ``cfg.lengths_batch`` (sorted, padded)."""
-    inputs = real_inputs(cfg.lengths, load_tokenizer(model_dir), data_dir=cfg.data_dir,
-                         max_length=min(session.max_positions, MAX_REAL_LENGTH))
-    timed = {}
-    multiple = cfg.lengths_multiple if session.compile_for is not None else 1
-    for batch in dict.fromkeys((1, cfg.lengths_batch)):
-        # With compile_for, one model per padded shape (compiled before timing, dropped after this batch size).
-        timed[str(batch)] = time_real(session.forward, inputs, batch, prepare=session.prepare, warmup=cfg.warmup,
-                                      passes=cfg.lengths_passes, multiple=multiple, forward_for=session.compile_for,
-                                      min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds)
-    return {"inputs": inputs.stats(), "batches": timed,
-            "flops_per_sentence": float(np.mean([flops_per_sequence(session.structure, int(n)) for n in inputs.lengths]))}
+def real_batches(cfg: LatencyConfig) -> list[int]:
+    """The batch sizes the real inputs are timed at: 1 (one sentence at a time) and ``--lengths-batch``."""
+    return list(dict.fromkeys((1, cfg.lengths_batch)))
 
 
 def _worker_entry() -> int:

@@ -252,47 +252,89 @@ def time_real(forward: Callable[[Any], object], inputs: RealInputs, batch: int, 
     no further pass once they add up to this long (0: no limit; a slow model's one pass over a
     dev set can take a minute). The first pass always runs.
     """
-    if warmup < 0:
-        raise CompressError(f"warm-up calls must be 0 or more, got {warmup}")
-    if passes < 1:
-        raise CompressError(f"timed passes must be at least 1, got {passes}")
-    feeds = batches(inputs, batch, multiple=multiple)
-    padded = int(sum(feed["input_ids"].size for feed in feeds))
-    shapes = [feed["input_ids"].shape for feed in feeds]
-    made = {shape: forward_for(shape) for shape in dict.fromkeys(shapes)} if forward_for is not None else {}
-    forwards = [made.get(shape, forward) for shape in shapes]  # one per batch
-    if prepare is not None:
-        feeds = [prepare(feed) for feed in feeds]
-    for i in range(warmup):
-        forwards[i % len(feeds)](feeds[i % len(feeds)])
-    timed: list[np.ndarray] = []  # one (batches,) array per pass
-    spent = 0.0
-    # min_seconds: a fast model's pass over a dev set takes 0.3 s, which a few seconds' slow spell of the machine covers.
-    while more_passes(len(timed), spent, passes=passes, min_seconds=min_seconds, max_seconds=max_seconds):
-        row = np.empty(len(feeds))
-        for b, feed in enumerate(feeds):
-            run = forwards[b]
-            start = clock()
-            run(feed)
-            row[b] = clock() - start
-        timed.append(row)
-        spent += float(row.sum())
-    seconds = np.stack(timed)  # (passes, batches)
-    per_batch_ms = np.median(seconds, axis=0) * 1e3  # (batches,)
-    p50, p99 = np.percentile(per_batch_ms, [50, 99])
-    total_s = float(np.median(seconds.sum(axis=1)))  # the median pass
-    return {
-        "batch": batch,
-        "n_sentences": inputs.n,
-        "n_batches": len(feeds),
-        "passes": len(seconds),  # timed; fewer than asked when max_seconds cut them short
-        "mean_tokens": inputs.mean_tokens,  # real tokens per sentence
-        "real_tokens": inputs.total_tokens,
-        "padded_tokens": padded,  # sum of b * s: what the model computes on
-        "multiple": multiple,  # each batch's length rounded up to it
-        "shapes": len(made) or None,  # models made for a fixed shape, when forward_for was given
-        "p50_ms": float(p50),
-        "p99_ms": float(p99),
-        "sentences_per_s": inputs.n / total_s if total_s > 0 else float("inf"),
-        "total_s": total_s,
-    }
+    timer = RealTimer(forward, inputs, batch, warmup=warmup, passes=passes, prepare=prepare, multiple=multiple,
+                      forward_for=forward_for, min_seconds=min_seconds, max_seconds=max_seconds, clock=clock)
+    while timer.advance():
+        pass
+    return timer.result()
+
+
+class RealTimer:
+    """:func:`time_real` a slice at a time: the same warm-up, passes and result, timed in as many turns as asked.
+
+    Several models loaded at once can then take turns over the same real inputs (each
+    :meth:`advance` times its model for a slice of seconds, continuing its pass where the
+    last slice stopped), so that a slow spell of the machine lands on all of them.
+    Everything untimed (padding, ``prepare``, ``forward_for``, the warm-up) happens here, once.
+    """
+
+    def __init__(self, forward: Callable[[Any], object], inputs: RealInputs, batch: int, *, warmup: int = 3,
+                 passes: int = 1, prepare: Callable[[dict[str, np.ndarray]], Any] | None = None, multiple: int = 1,
+                 forward_for: Callable[[tuple[int, int]], Callable[[Any], object]] | None = None,
+                 min_seconds: float = 0.0, max_seconds: float = 0.0, clock: Callable[[], float] = time.perf_counter):
+        if warmup < 0:
+            raise CompressError(f"warm-up calls must be 0 or more, got {warmup}")
+        if passes < 1:
+            raise CompressError(f"timed passes must be at least 1, got {passes}")
+        self.inputs, self.batch, self.multiple, self.clock = inputs, batch, multiple, clock
+        self.passes, self.min_seconds, self.max_seconds = passes, min_seconds, max_seconds
+        feeds = batches(inputs, batch, multiple=multiple)
+        self.padded = int(sum(feed["input_ids"].size for feed in feeds))
+        shapes = [feed["input_ids"].shape for feed in feeds]
+        made = {shape: forward_for(shape) for shape in dict.fromkeys(shapes)} if forward_for is not None else {}
+        self.shapes = len(made) or None
+        self.forwards = [made.get(shape, forward) for shape in shapes]  # one per batch
+        self.feeds = [prepare(feed) for feed in feeds] if prepare is not None else feeds
+        for i in range(warmup):
+            self.forwards[i % len(self.feeds)](self.feeds[i % len(self.feeds)])
+        self.timed: list[np.ndarray] = []  # one (batches,) array per finished pass
+        self.row: np.ndarray | None = None  # the pass under way: its first ``self.next`` batches are timed
+        self.next = 0
+        self.spent = 0.0  # seconds of the finished passes
+        # min_seconds: a fast model's pass over a dev set takes 0.3 s, which a few seconds' slow spell of the machine covers.
+        self.finished = not more_passes(0, 0.0, passes=passes, min_seconds=min_seconds, max_seconds=max_seconds)
+
+    def advance(self, seconds: float = float("inf")) -> bool:
+        """Time batches until this call's timed calls add up to ``seconds`` (at least one batch, and never
+        past the last pass); whether passes remain. A pass is started only where :func:`more_passes` says so."""
+        slice_s = 0.0
+        while not self.finished and (slice_s == 0.0 or slice_s < seconds):
+            if self.row is None:
+                self.row, self.next = np.empty(len(self.feeds)), 0
+            b = self.next
+            start = self.clock()
+            self.forwards[b](self.feeds[b])
+            self.row[b] = self.clock() - start
+            slice_s += float(self.row[b]) or 1e-12  # a clock too coarse to see a call still counts it
+            self.next += 1
+            if self.next == len(self.feeds):
+                self.timed.append(self.row)
+                self.spent += float(self.row.sum())
+                self.row = None
+                self.finished = not more_passes(len(self.timed), self.spent, passes=self.passes,
+                                                min_seconds=self.min_seconds, max_seconds=self.max_seconds)
+        return not self.finished
+
+    def result(self) -> dict[str, Any]:
+        """The figures of the finished passes (see :func:`time_real`)."""
+        if not self.finished:
+            raise CompressError("the real-input timing is not finished: advance it until it says so")
+        seconds = np.stack(self.timed)  # (passes, batches)
+        per_batch_ms = np.median(seconds, axis=0) * 1e3  # (batches,)
+        p50, p99 = np.percentile(per_batch_ms, [50, 99])
+        total_s = float(np.median(seconds.sum(axis=1)))  # the median pass
+        return {
+            "batch": self.batch,
+            "n_sentences": self.inputs.n,
+            "n_batches": len(self.feeds),
+            "passes": len(seconds),  # timed; fewer than asked when max_seconds cut them short
+            "mean_tokens": self.inputs.mean_tokens,  # real tokens per sentence
+            "real_tokens": self.inputs.total_tokens,
+            "padded_tokens": self.padded,  # sum of b * s: what the model computes on
+            "multiple": self.multiple,  # each batch's length rounded up to it
+            "shapes": self.shapes,  # models made for a fixed shape, when forward_for was given
+            "p50_ms": float(p50),
+            "p99_ms": float(p99),
+            "sentences_per_s": self.inputs.n / total_s if total_s > 0 else float("inf"),
+            "total_s": total_s,
+        }

@@ -247,3 +247,19 @@ def test_pareto_front_keeps_the_points_no_other_point_beats():
     points = [(1.0, 86.0), (2.0, 85.0), (3.0, 87.5), (3.0, 87.0), (10.0, 87.5), (20.0, 88.0)]
     assert pareto_front(points) == [0, 2, 5]
     assert pareto_front([]) == [] and pareto_front([(5.0, 80.0)]) == [0]
+
+
+def test_the_report_says_whether_the_models_took_turns():
+    t = compute_targets(report(), MODELS, DROPS, "bert-base-shape", TASK_MODELS)
+    results = {
+        "hardware": {"cpu": "AMD EPYC", "usable_cores": 2, "flags": []}, "packages": {"torch": "2"},
+        "targets": t, "models": MODELS, "teacher_scores": {"sst2": 85.0}, "base": "bert-base-shape",
+        "int8": {}, "settings": {}, "date": "today",
+    }
+    turns = render({**results, "latency": {**report(), "config": {"bursts": 4, "repeats": 20, "min_seconds": 2.0}}})
+    line = next(line for line in turns.splitlines() if line.startswith("- latency: "))
+    assert line.startswith("- latency: 3 runs (every model in its own process, 2 threads; all loaded at once, taking "
+                           "turns: each point's passes in 4 bursts, the real inputs in turns of 0.5 s; each point timed "
+                           "for at least 20 passes and 2 s)")
+    one_by_one = render({**results, "latency": {**report(), "config": {"bursts": 1, "repeats": 20, "min_seconds": 2.0}}})
+    assert "2 threads, one after another; each point" in one_by_one and "taking turns" not in one_by_one

@@ -443,6 +443,69 @@ def test_bursts_take_turns_and_pool_passes(monkeypatch, two_models):
     assert "in 4 bursts, the models taking turns" in format_markdown(report)
 
 
+def test_bursts_take_turns_on_the_real_inputs_until_each_model_is_done(monkeypatch, two_models, tmp_path):
+    """--bursts with --lengths: after the grid, round after round every unfinished worker times the real inputs for a
+    slice; a model that finishes drops out of the rounds, the others go on; then every worker finishes."""
+    import compress.eval.latency as latency
+
+    source = tmp_path / "texts.txt"
+    source.write_text("a good film\nbad\n", encoding="utf-8")
+    slices_needed = {"teacher": 3, "student": 1}  # per batch size: the slow model needs more turns
+    events = []
+
+    class FakeServed:
+        def __init__(self, job, threads, label):
+            self.name, self.slices = Path(job["model"]).name, {}
+
+        def wait_ready(self):
+            pass
+
+        def ask(self, request, key):
+            if "burst" in request:
+                return [1e-3] * request["burst"][2]
+            if "real" in request:
+                batch, seconds = request["real"]
+                assert key == "more" and seconds == latency.REAL_SLICE_S
+                events.append((self.name, batch))
+                self.slices[batch] = self.slices.get(batch, 0) + 1
+                return self.slices[batch] < slices_needed[self.name]
+            events.append((self.name, "finish"))
+            return {"points": [{"batch": 1, "seq": 16, "seconds": [1e-3] * 3}], "params": 1000,
+                    "flops": {"16": 2_000_000}, "backend": "torch"}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(latency, "_Served", FakeServed)
+    monkeypatch.setattr(latency, "BURST_PAUSE_S", 0.0)
+    jobs = [(p.name, {"mode": "model", "model": str(p)}) for p in two_models]
+    latency.run_interleaved(jobs, fast(repeats=4, bursts=2, lengths=str(source), lengths_batch=8), 1)
+    turns = [("teacher", 1), ("student", 1), ("teacher", 1), ("teacher", 1)]
+    assert events == turns + [(name, 8) for name, _ in turns] + [("teacher", "finish"), ("student", "finish")]
+
+
+def test_bursts_real_workers_time_the_real_inputs_as_one_shot_workers_do(two_models, tmp_path):
+    """Served worker processes taking turns on the real inputs: every pass over every sentence, as one-shot workers."""
+    import compress.eval.latency as latency
+
+    source = tmp_path / "texts.txt"
+    source.write_text("the movie was good .\nbad\nthe plot was not very fun and the actor was awful .\n", encoding="utf-8")
+    cfg = fast(record=False, lengths=str(source), lengths_batch=2, lengths_passes=3, repeats=4, bursts=2)
+    jobs = [(p.name, {"mode": "model", "model": str(p), "config": latency.worker_config(cfg, 1)}) for p in two_models]
+    turns = latency.run_interleaved(jobs, cfg, 1)
+    one_shot = [latency.run_worker(job, 1, name) for name, job in jobs]
+    key = lambda real: {b: (r["n_sentences"], r["n_batches"], r["padded_tokens"], r["passes"]) for b, r in real["batches"].items()}
+    assert [key(d["real"]) for d in turns] == [key(d["real"]) for d in one_shot]
+    # 3 sentences: batch 1 computes on the real tokens alone, batch 2 is two padded batches; 3 passes each
+    batch1, batch2 = key(turns[0]["real"])["1"], key(turns[0]["real"])["2"]
+    assert batch1 == (3, 3, turns[0]["real"]["inputs"]["mean_tokens"] * 3, 3) and batch2[:2] == (3, 2) and batch2[3] == 3
+    assert all(r["sentences_per_s"] > 0 for d in turns for r in d["real"]["batches"].values())
+    report = measure_latency(two_models, cfg)
+    assert [(r["name"], r["batch"]) for r in report["real_rows"]] == [("teacher", 1), ("teacher", 2), ("student", 1), ("student", 2)]
+    assert "turns of 0.5 s" in format_markdown(report)
+    assert "turns of" not in format_markdown(measure_latency(two_models, fast(record=False, lengths=str(source))))
+
+
 def test_bursts_close_every_worker_when_one_fails(monkeypatch, two_models):
     import compress.eval.latency as latency
 
@@ -514,7 +577,9 @@ def test_each_grid_point_runs_a_forward_compiled_for_its_shape(monkeypatch, tiny
     timing.burst(2, 16, 3)
     timing.burst(2, 16, 2)  # a later burst of the same point: no warm-up, the same compiled forward
     assert calls[6:] == [((2, 16), (2, 16))] * (1 + 2 + 3 + 2)
-    assert sorted(timing.shaped) == [(1, 16), (2, 16)]
+    assert sorted(timing.shaped) == [(2, 16)]  # one compiled model kept at a time: the last point's
+    timing.burst(1, 16, 1)  # back to an earlier point: compiled again, not run on the wrong shape
+    assert calls[-1] == ((1, 16), (1, 16)) and sorted(timing.shaped) == [(1, 16)]
 
 
 def test_onnxruntime_rows_time_the_runtime_call_on_feeds_built_beforehand(tiny_model_dir):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from compress.core.errors import CompressError
-from compress.eval.lengths import RealInputs, batches, real_inputs, time_real
+from compress.eval.lengths import RealInputs, RealTimer, batches, real_inputs, time_real
 
 A, C = 1e-3, 1e-4  # seconds per call, seconds per (padded) token: 1 ms + 0.1 ms per token
 
@@ -211,6 +211,43 @@ def test_min_seconds_adds_passes_until_they_add_up_to_it():
     result = time_real(model.forward, known(LENGTHS), 1, warmup=0, passes=2, min_seconds=0.035, max_seconds=0.02,
                        clock=model.clock)
     assert result["passes"] == 3
+
+
+def test_a_timer_advanced_in_slices_times_the_same_calls_as_one_go_and_gives_the_same_figures():
+    # Batch 1, 5 sentences of 1.5 1.3 1.7 1.4 1.6 ms, 2 passes: slices of 3 ms stop once their calls reach 3 ms.
+    model = FakeModel()
+    whole = time_real(model.forward, known(LENGTHS), 1, warmup=1, passes=2, clock=model.clock)
+    model = FakeModel()
+    timer = RealTimer(model.forward, known(LENGTHS), 1, warmup=1, passes=2, clock=model.clock)
+    assert len(model.calls) == 1  # the warm-up, at once; nothing timed yet
+    calls_per_slice = []
+    while True:
+        before = len(model.calls)
+        more = timer.advance(3e-3)
+        calls_per_slice.append(len(model.calls) - before)
+        if not more:
+            break
+    # 1.5 + 1.3 + 1.7 = 4.5 ms | 1.4 + 1.6 (pass 1 ends) = 3.0 | 1.5 + 1.3 + 1.7 | 1.4 + 1.6 (pass 2 ends, no 3rd)
+    assert calls_per_slice == [3, 2, 3, 2]
+    assert [int(c["input_ids"][0, 0]) - 10 for c in model.calls[1:]] == [0, 1, 2, 3, 4] * 2  # each pass in order
+    result = timer.result()
+    assert result["passes"] == 2 and result["total_s"] == pytest.approx(7.5e-3) and result["p50_ms"] == pytest.approx(1.5)
+    assert result == pytest.approx(whole)
+    assert timer.advance(1.0) is False and len(model.calls) == 11  # finished: nothing more is timed
+
+
+def test_a_slice_always_times_one_call_and_the_result_waits_for_the_last_pass():
+    model = FakeModel()
+    timer = RealTimer(model.forward, known(LENGTHS), 1, warmup=0, passes=1, clock=model.clock)
+    assert timer.advance(0.0) is True and len(model.calls) == 1  # a zero-second slice still moves on by one batch
+    with pytest.raises(CompressError, match="not finished"):
+        timer.result()
+    # min_seconds and max_seconds decide at pass boundaries, as in one go: 7.5 ms a pass, 20 ms asked -> 3 passes.
+    model = FakeModel()
+    timer = RealTimer(model.forward, known(LENGTHS), 1, warmup=0, passes=1, min_seconds=0.02, clock=model.clock)
+    while timer.advance(1e-3):
+        pass
+    assert timer.result()["passes"] == 3 and len(model.calls) == 15
 
 
 def test_bad_counts_are_refused():
