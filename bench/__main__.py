@@ -18,7 +18,8 @@ last stage is ``compress auto`` under a budget relative to the teacher (speed-up
 batch 1, 20-minute limit); its choice joins the table beside the hand-made students (and
 any ``--auto`` folders). Every SST-2 model is timed in PyTorch, as ONNX and as OpenVINO IR
 (fp32) and as ONNX Runtime and OpenVINO + NNCF int8, ``--runs`` times, beside the BERT-base
-shape on every fp32 backend and on the SST-2 dev set's real sentences.
+shape on every fp32 backend and on the SST-2 dev set's real sentences; then target 5's two
+sides (the teacher's fp32 backends, the fastest students) are timed again, taking turns.
 
 Writes ``report.md`` (the table, the five targets met or not with their numbers, the
 per-task students of ``--retention``, a profile), ``bench.json`` and the Pareto plot to ``--out``.

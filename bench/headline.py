@@ -66,11 +66,14 @@ MIN_SECONDS = 2.0
 # ... and no longer than this once 3 passes are in: the BERT-base shape's 20 passes at batch 32 took 70-90 s per backend
 # and run, and its 2 passes over the SST-2 dev set at batch 1 up to 2 minutes, about half of each latency run.
 MAX_SECONDS = 20.0
-# Every model's worker is loaded at once and they take turns: each point's passes in this many bursts, and the real
-# sentences in turns of half a second (compress latency --bursts). Timed one model after another, a slow spell of a few
-# minutes landed on one model of one run (headline-fresh: the fastest student's ONNX Runtime int8 did 2,047 sentences/s
-# in run 2 against 3,502 and 3,518, so target 5 failed in that run alone).
-BURSTS = 4
+# Target 5's ratio is timed again after the table: the teacher on its fp32 backends and the REAL_CANDIDATES fastest
+# students at the retention bar, loaded at once and taking turns (each point's passes in BURSTS bursts, the real
+# sentences in half-second turns: compress latency --bursts), so that a slow spell lands on both sides of the ratio.
+# In the table, timed one model after another, a slow spell of a few minutes landed on one model of one run
+# (headline-fresh: the fastest student's ONNX Runtime int8 did 2,047 sentences/s in run 2 against 3,502 and 3,518, so
+# target 5 failed in that run alone). The table itself cannot take turns: every model loaded at once does not fit in
+# 24 GiB (OpenVINO keeps one compiled model per padded shape; the BERT-base shape's take about 0.8 GB each).
+BURSTS, REAL_CANDIDATES = 4, 3
 TASKS = ("sst2", "mrpc", "stsb")  # the teachers the recipe trains: SST-2 for the table, all three for int8 drops
 # Target 2's models: the same shape trained on each of TASKS (group -> task -> fp32 folder under the work dir).
 INT8_TASK_MODELS = {
@@ -150,24 +153,69 @@ def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, a
             m["sst2"] = source["sst2"] if source else None
     latency = measure_latency([base] + [m["dir"] for m in models], LatencyConfig(
         batch=(1, 32), seq=(128,), repeats=repeats, min_seconds=MIN_SECONDS, max_seconds=MAX_SECONDS, warmup=5, repeat_runs=runs,
-        bursts=min(BURSTS, repeats),
         reference_backends=REFERENCE_BACKENDS, lengths="sst2", data_dir=str(glue), lengths_passes=2, record=False))
     teacher_scores = {t: _dev(work / f"teacher-{t}", t) for t in TASKS}
     for m in models:
         m["retention"] = m["sst2"] / teacher_scores["sst2"] if m["sst2"] is not None and teacher_scores["sst2"] else None
     table = [{k: (str(v) if isinstance(v, Path) else v) for k, v in m.items()} for m in models]
     drops = _int8_drops(work)
-    targets = compute_targets(latency, table, drops, base.name)
+    turns = real_in_turns(latency, table, glue, runs)
+    targets = compute_targets(latency, table, drops, base.name, real=turns)
     best = targets["speed"].get("model")
     profile = _profile(work, Path(best).name) if best and Path(best).parent == work else None
     return {
         "date": utc_now(), "hardware": hardware(), "packages": package_versions(), "models": table,
         "teacher_scores": teacher_scores, "base": base.name, "int8": drops, "targets": targets, "profile": profile,
-        "latency": latency, "retention": _retention_rows(retention) if retention else None,
+        "latency": latency, "real_in_turns": turns, "retention": _retention_rows(retention) if retention else None,
         "retention_files": [str(p) for p in retention or ()],
         "auto": [a for a in (auto_search(Path(d)) for d in auto) if a],
         "settings": _settings(work, read_metrics),
     }
+
+
+def real_candidates(latency: dict, models: list[dict]) -> tuple[list[str], list[str]]:
+    """Target 5's sides, from the table's timings: the teacher's fp32 folders (one per backend) and the
+    REAL_CANDIDATES students at the retention bar that scored the real sentences fastest at batch 1."""
+    b1 = _rows_at(latency, 1)
+    group = {m["dir"]: m for m in models}
+    real = [r for r in latency.get("real_rows", []) if r["batch"] == 1]
+    teachers = [r["model"] for r in real if group.get(r["model"], {}).get("group") == "teacher"
+                and b1.get(r["model"], {}).get("precision") == "fp32"]
+    keeping = {m["dir"] for m in models if m["group"] != "teacher" and (m.get("retention") or 0) >= TARGET_RETENTION}
+    students = sorted((r for r in real if r["model"] in keeping), key=lambda r: -r["sentences_per_s"])
+    return teachers, [r["model"] for r in students[:REAL_CANDIDATES]]
+
+
+def real_in_turns(latency: dict, models: list[dict], glue: Path, runs: int) -> dict | None:
+    """Target 5's sides timed again on the SST-2 dev sentences at batch 1, loaded at once and taking turns (``runs``
+    runs); None when the table has no teacher or no student to compare."""
+    teachers, students = real_candidates(latency, models)
+    if not teachers or not students:
+        return None
+    return measure_latency(teachers + students, LatencyConfig(
+        batch=(1,), seq=(128,), repeats=BURSTS, bursts=BURSTS, min_seconds=MIN_SECONDS, max_seconds=MAX_SECONDS, warmup=5,
+        repeat_runs=runs, peak=False, lengths="sst2", data_dir=str(glue), lengths_batch=1, lengths_passes=2, record=False))
+
+
+def _turns_lines(results: dict[str, Any]) -> list[str]:
+    """Target 5's second measurement: how it was taken and each model's sentences per second in every run."""
+    turns = results.get("real_in_turns")
+    if not turns:
+        return []
+    labels = {m["dir"]: m["label"] for m in results["models"]}
+    cfg = turns.get("config", {})
+    lines = ["", "## Target 5 timed again, the models taking turns", "",
+             f"The teacher on each fp32 backend and the {REAL_CANDIDATES} students at the retention bar that were fastest on "
+             f"the real sentences above, each in its own process, all loaded at once, {turns.get('repeat_runs', '?')} runs: "
+             f"in each, they took turns of {REAL_SLICE_S:g} s on the {(turns.get('real_inputs') or {}).get('n', '?')} SST-2 "
+             f"dev sentences at batch 1 (at least {cfg.get('lengths_passes', '?')} passes and {_fmt(cfg.get('min_seconds'), 'g')} "
+             "s each), so a slow spell of the machine lands on both sides of the ratio.", "",
+             "| model | backend | sentences/s (median) | each run |", "|---|---|--:|---|"]
+    for r in turns.get("real_rows", []):
+        if r["batch"] == 1:
+            lines.append(f"| {labels.get(r['model'], Path(r['model']).name)} | {r['backend']} | {r['sentences_per_s']:.0f} | "
+                         + ", ".join(f"{v:.0f}" for v in r["runs_sentences_per_s"]) + " |")
+    return lines
 
 
 def _settings(work: Path, read_metrics) -> dict[str, Any]:
@@ -226,8 +274,11 @@ def _not_judged_if_peak_short(target: dict, precision: str, faster: list[tuple[s
 
 
 def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
-                    task_models: dict[str, dict[str, str]] = INT8_TASK_MODELS) -> dict[str, Any]:
+                    task_models: dict[str, dict[str, str]] = INT8_TASK_MODELS, real: dict | None = None) -> dict[str, Any]:
     """Targets 1-5 from one latency report (rows per model and point, ``real_rows``, peaks, the reference).
+
+    ``real``: a second report whose ``real_rows`` target 5 is judged on (:func:`real_in_turns`); without
+    it, the first report's.
 
     ``models``: dicts with ``dir`` (the latency row's ``model``), ``label``, ``group`` (fp32
     variants and int8 of one model share it) and ``retention`` (SST-2, of the teacher).
@@ -319,12 +370,14 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
     _not_judged_if_peak_short(out["floor"], "int8", _below_floor((b1, b32), "int8"))
 
     # 5. Real SST-2 dev sentences at batch 1: the fastest student at the retention bar vs the teacher's fastest fp32.
-    real = [r for r in latency.get("real_rows", []) if r["batch"] == 1]
+    turns = real is not None
+    real = [r for r in (real if turns else latency).get("real_rows", []) if r["batch"] == 1]
     teacher_fp32 = [r for r in real if group.get(r["model"], {}).get("group") == "teacher"
                     and b1.get(r["model"], {}).get("precision") == "fp32"]
     students = [r for r in real if r["model"] in {m["dir"] for m in keeping}]
     out["real"] = {"target": f"real SST-2 dev sentences at batch 1: the fastest student at >= {TARGET_RETENTION:.0%} retention "
-                             f">= {TARGET_REAL_SPEEDUP:g}x the teacher on its fastest fp32 backend (every run)", "met": False}
+                             f">= {TARGET_REAL_SPEEDUP:g}x the teacher on its fastest fp32 backend (every run"
+                             + ("; timed again with the models taking turns" if turns else "") + ")", "met": False}
     if teacher_fp32 and students:
         n = len(teacher_fp32[0]["runs_sentences_per_s"])
         best_teacher = [max(r["runs_sentences_per_s"][i] for r in teacher_fp32) for i in range(n)]
@@ -549,6 +602,7 @@ def render(results: dict[str, Any]) -> str:
                  + (f"{Path(rl['model']).name} ({rl['backend']}) {rl['sentences_per_s']:.0f} sentences/s vs the teacher's "
                     f"{rl['teacher_sentences_per_s']:.0f} ({rl['teacher_backend']}): {rl['speedup']:.2f}x, worst run "  # 9.96 is not 10.0
                     f"{rl['speedup_min']:.2f}x." if rl.get("model") else "not measured."))
+    lines += _turns_lines(results)
     lines += ["", "## int8 accuracy (dev, against the fp32 parent, measured by the quantize stage)", "",
               "| int8 model | task | metric | fp32 | int8 | drop |", "|---|---|---|--:|--:|--:|"]
     for name, d in results["int8"].items():
