@@ -986,7 +986,8 @@ def _header(report: dict[str, Any]) -> list[str]:
     hw, cfg, packages = report["hardware"], report.get("config", {}), report["packages"]
     peak, sizes = report.get("peak_gflops"), ", ".join(map(str, report.get("peak_sizes") or ()))
     lines = [
-        f"- CPU: {hw.get('cpu')} ({hw.get('arch')}), {hw.get('physical_cores')} physical / "
+        f"- CPU: {hw.get('cpu')} ({hw.get('arch')}{', ' + hw['generation'] if hw.get('generation') else ''}), "
+        f"{hw.get('physical_cores')} physical / "
         f"{hw.get('logical_cores')} logical cores, {hw.get('usable_cores')} usable",
         f"- flags: {', '.join(hw.get('flags', [])) or 'none of interest'}",
         f"- threads: {report['threads']} intra-op, 1 inter-op; one process per model"

@@ -600,3 +600,20 @@ def test_onnxruntime_rows_time_the_runtime_call_on_feeds_built_beforehand(tiny_m
     with torch.no_grad():
         expected = load_model(tiny_model_dir)(**{k: torch.from_numpy(v).long() for k, v in batch.items()}).logits
     np.testing.assert_allclose(logits, expected.numpy(), atol=1e-5)
+
+
+def test_the_cpu_generation_is_read_from_cpuinfo_and_shown_in_the_header(grid_report):
+    from compress.core.hardware import parse_cpuinfo
+
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+            "stepping\t: 1\nphysical id\t: 0\ncore id\t\t: 0\nflags\t\t: fpu avx512f avx512_vnni\n\n"
+            "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+            "physical id\t: 0\ncore id\t\t: 1\nflags\t\t: fpu avx512f avx512_vnni\n")
+    parsed = parse_cpuinfo(text)
+    assert parsed["name"] == "AMD EPYC" and parsed["generation"] == "family 26 model 2 stepping 1"
+    assert parsed["physical"] == {("0", "0"), ("0", "1")} and {"avx512f", "avx512_vnni"} <= parsed["flags"]
+    assert parse_cpuinfo("processor\t: 0\nFeatures\t: asimd\n")["generation"] is None  # an ARM cpuinfo has no family
+    _, measured, _ = grid_report
+    report = {**measured, "hardware": {**measured["hardware"], "cpu": "AMD EPYC", "arch": "x86_64",
+                                       "generation": "family 26 model 2 stepping 1"}}
+    assert "- CPU: AMD EPYC (x86_64, family 26 model 2 stepping 1), " in format_markdown(report)

@@ -27,20 +27,11 @@ PACKAGES = (
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> dict:
     """CPU model, core counts, memory and the relevant instruction-set flags."""
-    name, flags, physical = platform.processor() or platform.machine(), set(), set()
+    name, flags, physical, generation = platform.processor() or platform.machine(), set(), set(), None
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        core_key = None
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name":
-                name = value
-            elif key in ("flags", "Features"):
-                flags.update(value.split())
-            elif key == "physical id":
-                core_key = value
-            elif key == "core id":
-                physical.add((core_key, value))
+        parsed = parse_cpuinfo(cpuinfo.read_text(errors="replace"))
+        name, flags, physical, generation = parsed["name"] or name, parsed["flags"], parsed["physical"], parsed["generation"]
     logical = os.cpu_count() or 1
     memory_gib = round(psutil.virtual_memory().total / 2**30, 1)
     physical_count = psutil.cpu_count(logical=False) or len(physical) or logical
@@ -56,7 +47,30 @@ def cpu_info() -> dict:
         "usable_cores": available,
         "memory_gib": memory_gib,
         "flags": sorted(f for f in INTERESTING_FLAGS if f in flags),
+        "generation": generation,
     }
+
+
+def parse_cpuinfo(text: str) -> dict:
+    """``/proc/cpuinfo`` as {"name", "flags", "physical" (core ids), "generation"}: the x86 family, model and stepping
+    (``"family 26 model 2 stepping 1"``), which tell apart CPUs a virtual machine names alike ("AMD EPYC" is
+    Zen 4 or Zen 5, whose AVX-512 is twice as wide), or None where the file has no family."""
+    name, flags, physical, ids, core_key = None, set(), set(), {}, None
+    for line in text.splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name":
+            name = value
+        elif key in ("flags", "Features"):
+            flags.update(value.split())
+        elif key == "physical id":
+            core_key = value
+        elif key == "core id":
+            physical.add((core_key, value))
+        elif key in ("cpu family", "model", "stepping"):
+            ids.setdefault(key, value)
+    generation = (f"family {ids['cpu family']} model {ids.get('model', '?')} stepping {ids.get('stepping', '?')}"
+                  if "cpu family" in ids else None)
+    return {"name": name, "flags": flags, "physical": physical, "generation": generation}
 
 
 def gpu_info() -> list[str]:
