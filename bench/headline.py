@@ -176,14 +176,8 @@ def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, a
 def real_candidates(latency: dict, models: list[dict]) -> tuple[list[str], list[str]]:
     """Target 5's sides, from the table's timings: the teacher's fp32 folders (one per backend) and the
     REAL_CANDIDATES students at the retention bar that scored the real sentences fastest at batch 1."""
-    b1 = _rows_at(latency, 1)
-    group = {m["dir"]: m for m in models}
-    real = [r for r in latency.get("real_rows", []) if r["batch"] == 1]
-    teachers = [r["model"] for r in real if group.get(r["model"], {}).get("group") == "teacher"
-                and b1.get(r["model"], {}).get("precision") == "fp32"]
-    keeping = {m["dir"] for m in models if m["group"] != "teacher" and (m.get("retention") or 0) >= TARGET_RETENTION}
-    students = sorted((r for r in real if r["model"] in keeping), key=lambda r: -r["sentences_per_s"])
-    return teachers, [r["model"] for r in students[:REAL_CANDIDATES]]
+    teachers, students = _real_sides(latency.get("real_rows", []), _rows_at(latency, 1), models)
+    return [r["model"] for r in teachers], [r["model"] for r in students[:REAL_CANDIDATES]]
 
 
 def real_in_turns(latency: dict, models: list[dict], glue: Path, runs: int) -> dict | None:
@@ -248,6 +242,18 @@ def _retention_rows(paths: list[Path]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------- targets (pure: a report in, verdicts out)
 
 
+def _real_sides(real_rows: list[dict], b1: dict[str, dict], models: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Target 5's sides among real-input rows at batch 1: the teacher's fp32 rows, and the rows of the students at the
+    retention bar, fastest first (``b1``: the table's batch-1 rows by model, which say each one's precision)."""
+    group = {m["dir"]: m for m in models}
+    real = [r for r in real_rows if r["batch"] == 1]
+    teachers = [r for r in real if group.get(r["model"], {}).get("group") == "teacher"
+                and b1.get(r["model"], {}).get("precision") == "fp32"]
+    keeping = {m["dir"] for m in models if m["group"] != "teacher" and (m.get("retention") or 0) >= TARGET_RETENTION
+               and m["dir"] in b1}
+    return teachers, sorted((r for r in real if r["model"] in keeping), key=lambda r: -r["sentences_per_s"])
+
+
 def _rows_at(latency: dict, batch: int) -> dict[str, dict]:
     return {r["model"]: r for r in latency["rows"] if r["batch"] == batch and r["seq"] == 128}
 
@@ -287,7 +293,6 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
     ``<folder>-int8-ov`` or ``<folder>-int8``, whichever backend is the group's fastest int8 at b1).
     """
     b1, b32 = _rows_at(latency, 1), _rows_at(latency, 32)
-    group = {m["dir"]: m for m in models}
     out: dict[str, Any] = {}
 
     # 1. The fastest compressed model at the retention bar, against BERT-base on its fastest fp32 backend.
@@ -371,17 +376,14 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
 
     # 5. Real SST-2 dev sentences at batch 1: the fastest student at the retention bar vs the teacher's fastest fp32.
     turns = real is not None
-    real = [r for r in (real if turns else latency).get("real_rows", []) if r["batch"] == 1]
-    teacher_fp32 = [r for r in real if group.get(r["model"], {}).get("group") == "teacher"
-                    and b1.get(r["model"], {}).get("precision") == "fp32"]
-    students = [r for r in real if r["model"] in {m["dir"] for m in keeping}]
+    teacher_fp32, students = _real_sides((real if turns else latency).get("real_rows", []), b1, models)
     out["real"] = {"target": f"real SST-2 dev sentences at batch 1: the fastest student at >= {TARGET_RETENTION:.0%} retention "
                              f">= {TARGET_REAL_SPEEDUP:g}x the teacher on its fastest fp32 backend (every run"
                              + ("; timed again with the models taking turns" if turns else "") + ")", "met": False}
     if teacher_fp32 and students:
         n = len(teacher_fp32[0]["runs_sentences_per_s"])
         best_teacher = [max(r["runs_sentences_per_s"][i] for r in teacher_fp32) for i in range(n)]
-        fastest = max(students, key=lambda r: r["sentences_per_s"])
+        fastest = students[0]
         speedup_min = _per_run_min(fastest["runs_sentences_per_s"], best_teacher)
         out["real"].update(model=fastest["model"], backend=fastest["backend"], sentences_per_s=fastest["sentences_per_s"],
                            teacher_sentences_per_s=float(np.median(best_teacher)),
