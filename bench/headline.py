@@ -203,12 +203,14 @@ def _turns_lines(results: dict[str, Any]) -> list[str]:
              f"the real sentences above, each in its own process, all loaded at once, {turns.get('repeat_runs', '?')} runs: "
              f"in each, they took turns of {REAL_SLICE_S:g} s on the {(turns.get('real_inputs') or {}).get('n', '?')} SST-2 "
              f"dev sentences at batch 1 (at least {cfg.get('lengths_passes', '?')} passes and {_fmt(cfg.get('min_seconds'), 'g')} "
-             "s each), so a slow spell of the machine lands on both sides of the ratio.", "",
-             "| model | backend | sentences/s (median) | each run |", "|---|---|--:|---|"]
+             "s each; a model done early kept its turns for extra passes until the last was done, so every model's "
+             "median pass comes from the same minutes), so a slow spell of the machine lands on both sides of the ratio.",
+             "", "| model | backend | sentences/s (median) | each run | passes in each run |", "|---|---|--:|---|---|"]
     for r in turns.get("real_rows", []):
         if r["batch"] == 1:
+            passes = ", ".join(str(p) for p in r.get("runs_passes") or []) or "—"  # reports from before extra passes
             lines.append(f"| {labels.get(r['model'], Path(r['model']).name)} | {r['backend']} | {r['sentences_per_s']:.0f} | "
-                         + ", ".join(f"{v:.0f}" for v in r["runs_sentences_per_s"]) + " |")
+                         + ", ".join(f"{v:.0f}" for v in r["runs_sentences_per_s"]) + f" | {passes} |")
     return lines
 
 

@@ -20,10 +20,11 @@ With ``--bursts N`` every model's worker is started at once and stays loaded
 asks each in turn for 1/N of a point's timed passes, N times round, so the models take
 turns in short bursts and a slow spell of the machine (on a shared host it can last
 seconds and slow everything by a third) lands on all of them rather than on one; the
-real inputs of ``--lengths`` are then timed the same way, in turns of half a second:
+real inputs of ``--lengths`` are then timed the same way, in turns of half a second,
+every model timing extra passes until the slowest is done (``extra``):
 
     parent --{"burst": [batch, seq, passes, min_s]}--> worker --{"seconds": [...]}--> parent
-    parent --{"real": [batch, seconds]}--------------> worker --{"more": true|false}-> parent
+    parent --{"real": [batch, seconds, extra]}-------> worker --{"more": true|false}-> parent
     parent --{"finish": true}------------------------> worker --{"done": {...}}-----> parent
 
 A latency backend (``BACKENDS``) loads one model directory into a :class:`Session`
@@ -143,7 +144,8 @@ class LatencyConfig:
     bursts: int = option(1, "split each point's timed passes into N bursts taken in turn by every model (all loaded at "
                          "once, one process each, idle while another times), so that a slow spell of the machine hits "
                          "every model alike instead of whichever was timing then; --lengths passes are then taken in "
-                         "turns of half a second", metavar="N")
+                         "turns of half a second, the faster models timing extra passes until the slowest is done",
+                         metavar="N")
     reference_backends: tuple[str, ...] = option((), "also time the FIRST model on these fp32 backends (e.g. torch,"
                                                  "onnxruntime,openvino): rows then give speed-ups against its fastest "
                                                  "fp32 backend and against PyTorch eager", metavar="B[,...]")
@@ -701,6 +703,7 @@ def build_real_rows(paths: list[Path], names: list[str], results: list[list[dict
                 "p50_ms": float(np.median(per_run(runs, batch, "p50_ms"))),
                 "p99_ms": float(np.median(per_run(runs, batch, "p99_ms"))),
                 "sentences_per_s": float(np.median(rate)), "runs_sentences_per_s": rate,
+                "runs_passes": per_run(runs, batch, "passes"),  # with --bursts, a fast model's include extra ones
                 "padded_tokens": runs[0]["real"]["batches"][batch]["padded_tokens"],
             })
     first = {r["batch"]: r for r in rows[: len(results[0][0]["real"]["batches"])]}
@@ -814,8 +817,10 @@ def run_interleaved(jobs: list[tuple[str, dict[str, Any]]], cfg: LatencyConfig, 
     others wait on their stdin. A worker's passes of a point are pooled, so its payload is
     the one-shot worker's, point for point. With ``--lengths``, the real inputs follow the
     same way: round after round each worker times them for :data:`REAL_SLICE_S`, going on
-    from where its last turn stopped, until its passes are done (a fast model's passes end
-    in a few rounds, a slow one's take more; the passes themselves are the one-shot worker's).
+    from where its last turn stopped, until every model's passes are done. A fast model's
+    passes end in a few rounds, a slow one's take many: the fast one keeps its turns and times
+    extra passes until the last model is done, so its median pass is drawn from the same
+    minutes as the slow one's (else a slow spell in the first seconds lands on it alone).
     """
     workers: list[_Served] = []
     try:
@@ -834,11 +839,14 @@ def run_interleaved(jobs: list[tuple[str, dict[str, Any]]], cfg: LatencyConfig, 
                 bar.update(len(workers))
         if cfg.lengths:  # the real inputs in slices of REAL_SLICE_S, round after round, until every model is done
             for batch in real_batches(cfg):
-                active = list(workers)
+                active = list(workers)  # the models short of their passes; the others time extra ones meanwhile
                 while active:
-                    for worker in list(active):
+                    for worker in workers:
+                        if not active:
+                            break
                         time.sleep(BURST_PAUSE_S)
-                        if not worker.ask({"real": [batch, REAL_SLICE_S]}, "more"):
+                        extra = worker not in active
+                        if not worker.ask({"real": [batch, REAL_SLICE_S, extra]}, "more") and not extra:
                             active.remove(worker)
         return [worker.ask({"finish": True}, "done") for worker in workers]
     finally:
@@ -1123,17 +1131,20 @@ class Timing:
         self.seconds.setdefault((batch, seq), []).extend(times)
         return times
 
-    def real_slice(self, batch: int, seconds: float = float("inf")) -> bool:
+    def real_slice(self, batch: int, seconds: float = float("inf"), extra: bool = False) -> bool:
         """Time the real inputs at ``batch`` for a slice of ``seconds`` (see :class:`RealTimer`); whether more remain.
 
         One batch size is under way at a time, and only its compiled models are kept: asking
-        for another drops an unfinished one (it starts again when asked for).
+        for another drops an unfinished one (it starts again when asked for). ``extra``: once its
+        passes are done, time more in this slice (:meth:`RealTimer.advance`); the figures then
+        count every whole pass.
         """
         key = str(batch)
-        if key in self.real:
+        timer = self.real_timer if self.real_timer is not None and self.real_timer.batch == batch else None
+        if key in self.real and (timer is None or not extra):
             return False
         cfg, session = self.cfg, self.session
-        if self.real_timer is None or self.real_timer.batch != batch:
+        if timer is None:
             self.shaped, self.real_timer = {}, None  # the grid's compiled models, or another batch size's: done with
             if self.inputs is None:
                 self.inputs = real_inputs(cfg.lengths, load_tokenizer(self.model_dir), data_dir=cfg.data_dir,
@@ -1143,9 +1154,9 @@ class Timing:
                 session.forward, self.inputs, batch, prepare=session.prepare, warmup=cfg.warmup, passes=cfg.lengths_passes,
                 multiple=cfg.lengths_multiple if session.compile_for is not None else 1, forward_for=session.compile_for,
                 min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds)
-        if self.real_timer.advance(seconds):
+        if self.real_timer.advance(seconds, extra=extra):
             return True
-        self.real[key], self.real_timer = self.real_timer.result(), None
+        self.real[key] = self.real_timer.result()  # kept (and its compiled models) for extra slices until the next batch size
         return False
 
     def result(self) -> dict[str, Any]:
@@ -1192,8 +1203,8 @@ def serve(model_dir: Path, config: dict[str, Any], stdin, emit: Callable[[dict],
             batch, seq, passes, min_seconds = request["burst"]
             emit({"seconds": timing.burst(int(batch), int(seq), int(passes), float(min_seconds))})
         elif "real" in request:
-            batch, seconds = request["real"]
-            emit({"more": timing.real_slice(int(batch), float(seconds))})
+            batch, seconds, extra = request["real"]
+            emit({"more": timing.real_slice(int(batch), float(seconds), bool(extra))})
         elif request.get("finish"):
             emit({"done": timing.result()})
             return

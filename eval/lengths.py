@@ -16,6 +16,7 @@ runtime and ``compress.eval.latency`` may import it without a cycle.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,11 +295,18 @@ class RealTimer:
         # min_seconds: a fast model's pass over a dev set takes 0.3 s, which a few seconds' slow spell of the machine covers.
         self.finished = not more_passes(0, 0.0, passes=passes, min_seconds=min_seconds, max_seconds=max_seconds)
 
-    def advance(self, seconds: float = float("inf")) -> bool:
+    def advance(self, seconds: float = float("inf"), extra: bool = False) -> bool:
         """Time batches until this call's timed calls add up to ``seconds`` (at least one batch, and never
-        past the last pass); whether passes remain. A pass is started only where :func:`more_passes` says so."""
+        past the last pass); whether passes remain. A pass is started only where :func:`more_passes` says so.
+
+        ``extra``: time on past the last pass, for a slice of finite ``seconds``: a fast model taking turns
+        with slow ones keeps timing until they are done, so its passes span the same minutes as theirs.
+        Only whole passes count; one cut short by the last slice is left out of :meth:`result`.
+        """
+        if extra and not math.isfinite(seconds):
+            raise CompressError("extra passes are timed a slice at a time: give the slice's seconds")
         slice_s = 0.0
-        while not self.finished and (slice_s == 0.0 or slice_s < seconds):
+        while (extra or not self.finished) and (slice_s == 0.0 or slice_s < seconds):
             if self.row is None:
                 self.row, self.next = np.empty(len(self.feeds)), 0
             b = self.next

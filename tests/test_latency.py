@@ -443,9 +443,10 @@ def test_bursts_take_turns_and_pool_passes(monkeypatch, two_models):
     assert "in 4 bursts, the models taking turns" in format_markdown(report)
 
 
-def test_bursts_take_turns_on_the_real_inputs_until_each_model_is_done(monkeypatch, two_models, tmp_path):
-    """--bursts with --lengths: after the grid, round after round every unfinished worker times the real inputs for a
-    slice; a model that finishes drops out of the rounds, the others go on; then every worker finishes."""
+def test_bursts_take_turns_on_the_real_inputs_until_the_last_model_is_done(monkeypatch, two_models, tmp_path):
+    """--bursts with --lengths: after the grid, round after round every worker times the real inputs for a slice; a
+    model whose passes are done keeps its turns for extra passes until the last model is done; then every worker
+    finishes."""
     import compress.eval.latency as latency
 
     source = tmp_path / "texts.txt"
@@ -464,11 +465,11 @@ def test_bursts_take_turns_on_the_real_inputs_until_each_model_is_done(monkeypat
             if "burst" in request:
                 return [1e-3] * request["burst"][2]
             if "real" in request:
-                batch, seconds = request["real"]
+                batch, seconds, extra = request["real"]
                 assert key == "more" and seconds == latency.REAL_SLICE_S
-                events.append((self.name, batch))
+                events.append((self.name, batch, extra))
                 self.slices[batch] = self.slices.get(batch, 0) + 1
-                return self.slices[batch] < slices_needed[self.name]
+                return self.slices[batch] < slices_needed[self.name]  # extra slices count on: they say no more
             events.append((self.name, "finish"))
             return {"points": [{"batch": 1, "seq": 16, "seconds": [1e-3] * 3}], "params": 1000,
                     "flops": {"16": 2_000_000}, "backend": "torch"}
@@ -480,12 +481,16 @@ def test_bursts_take_turns_on_the_real_inputs_until_each_model_is_done(monkeypat
     monkeypatch.setattr(latency, "BURST_PAUSE_S", 0.0)
     jobs = [(p.name, {"mode": "model", "model": str(p)}) for p in two_models]
     latency.run_interleaved(jobs, fast(repeats=4, bursts=2, lengths=str(source), lengths_batch=8), 1)
-    turns = [("teacher", 1), ("student", 1), ("teacher", 1), ("teacher", 1)]
-    assert events == turns + [(name, 8) for name, _ in turns] + [("teacher", "finish"), ("student", "finish")]
+    # Round 1: both time their passes, the student's are done; round 2: the student times extra ones; round 3: the
+    # teacher's last slice ends the rounds, before the student's turn.
+    turns = [("teacher", False), ("student", False), ("teacher", False), ("student", True), ("teacher", False)]
+    assert events == ([(name, 1, extra) for name, extra in turns] + [(name, 8, extra) for name, extra in turns]
+                      + [("teacher", "finish"), ("student", "finish")])
 
 
 def test_bursts_real_workers_time_the_real_inputs_as_one_shot_workers_do(two_models, tmp_path):
-    """Served worker processes taking turns on the real inputs: every pass over every sentence, as one-shot workers."""
+    """Served worker processes taking turns on the real inputs: every pass over every sentence, as one-shot workers
+    (the model done last times its passes; the other, extra ones while it waited)."""
     import compress.eval.latency as latency
 
     source = tmp_path / "texts.txt"
@@ -494,14 +499,18 @@ def test_bursts_real_workers_time_the_real_inputs_as_one_shot_workers_do(two_mod
     jobs = [(p.name, {"mode": "model", "model": str(p), "config": latency.worker_config(cfg, 1)}) for p in two_models]
     turns = latency.run_interleaved(jobs, cfg, 1)
     one_shot = [latency.run_worker(job, 1, name) for name, job in jobs]
-    key = lambda real: {b: (r["n_sentences"], r["n_batches"], r["padded_tokens"], r["passes"]) for b, r in real["batches"].items()}
+    key = lambda real: {b: (r["n_sentences"], r["n_batches"], r["padded_tokens"]) for b, r in real["batches"].items()}
     assert [key(d["real"]) for d in turns] == [key(d["real"]) for d in one_shot]
-    # 3 sentences: batch 1 computes on the real tokens alone, batch 2 is two padded batches; 3 passes each
+    # 3 sentences: batch 1 computes on the real tokens alone, batch 2 is two padded batches
     batch1, batch2 = key(turns[0]["real"])["1"], key(turns[0]["real"])["2"]
-    assert batch1 == (3, 3, turns[0]["real"]["inputs"]["mean_tokens"] * 3, 3) and batch2[:2] == (3, 2) and batch2[3] == 3
+    assert batch1 == (3, 3, turns[0]["real"]["inputs"]["mean_tokens"] * 3) and batch2[:2] == (3, 2)
+    for b in ("1", "2"):  # 3 passes for the one-shot workers and the model done last; never fewer
+        passes = [d["real"]["batches"][b]["passes"] for d in turns]
+        assert [d["real"]["batches"][b]["passes"] for d in one_shot] == [3, 3] and min(passes) == 3
     assert all(r["sentences_per_s"] > 0 for d in turns for r in d["real"]["batches"].values())
     report = measure_latency(two_models, cfg)
     assert [(r["name"], r["batch"]) for r in report["real_rows"]] == [("teacher", 1), ("teacher", 2), ("student", 1), ("student", 2)]
+    assert all(len(r["runs_passes"]) == 1 and r["runs_passes"][0] >= 3 for r in report["real_rows"])
     assert "turns of 0.5 s" in format_markdown(report)
     assert "turns of" not in format_markdown(measure_latency(two_models, fast(record=False, lengths=str(source))))
 

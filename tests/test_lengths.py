@@ -250,6 +250,27 @@ def test_a_slice_always_times_one_call_and_the_result_waits_for_the_last_pass():
     assert timer.result()["passes"] == 3 and len(model.calls) == 15
 
 
+def test_extra_passes_go_on_past_the_last_one_and_only_whole_passes_count():
+    # Batch 1, 5 sentences of 1.5 1.3 1.7 1.4 1.6 ms (7.5 ms a pass); a slow spell doubles pass 1 (15 ms).
+    model = FakeModel(extra={i: 1.5e-3 for i in range(5)})
+    timer = RealTimer(model.forward, known(LENGTHS), 1, warmup=0, passes=1, clock=model.clock)
+    assert timer.advance(1.0) is False and timer.result()["total_s"] == pytest.approx(15e-3)
+    assert timer.advance(1.0) is False and len(model.calls) == 5  # without extra, nothing more
+    # An 11 ms extra slice: pass 2 whole (7.5 ms), then 1.5 + 1.3 + 1.7 of pass 3 (12.0 ms >= 11): cut short.
+    assert timer.advance(11e-3, extra=True) is False and len(model.calls) == 13
+    result = timer.result()
+    assert result["passes"] == 2 and result["total_s"] == pytest.approx((15e-3 + 7.5e-3) / 2)
+    # The next slice finishes pass 3 (1.4 + 1.6 = 3.0 ms), times pass 4 (10.5 ms) and stops 1.5 ms into pass 5.
+    timer.advance(11e-3, extra=True)
+    assert len(model.calls) == 21
+    result = timer.result()  # passes of 15, 7.5, 7.5, 7.5 ms: the slow spell's no longer the median
+    assert result["passes"] == 4 and result["total_s"] == pytest.approx(7.5e-3)
+    assert result["sentences_per_s"] == pytest.approx(5 / 7.5e-3) and result["p50_ms"] == pytest.approx(1.5)
+    assert [int(c["input_ids"][0, 0]) - 10 for c in model.calls] == [0, 1, 2, 3, 4] * 4 + [0]
+    with pytest.raises(CompressError, match="slice"):
+        timer.advance(extra=True)  # without a slice's end it would never stop
+
+
 def test_bad_counts_are_refused():
     model = FakeModel()
     with pytest.raises(CompressError, match="passes"):
