@@ -24,7 +24,9 @@ task and student shape, the rows add one method at a time:
   teacher, no general stage: (d)'s starting point before its general distillation, so
   (d) - (h) is what the general stage itself adds;
 * (i) (f) from (d)'s general-distilled student: the defaults with the general stage first,
-  without (d)'s intermediate stage.
+  without (d)'s intermediate stage;
+* (j) (c) from the encoder of a student distilled on another task (``--task-init DIR``, its
+  head dropped): intermediate-task transfer, as STILTs does with MNLI before RTE.
 
 Then the best 3L-384 row of each task is quantized (ONNX Runtime dynamic int8) and scored.
 Each row's dev metric, retention of its teacher's, and training seconds are recorded;
@@ -46,9 +48,11 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
-from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.artifacts import (compression_record, load_tokenizer, read_compression, read_metrics, save_model_dir,
+                                     utc_now, write_json_atomic)
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_info, package_versions
+from compress.core.runtime import load_model
 from compress.core.tasks import get_task
 from compress.distill import DistillConfig, GeneralDistillConfig, distill, distill_general
 from compress.quantize import QuantizeConfig, quantize
@@ -63,6 +67,7 @@ ROWS = {
     "g": "(e) + transfer texts",
     "h": "(c) cut from the pretrained encoder",
     "i": "(f) from the general-distilled student",
+    "j": "(c) from another task's student (its encoder)",
 }
 PAIR_TASKS, SINGLE_TASKS = ("mrpc", "stsb", "rte"), ("sst2", "cola")
 MAX_LENGTH = {"sst2": 64, "cola": 64}  # other tasks: 128
@@ -70,7 +75,8 @@ INTERMEDIATE = ["hidden", "attention"]
 FROM_GENERAL = "di"  # the rows that start from the shape's general-distilled student
 
 
-def row_config(row: str, task: str, student: str, args, seed: int, general: Path | None) -> dict:
+def row_config(row: str, task: str, student: str, args, seed: int, general: Path | None,
+               encoder: Path | None = None) -> dict:
     """The distill options of one row (each row adds to the one before)."""
     init = "teacher"  # 3L-384: teacher layers 1,3,5; 4L-312: teacher layers 1,2,4,5 cut to 312 wide (teacher-slices)
     cfg = {
@@ -80,9 +86,9 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
     }
     if row in "ab":
         cfg["augment"] = 0  # distillation augments small sets by default now; (a) and (b) are the rows without
-    if row in "bcdh":
+    if row in "bcdhj":
         cfg["losses"] = ["kd", "hard", *INTERMEDIATE]
-    if row in "cdh":
+    if row in "cdhj":
         cfg.update(two_stage=True, augment=args.augment, intermediate_epochs=args.epochs, epochs=args.prediction_epochs)
         if args.augment_intermediate:  # only when asked, so earlier runs' configs stay the same recipe
             cfg["augment_intermediate"] = True
@@ -99,7 +105,20 @@ def row_config(row: str, task: str, student: str, args, seed: int, general: Path
         cfg = {k: cfg[k] for k in ("task", "student", "init", "data_dir", "max_length", "max_train_examples", "seed", "cache_dir")}
     if row in FROM_GENERAL:
         cfg["init"] = str(general)
+    if row == "j":
+        cfg["init"] = str(encoder)
     return cfg
+
+
+def encoder_of(student_dir: Path, out: Path) -> Path:
+    """``student_dir``'s encoder without its task head (a head trained for another task's labels is no start),
+    written once to ``out`` (config, weights, tokenizer, and the source in compression.json)."""
+    if not (out / "config.json").is_file():
+        model = load_model(student_dir)
+        tokenizer = load_tokenizer(student_dir)
+        record = compression_record(stage="encoder", method="head dropped", parent=student_dir)
+        save_model_dir(model.base_model, out, tokenizer=tokenizer, record=record, overwrite=True)
+    return out
 
 
 def student_run(teacher: Path, out: Path, cfg: dict) -> dict:
@@ -186,6 +205,8 @@ def main(argv=None) -> int:
                              "--general-steps); its cost counts in the row's")
     parser.add_argument("--general-precision", choices=("fp32", "bf16"), default="fp32",
                         help="rows d and i's general stage in fp32 or bf16 mixed precision (the task rows stay fp32)")
+    parser.add_argument("--task-init", type=Path, default=None, metavar="DIR",
+                        help="row j: a student distilled on another task (e.g. MRPC before RTE), whose encoder starts it")
     parser.add_argument("--cache", type=Path, default=None, help="teacher-output / augmented-set cache (default: MODELS/cache)")
     parser.add_argument("--no-int8", action="store_true")
     parser.add_argument("--note", default="")
@@ -232,7 +253,11 @@ def main(argv=None) -> int:
         for task in args.tasks.split(","):
             teacher = args.teachers / f"teacher-{task}"
             for row in args.rows.split(","):
-                general, general_cost = None, {}
+                general, general_cost, encoder = None, {}, None
+                if row == "j":
+                    if args.task_init is None:
+                        parser.error("row j needs --task-init DIR: a student distilled on another task")
+                    encoder = encoder_of(args.task_init, args.models / f"encoder-of-{args.task_init.name}")
                 if row in FROM_GENERAL:
                     steps = args.general_steps or max(50, int(args.general_minutes * 60 / 2.0))
                     general, general_cost = general_run(args.models / f"general-{student}", student, args.data, steps,
@@ -242,7 +267,7 @@ def main(argv=None) -> int:
                     if key in results:
                         continue
                     print(f"== {key}", flush=True)
-                    cfg = row_config(row, task, student, args, seed, general)
+                    cfg = row_config(row, task, student, args, seed, general, encoder)
                     results[key] = {"task": task, "student": student, "row": row, "seed": seed,
                                     **student_run(teacher, args.models / key.replace("/", "-"), cfg),
                                     **({"general": general_cost} if general_cost else {})}
@@ -371,13 +396,14 @@ def best_rows(runs: dict[str, dict]) -> dict[tuple[str, str], dict]:
 def _recipe(r: dict) -> tuple:
     """What makes two rows the same recipe: task, shape, row letter, the general stage's length, cycles and precision,
     the settings a run may change (training sample, learning rate, epochs, augmented copies and which stages read them,
-    transfer examples); not the seed, teacher or paths."""
+    transfer examples), row (j)'s source student; not the seed, teacher or other paths."""
     cfg = r.get("config") or {}
     general = r.get("general") or {}
     return (r["task"], r["student"], r["row"], general.get("steps"), general.get("cycles", 1), general.get("precision", "fp32"),
             cfg.get("lr"), cfg.get("epochs"),
             cfg.get("intermediate_epochs"), cfg.get("augment") or 0, bool(cfg.get("augment_intermediate")),
-            cfg.get("transfer_examples"), cfg.get("max_train_examples"))
+            cfg.get("transfer_examples"), cfg.get("max_train_examples"),
+            Path(cfg["init"]).name if r["row"] == "j" else None)  # (j): which task's student it started from
 
 
 def goal_lines(runs: dict[str, dict]) -> list[str]:

@@ -159,3 +159,32 @@ def test_row_i_is_the_defaults_from_the_general_student():
     assert f["init"] == "teacher" and i["init"] == "g"
     assert {k: v for k, v in i.items() if k != "init"} == {k: v for k, v in f.items() if k != "init"}
     assert "losses" not in i and "two_stage" not in i  # the defaults decide, as in (f)
+
+
+def test_row_j_is_row_c_from_another_tasks_encoder():
+    args = Namespace(data=Path("d"), max_train=4000, epochs=3, lr=1e-4, cache=Path("c"), augment=4, prediction_epochs=2,
+                     augment_intermediate=False)
+    c = row_config("c", "rte", "3L-384", args, 1, None)
+    j = row_config("j", "rte", "3L-384", args, 1, None, Path("m/encoder-of-mrpc"))
+    assert c["init"] == "teacher" and j["init"] == "m/encoder-of-mrpc"
+    assert {k: v for k, v in j.items() if k != "init"} == {k: v for k, v in c.items() if k != "init"}
+    # Started from two tasks' students, two recipes; the same student at another path, one.
+    first, second, moved = ({**row("rte", "3L-384", "j", 58.0, 60.0, seed=s)[f"rte/3L-384/j/{s}"], "config": {**j, "init": i}}
+                            for s, i in ((1, "a/encoder-of-mrpc"), (2, "a/encoder-of-stsb"), (3, "b/encoder-of-mrpc")))
+    assert retention._recipe(first) != retention._recipe(second) and retention._recipe(first) == retention._recipe(moved)
+
+
+def test_the_encoder_of_a_task_student_drops_its_head_and_is_written_once(tmp_path, tiny_model_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    out = retention.encoder_of(tiny_model_dir, tmp_path / "encoder")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertModel"] and (out / "tokenizer.json").is_file()
+    weights, source = load_file(out / "model.safetensors"), load_file(tiny_model_dir / "model.safetensors")
+    assert not any("classifier" in k for k in weights) and any("classifier" in k for k in source)
+    layer = "encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(weights[layer], source[f"bert.{layer}"])
+    assert json.loads((out / "compression.json").read_text())["parent"]["path"].endswith(tiny_model_dir.name)
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert retention.encoder_of(tiny_model_dir, out) == out and (out / "model.safetensors").stat().st_mtime_ns == stamp
