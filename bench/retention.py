@@ -316,7 +316,8 @@ def render(results: dict, header: dict) -> str:
         f"(g) (e) plus {s.get('transfer', '8000')} teacher-scored transfer examples (the other GLUE tasks' pairs for a pair task, "
         "their sentences for a single-sentence one, then corpus sentences); (h) (c) cut from the pretrained MiniLM encoder "
         "(`--init-from`), not the fine-tuned teacher: (d)'s start without its general stage; (i) (f) from (d)'s general-distilled "
-        "student. 3L-384 starts from teacher layers 1,3,5; "
+        f"student; (j) (c) from the encoder of a student distilled on another task ({s.get('task_init') if s.get('task_init') not in (None, 'None') else '--task-init'}, "
+        "its head dropped). 3L-384 starts from teacher layers 1,3,5; "
         "4L-312 from teacher layers 1,2,4,5 cut to 312 wide (`--init teacher`: the most active hidden dimensions, the heads' "
         "26 strongest dimensions, the 1200 strongest FFN neurons); '4L-312 (random init)' rows started at random.",
         "- seconds: wall-clock training time of the row (teacher cache and augmentation included when built); cpu: process CPU time.",
