@@ -297,6 +297,7 @@ def _mean_std(values: list[float]) -> str:
 
 def render(results: dict, header: dict) -> str:
     s = header["settings"]
+    task_init = s.get("task_init") if s.get("task_init") not in (None, "None") else "--task-init"  # settings are str()
     lines = [
         "# Retention per task: MiniLM-L6 teachers -> 3L-384 and 4L-312 students, one method added per row",
         "",
@@ -316,7 +317,7 @@ def render(results: dict, header: dict) -> str:
         f"(g) (e) plus {s.get('transfer', '8000')} teacher-scored transfer examples (the other GLUE tasks' pairs for a pair task, "
         "their sentences for a single-sentence one, then corpus sentences); (h) (c) cut from the pretrained MiniLM encoder "
         "(`--init-from`), not the fine-tuned teacher: (d)'s start without its general stage; (i) (f) from (d)'s general-distilled "
-        f"student; (j) (c) from the encoder of a student distilled on another task ({s.get('task_init') if s.get('task_init') not in (None, 'None') else '--task-init'}, "
+        f"student; (j) (c) from the encoder of a student distilled on another task ({task_init}, "
         "its head dropped). 3L-384 starts from teacher layers 1,3,5; "
         "4L-312 from teacher layers 1,2,4,5 cut to 312 wide (`--init teacher`: the most active hidden dimensions, the heads' "
         "26 strongest dimensions, the 1200 strongest FFN neurons); '4L-312 (random init)' rows started at random.",

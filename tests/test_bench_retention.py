@@ -188,3 +188,12 @@ def test_the_encoder_of_a_task_student_drops_its_head_and_is_written_once(tmp_pa
     assert json.loads((out / "compression.json").read_text())["parent"]["path"].endswith(tiny_model_dir.name)
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert retention.encoder_of(tiny_model_dir, out) == out and (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_the_rows_legend_names_row_js_source_student():
+    header = {"date": "today", "cpu": "cpu", "cores": 2, "threads": 2, "packages": {}, "command": "c", "note": ""}
+    settings = {"max_train": "4000", "epochs": "3", "lr": "0.0001", "augment": "4", "prediction_epochs": "2"}
+    named = retention.render({}, {**header, "settings": {**settings, "task_init": "runs/mrpc-3L-384-d-42"}})
+    assert "(j) (c) from the encoder of a student distilled on another task (runs/mrpc-3L-384-d-42, its head dropped)" in named
+    unset = retention.render({}, {**header, "settings": {**settings, "task_init": "None"}})  # stored as str()
+    assert "another task (--task-init, its head dropped)" in unset
