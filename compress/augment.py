@@ -20,7 +20,8 @@ Here:
 * copies are seeded per example (``seed`` and the example's texts), so the augmented set
   is reproducible and an example's copies do not depend on the rows around it; the set is
   cached on disk under a key of the candidate model, vocabulary, texts and settings
-  (:func:`augmented_rows`), so a second run of the same recipe does not rebuild it.
+  (:func:`augmented_rows`), so a second run of the same recipe does not rebuild it (nor
+  one started at the same time: it waits for the first's set).
 
 :func:`transfer_rows` adds unlabelled text of another source (a corpus, a ``datasets``
 corpus, another GLUE task's training texts) in the task's format: single sentences, or
@@ -44,7 +45,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from compress.core.artifacts import atomic_path
+from compress.core.artifacts import atomic_path, build_lock
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.logs import progress
@@ -234,17 +235,24 @@ def augmented_rows(tokenizer, rows: list[dict], fields: tuple[str, ...], make_ca
         digest.update(b"|")
     path = Path(cache_dir) / f"{digest.hexdigest()[:24]}.jsonl"
     if path.is_file():
-        with open(path, encoding="utf-8") as fh:
-            meta = json.loads(fh.readline())
-            out = [json.loads(line) for line in fh]
-        return out, {"method": meta["method"], "path": str(path), "hit": True, "rows": len(out)}
-    candidates = make_candidates()
-    out = augment_examples(tokenizer, rows, fields, candidates, copies=cfg.augment, prob=cfg.augment_prob, seed=seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"method": candidates.name, "n": len(out)}) + "\n")
-        fh.writelines(json.dumps(r) + "\n" for r in out)
+        return _read_augmented(path)
+    with build_lock(path, "the augmented set"):  # runs started together build it once
+        if path.is_file():  # made while this process waited
+            return _read_augmented(path)
+        candidates = make_candidates()
+        out = augment_examples(tokenizer, rows, fields, candidates, copies=cfg.augment, prob=cfg.augment_prob, seed=seed)
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"method": candidates.name, "n": len(out)}) + "\n")
+            fh.writelines(json.dumps(r) + "\n" for r in out)
     return out, {"method": candidates.name, "path": str(path), "hit": False, "rows": len(out)}
+
+
+def _read_augmented(path: Path) -> tuple[list[dict], dict]:
+    """A cached augmented set (a header line, then one row a line) and its record."""
+    with open(path, encoding="utf-8") as fh:
+        meta = json.loads(fh.readline())
+        out = [json.loads(line) for line in fh]
+    return out, {"method": meta["method"], "path": str(path), "hit": True, "rows": len(out)}
 
 
 def sentence_pairs(sentences: list[list[str]], n: int, rng: random.Random) -> list[tuple[str, str]]:

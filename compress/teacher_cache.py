@@ -5,7 +5,9 @@ costs. Logits are stored in float32; selected hidden states, when asked, in floa
 one token-major memory map ``(total_tokens, n_layers, hidden)`` with per-example
 offsets. The key hashes the teacher's weights, the token ids of every example and the
 cached layers, so any change (another checkpoint, other data, another max length or
-tokenizer) misses the cache instead of silently reusing stale outputs.
+tokenizer) misses the cache instead of silently reusing stale outputs. Runs that miss the
+same entry at once run the teacher once: the others wait for its outputs (a lock beside
+the entry).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from compress.core.artifacts import apply_umask
+from compress.core.artifacts import apply_umask, build_lock
 from compress.core.logs import progress
 from compress.core.structure import model_inputs
 
@@ -91,23 +93,25 @@ def load_or_build(
     path = root / key
     if (path / "meta.json").is_file():
         return _read(path, outputs, layers)
-    arrays, hidden, offsets = _compute(teacher, features, collator, outputs, layers, batch_size, device)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
-    try:
-        for name, array in arrays.items():
-            np.save(tmp / f"{name}.npy", array)
-        if hidden is not None:
-            np.save(tmp / "hidden.npy", hidden)
-            np.save(tmp / "offsets.npy", offsets)
-        meta = {"outputs": list(outputs), "layers": list(layers), "n": len(input_ids), "teacher": teacher_hash}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        apply_umask(tmp)  # mkdtemp made it private
-        os.replace(tmp, path)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (path / "meta.json").is_file():  # another process may have won the race
-            raise
+    with build_lock(path, "the teacher outputs"):  # runs started together run the teacher once
+        if (path / "meta.json").is_file():  # made while this process waited
+            return _read(path, outputs, layers)
+        arrays, hidden, offsets = _compute(teacher, features, collator, outputs, layers, batch_size, device)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
+        try:
+            for name, array in arrays.items():
+                np.save(tmp / f"{name}.npy", array)
+            if hidden is not None:
+                np.save(tmp / "hidden.npy", hidden)
+                np.save(tmp / "offsets.npy", offsets)
+            meta = {"outputs": list(outputs), "layers": list(layers), "n": len(input_ids), "teacher": teacher_hash}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            apply_umask(tmp)  # mkdtemp made it private
+            os.replace(tmp, path)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (path / "meta.json").is_file():  # a process without the lock (no fcntl) may have won the race
+                raise
     cache = _read(path, outputs, layers)
     cache.hit = False
     return cache

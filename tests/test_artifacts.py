@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from compress.core.artifacts import (
     METRICS_FILE,
     append_metrics,
     atomic_path,
+    build_lock,
     check_output,
     compression_record,
     dir_hash,
@@ -316,3 +321,34 @@ def test_no_module_writes_files_with_a_private_writer():
             text = path.read_text(encoding="utf-8")
             offenders += [f"{path.relative_to(root)}: {word}" for word in ("mkstemp", "NamedTemporaryFile") if word in text]
     assert offenders == []
+
+
+def test_build_lock_makes_another_process_wait_until_the_entry_is_made(tmp_path, caplog):
+    entry, ready = tmp_path / "cache" / "entry.npy", tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time, pathlib\n"
+        "from compress.core.artifacts import build_lock\n"
+        f"entry, ready = pathlib.Path({str(entry)!r}), pathlib.Path({str(ready)!r})\n"
+        "with build_lock(entry, 'x'):\n"
+        "    ready.touch()\n"
+        "    time.sleep(1.0)\n"
+        "    entry.write_text('made')\n")])
+    deadline = time.monotonic() + 60
+    while not ready.exists() and holder.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready.exists(), "the holder never took the lock"
+    with caplog.at_level(logging.INFO, logger="compress.core.artifacts"), build_lock(entry, "the test entry"):
+        assert entry.read_text() == "made"  # this process waited for the holder's build
+    assert holder.wait(60) == 0
+    assert [r.getMessage() for r in caplog.records] == [f"waiting for another process building the test entry in {entry}"]
+    assert sorted(p.name for p in entry.parent.iterdir()) == ["entry.npy"]  # the lock file went with the build
+
+
+def test_build_lock_after_a_failed_build_stays_and_is_free(tmp_path):
+    entry = tmp_path / "entry"
+    with pytest.raises(RuntimeError), build_lock(entry, "x"):
+        raise RuntimeError("the build failed")
+    assert (tmp_path / ".entry.lock").is_file()  # the next builder queues on the same file
+    with build_lock(entry, "x"):  # released: taken at once
+        entry.write_text("made")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 import torch
@@ -156,3 +158,30 @@ def test_sentence_pairs_mix_next_and_random_second_sentences():
     pairs = sentence_pairs(docs, 150, random.Random(0))
     nxt = sum(b == f"{a.rsplit(' ', 2)[0]} s{int(a.split()[1][1:]) + 1} ." for a, b in pairs)
     assert len(pairs) == 150 and 50 <= nxt <= 100  # about half keep their next sentence
+
+
+def test_runs_started_together_build_the_augmented_set_once(tok, tmp_path):
+    model = make_tiny_model("base")
+    built, go = [], threading.Barrier(2)
+
+    def make():  # slow enough that the second run arrives while the first builds
+        built.append(1)
+        time.sleep(0.5)
+        return EmbeddingNeighbours.of_model(model, tok, k=3)
+
+    rows = [{"sentence": "the movie was great ."}, {"sentence": "the actor was very good ."}]
+    got = []
+
+    def run():
+        go.wait()
+        got.append(augmented_rows(tok, rows, ("sentence",), make, source_hash="m1", cfg=AugmentConfig(augment=2),
+                                  seed=0, cache_dir=tmp_path))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert built == [1]  # the second run waited and read what the first wrote
+    assert got[0][0] == got[1][0] and sorted(info["hit"] for _, info in got) == [False, True]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")] == []  # the lock file went with its build

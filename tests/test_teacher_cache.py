@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+import time
 
 import numpy as np
 import torch
@@ -44,3 +46,34 @@ def test_cached_outputs_are_each_examples_own_and_the_pass_is_logged(tmp_path, c
             assert torch.allclose(hidden, out.hidden_states[1][0], atol=2e-3)  # float16 on disk
     again = load_or_build(model, "h", features, pad, outputs=["logits"], layers=[1], cache_dir=tmp_path / "c", batch_size=8)
     assert again.hit is True and np.array_equal(again.outputs["logits"], cache.outputs["logits"])
+
+
+def test_runs_started_together_run_the_teacher_once(tmp_path, monkeypatch):
+    import compress.teacher_cache as tc
+
+    model = make_tiny_model(num_labels=2, num_hidden_layers=2)
+    features = _features(12)
+    pad = collate(make_tokenizer(tmp_path / "tok"))
+    passes, real = [], tc._compute
+
+    def counted(*args, **kwargs):  # slow enough that the second run arrives while the first scores
+        passes.append(1)
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tc, "_compute", counted)
+    go, got = threading.Barrier(2), []
+
+    def run():
+        go.wait()
+        got.append(load_or_build(model, "h", features, pad, outputs=["logits"], cache_dir=tmp_path / "c", batch_size=4))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert passes == [1]  # the teacher ran once; the second run waited and read the cache
+    assert sorted(c.hit for c in got) == [False, True]
+    assert np.array_equal(got[0].outputs["logits"], got[1].outputs["logits"])
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [got[0].path.name]  # no lock or temporary folder left

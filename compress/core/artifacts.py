@@ -20,6 +20,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -41,6 +42,11 @@ from compress.core.errors import CompressError
 from compress.core.families import class_names, family_of, get_family
 from compress.core.hardware import git_revision, hardware, package_versions
 from compress.core.structure import apply_structure
+
+try:
+    import fcntl  # POSIX file locks, for build_lock
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 COMPRESSION_FILE = "compression.json"
 METRICS_FILE = "metrics.json"
@@ -68,6 +74,8 @@ INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its pr
 HEADS = class_names()
 # BERT's class per head: what teacher creation and pretraining build (other families are loaded, not created).
 HEAD_CLASSES = dict(get_family("bert").classes)
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- time and json
@@ -110,6 +118,38 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def build_lock(entry: Path | str, what: str) -> Iterator[None]:
+    """Hold an exclusive lock for building the cache ``entry`` (a file or folder path) while the block runs.
+
+    Processes that miss the same cache entry at once (seeds started together) queue here:
+    the first builds it, the others wait and should look for the entry again inside the
+    block, where they find it made. The lock is a hidden ``.NAME.lock`` file beside the
+    entry, removed by whoever held it (a process still waiting on the removed file then
+    finds the entry: the check inside the block is what keeps it correct). Where ``fcntl``
+    is missing (Windows) nothing is locked: each process builds the entry, and the atomic
+    rename keeps it whole. ``what`` names the entry in the one log line a waiting process writes.
+    """
+    if fcntl is None:  # pragma: no cover - not POSIX
+        yield
+        return
+    entry = Path(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    lock = entry.parent / f".{entry.name}.lock"
+    with open(lock, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info(f"waiting for another process building {what} in {entry}")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _umask() -> int:
