@@ -124,13 +124,15 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
 def build_lock(entry: Path | str, what: str) -> Iterator[None]:
     """Hold an exclusive lock for building the cache ``entry`` (a file or folder path) while the block runs.
 
-    Processes that miss the same cache entry at once (seeds started together) queue here:
-    the first builds it, the others wait and should look for the entry again inside the
-    block, where they find it made. The lock is a hidden ``.NAME.lock`` file beside the
-    entry, removed by whoever held it (a process still waiting on the removed file then
-    finds the entry: the check inside the block is what keeps it correct). Where ``fcntl``
-    is missing (Windows) nothing is locked: each process builds the entry, and the atomic
-    rename keeps it whole. ``what`` names the entry in the one log line a waiting process writes.
+    Processes that miss the same cache entry at once (student shapes distilled side by side
+    from one teacher) queue here: the first builds it, the others wait and look for the
+    entry again inside the block, where they find it made. The lock is a hidden
+    ``.NAME.lock`` file beside the entry, removed when a block ends without an error (a
+    process still waiting on the removed file then finds the entry: the check inside the
+    block keeps it correct); after an error it stays, so the next builder queues on the same
+    file. Where ``fcntl`` is missing (Windows) nothing is locked: each process builds the
+    entry, and the atomic rename keeps it whole. ``what`` names the entry in the one log
+    line a waiting process writes.
     """
     if fcntl is None:  # pragma: no cover - not POSIX
         yield
