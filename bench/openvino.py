@@ -67,8 +67,7 @@ def teacher_classifier(source: Path, out: Path) -> Path:
     """The pretrained encoder in ``source`` with a seeded random SST-2 classifier head (latency needs no training)."""
     if (out / "config.json").is_file():
         return out
-    torch.manual_seed(SEED)
-    model = load_model_for_task(source, get_task("sst2"))  # the head is new: random, seeded
+    model = load_model_for_task(source, get_task("sst2"), seed=SEED)  # the head is new: random, seeded
     record = compression_record(stage="bench", method="classifier-head", parent=source, seed=SEED,
                                 config={"head": "sequence-classification", "note": "random head, for latency only"})
     return save_model_dir(model, out, tokenizer=load_tokenizer(source), record=record, overwrite=True)

@@ -527,9 +527,8 @@ def _build_student(teacher: _Teacher, cfg: DistillConfig | GeneralDistillConfig 
     method, pretrained = (cfg.init, None) if cfg.init in (*TEACHER_METHODS, "random") else ("pretrained", cfg.init)
     cut_from = teacher.model
     if source:
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.train.seed)  # its new head, copied into the student: the same for the same --seed
-            cut_from = load_pretrained_student(teacher.model, source)[0]
+        # its new head, copied into the student: the same for the same --seed
+        cut_from = load_pretrained_student(teacher.model, source, seed=cfg.train.seed)[0]
     try:
         model, info = init_student(cut_from, shape, method=method, layers=list(cfg.init_layers) or None,
                                    seed=cfg.train.seed, pretrained=pretrained)

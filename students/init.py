@@ -176,8 +176,10 @@ def init_random(teacher: nn.Module, shape: Shape, seed: int = 0) -> nn.Module:
         return _build_like(teacher, _student_config(teacher, shape))
 
 
-def load_pretrained_student(teacher: nn.Module, path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """A pretrained student directory loaded with the teacher's head and labels; its own shape wins."""
+def load_pretrained_student(teacher: nn.Module, path: str | Path, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+    """A pretrained student directory loaded with the teacher's head and labels; its own shape wins.
+
+    A head the directory lacks starts new, drawn from ``seed``: the same for the same seed."""
     arch = type(teacher).__name__
     if arch not in HEADS:
         raise CompressError(f"cannot match a {arch} teacher's head; valid teacher classes: {', '.join(HEADS)}")
@@ -185,7 +187,7 @@ def load_pretrained_student(teacher: nn.Module, path: str | Path) -> tuple[nn.Mo
     labels = {}
     if head == "sequence-classification":
         labels = {"num_labels": teacher.config.num_labels, "id2label": dict(teacher.config.id2label)}
-    model, info = load_model(path, head=head, with_info=True, **labels)
+    model, info = load_model(path, head=head, with_info=True, seed=seed, **labels)
     if model.config.vocab_size != teacher.config.vocab_size:
         raise CompressError(
             f"the student in {path} has a vocabulary of {model.config.vocab_size} but the teacher has "
@@ -233,9 +235,7 @@ def _random(teacher, shape, *, layers, seed, pretrained):
 def _pretrained(teacher, shape, *, layers, seed, pretrained):
     if pretrained is None:
         raise CompressError("--init pretrained needs a student model directory (pretrained=PATH)")
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)  # a head the directory lacks starts new: the same for the same seed
-        return load_pretrained_student(teacher, pretrained)
+    return load_pretrained_student(teacher, pretrained, seed=seed)
 
 
 def init_student(

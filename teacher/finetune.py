@@ -65,7 +65,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     check_output(out, overwrite, inputs=(model, cfg), resume=cfg.resume)
     source = require_torch_weights(resolve_model(model), "fine-tuning")
     tokenizer = load_tokenizer(source)
-    net = load_model_for_task(source, task)
+    net = load_model_for_task(source, task, seed=cfg.train.seed)  # a bare encoder's new head: from --seed
     max_length = cfg.data.resolved_max_length(task, net.config.max_position_embeddings)
     features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
     pad = collate(tokenizer)

@@ -68,6 +68,7 @@ def test_sidecars_record_structure_and_provenance(tmp_path, tokenizer):
     assert record["structure"]["heads"] == [4, 4] and record["structure"]["ffn"] == [37, 37]
     prov = record["provenance"]
     assert prov["seed"] == 7 and "torch" in prov["packages"] and prov["hardware"]["logical_cores"] >= 1
+    assert prov["threads"] == torch.get_num_threads()
     assert prov["date"].endswith("+00:00")
     assert json.loads((out / METRICS_FILE).read_text()) == {"results": []}
 
@@ -137,6 +138,30 @@ def test_head_change_keeps_encoder_and_reports_new_weights(tmp_path, tokenizer):
     # and back: a classifier's encoder loads as a bare encoder
     back = load_model(save_tiny(clf, tokenizer, tmp_path / "clf"), head="base")
     assert torch.equal(back.encoder.layer[1].output.dense.weight, base.encoder.layer[1].output.dense.weight)
+
+
+def test_a_new_head_is_drawn_from_the_seed_in_any_process(tmp_path, tokenizer):
+    # torch seeds its generator at random when a process starts, so a head drawn from it differs run to run
+    out = save_tiny(make_tiny_model(head="base"), tokenizer, tmp_path / "enc")
+
+    def head(seed: int, noise: int) -> torch.Tensor:
+        torch.manual_seed(noise)  # whatever the caller's generator holds must not matter
+        return load_model(out, head="sequence-classification", num_labels=2, seed=seed).classifier.weight.detach()
+
+    a, b, c = head(3, 10), head(3, 20), head(4, 10)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    load_model(out, head="sequence-classification", num_labels=2, seed=3)
+    assert torch.equal(torch.rand(1), expected)  # the caller's generator is left as it was
+    code = ("import json\n"
+            "from compress.core.runtime import load_model\n"
+            f"m = load_model({str(out)!r}, head='sequence-classification', num_labels=2, seed=3)\n"
+            "print(json.dumps(m.classifier.weight.flatten().tolist()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert torch.equal(torch.tensor(json.loads(proc.stdout.splitlines()[-1])), a.flatten())
 
 
 def test_tied_mlm_head_round_trip(tmp_path, tokenizer):

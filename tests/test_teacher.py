@@ -7,9 +7,11 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from compress.core import synthetic
 from compress.core.artifacts import load_tokenizer, read_compression, read_metrics
+from compress.core.compat import wordpiece_tokenizer
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
@@ -17,6 +19,7 @@ from compress.students.presets import resolve_shape
 from compress.teacher.create import create_model
 from compress.teacher.finetune import FinetuneConfig, finetune, finetune_grid
 from compress.teacher.pretrain import PretrainConfig, phase_steps, pretrain
+from tests.conftest import make_tiny_model, save_tiny
 
 
 def _corpus(path, n_docs=60, sentences=6, seed=0):
@@ -164,6 +167,22 @@ def test_finetune_learns_a_separable_task(tmp_path, generated):
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     assert read_compression(out)["parent"]["path"] == str(init.resolve())
+
+
+def test_finetune_from_a_bare_encoder_draws_its_head_from_the_seed(tmp_path):
+    # The classifier a bare encoder lacks is new; it must come from --seed, not from the generator's state
+    # (at random in a fresh process), or one command gives a different teacher each run.
+    data = synthetic.write_sst2_layout(tmp_path / "data", n_train=64, n_dev=16, n_test=4)
+    tok = wordpiece_tokenizer(synthetic.write_vocab(tmp_path / "vocab.txt"))
+    encoder = save_tiny(make_tiny_model(head="base", vocab_size=len(tok)), tok, tmp_path / "encoder")
+
+    def run(name: str, seed: int, noise: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(noise)
+        return load_file(finetune(encoder, tmp_path / name, _ft_cfg(data, epochs=1, seed=seed)) / "model.safetensors")
+
+    a, b, c = run("a", 1, 10), run("b", 1, 20), run("c", 2, 10)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["classifier.weight"], c["classifier.weight"])
 
 
 def test_finetune_from_a_pretraining_output(tmp_path):

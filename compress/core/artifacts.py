@@ -339,11 +339,14 @@ def publish(tmp: Path, out: Path, overwrite: bool) -> None:
 
 
 def provenance(seed: int | None = None) -> dict[str, Any]:
+    """Where a directory came from. ``threads`` (torch's intra-op threads) belongs with the seed: another
+    thread count sums in another order, so the same command then trains to other weights."""
     return {
         "argv": list(sys.argv),
         "git": git_revision(),
         "packages": package_versions(),
         "seed": seed,
+        "threads": torch.get_num_threads(),
         "date": utc_now(),
         "hardware": hardware(),
     }
@@ -722,14 +725,18 @@ def load_torch_model(
     id2label: dict[int, str] | None = None,
     attn_implementation: str | None = None,
     with_info: bool = False,
+    seed: int = 0,
 ):
     """Rebuild a PyTorch model directory, pruned shapes included (other formats: ``runtime.load_model``).
 
     ``head`` is one of ``base``, ``sequence-classification``, ``question-answering``,
     ``masked-lm``, ``pretraining``; by default the head the weights were saved with. A
     different head (e.g. a classifier on a bare encoder) starts with fresh head weights;
-    so does a classifier whose ``num_labels`` changes. With ``with_info`` the function
-    returns ``(model, info)`` where ``info["new_weights"]`` lists the freshly initialised names.
+    so does a classifier whose ``num_labels`` changes. Fresh weights are drawn from ``seed``
+    alone: the same directory and seed give the same model in any process (torch seeds
+    its own generator at random when a process starts), and the caller's random state is
+    left as it was. With ``with_info`` the function returns ``(model, info)`` where
+    ``info["new_weights"]`` lists the freshly initialised names.
     """
     path = require_model_dir(path)
     config = load_config(path)
@@ -750,7 +757,9 @@ def load_torch_model(
     config.architectures = [cls.__name__]
 
     structure = (read_compression(path) or {}).get("structure")
-    model = cls(config)  # transformers 4.x builds pruned heads from config.pruned_heads
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)  # transformers 4.x builds pruned heads from config.pruned_heads
     if structure:
         apply_structure(model, structure)
 

@@ -117,13 +117,15 @@ def load_model(
     device: str | torch.device | None = None,
     compile: bool | None = None,
     fmt: str | None = None,
+    seed: int = 0,
 ):
     """Load any model directory with the loader of its format; the only loader the stages use.
 
     ``head`` is one of ``base``, ``sequence-classification``, ``question-answering``,
     ``masked-lm``, ``pretraining`` (default: the saved one; see
-    ``artifacts.load_torch_model`` for new heads and ``with_info``); a non-torch format refuses
-    those that would need new weights (another head, another ``num_labels``).
+    ``artifacts.load_torch_model`` for new heads, ``with_info`` and ``seed``, which draws a new
+    head's weights); a non-torch format refuses those that would need new weights (another
+    head, another ``num_labels``).
     ``threads`` sets ONNX Runtime's intra-op pool and OpenVINO's CPU threads (default: torch's thread count);
     ``device`` places a runner (PyTorch models move with ``.to()`` as usual);
     ``compile`` (default: on unless ``COMPRESS_NO_COMPILE=1``) compiles INC programs;
@@ -133,7 +135,7 @@ def load_model(
     fmt = fmt or artifact_format(path)
     options = {
         "head": head, "num_labels": num_labels, "id2label": id2label, "attn_implementation": attn_implementation,
-        "with_info": with_info, "threads": threads, "device": device, "compile": compile,
+        "with_info": with_info, "threads": threads, "device": device, "compile": compile, "seed": seed,
     }
     return FORMATS.get(fmt)(path, options)
 
@@ -154,7 +156,7 @@ def load_model_for_task(model_dir: Path | str, task: Task, **options):
 
 @FORMATS.register(TORCH)
 def _load_torch(path: Path, options: dict[str, Any]):
-    keys = ("head", "num_labels", "id2label", "attn_implementation", "with_info")
+    keys = ("head", "num_labels", "id2label", "attn_implementation", "with_info", "seed")
     return load_torch_model(path, **{k: options[k] for k in keys})
 
 
