@@ -15,7 +15,8 @@ reported with the stage's name), then runs the stages in order, each into
 ``run_dir/<name>/``. ``manifest.json`` records a hash of each stage's kind, resolved
 config and inputs (input directories hashed by content): a re-run skips stages whose
 hash is unchanged and re-runs a changed stage and, through the hashes, everything that
-depends on it. The leaderboard report of every model produced, titled with the recipe's
+depends on it. It stores the resolved config too, so an option the toolkit gained since
+a stage ran, left at its default, does not re-run the stage (:func:`stands`). The leaderboard report of every model produced, titled with the recipe's
 name and listing its stages, lands at the top of the run directory; a model the recipe
 did not evaluate is listed as "not evaluated" (a recipe of one quantize stage still gets
 its report).
@@ -211,6 +212,33 @@ def stage_hash(stage: Stage, inputs_digest: Any) -> str:
     return fingerprint(stage.kind, dataclasses.asdict(stage.config), inputs_digest)
 
 
+def _config_record(config) -> dict:
+    """A stage's resolved config as the manifest stores it (JSON values: tuples become lists, paths strings)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def stands(done: dict, stage: Stage, digest: str, inputs: str) -> bool:
+    """Whether a finished stage's output still holds for ``stage``: the same hash, or the same inputs and config
+    but for options the toolkit gained since the stage ran, each at its default (an upgrade that adds an option
+    re-runs nothing). A changed value, a removed option or a new option set otherwise re-runs it."""
+    if done.get("status") != "done" or done.get("kind") != stage.kind:
+        return False
+    if done.get("hash") == digest:
+        return True
+    if "config" not in done or done.get("inputs") != inputs:  # a manifest older than the stored config
+        return False
+    return _same_options(done["config"], _config_record(stage.config), _config_record(type(stage.config)()))
+
+
+def _same_options(before: Any, now: Any, default: Any) -> bool:
+    if not (isinstance(before, dict) and isinstance(now, dict)):
+        return before == now
+    if set(before) - set(now):
+        return False
+    default = default if isinstance(default, dict) else {}
+    return all(_same_options(before[k], v, default.get(k)) if k in before else v == default.get(k) for k, v in now.items())
+
+
 def run_recipe(
     recipe: Recipe | str | Path | dict, run_dir: str | Path, *, variables: dict[str, str] | None = None,
     overwrite: bool = False, say=print,
@@ -245,10 +273,11 @@ def run_recipe(
         for key, value in inputs.items():
             for path in value if isinstance(value, list) else [value]:
                 _check_exists(path, stage, key)
-        digest = stage_hash(stage, {k: _input_digest(v, run_dir, previous) for k, v in {**stage.inputs, **stage.config_refs}.items()})
+        inputs_digest = {k: _input_digest(v, run_dir, previous) for k, v in {**stage.inputs, **stage.config_refs}.items()}
+        digest, inputs_hash = stage_hash(stage, inputs_digest), fingerprint(inputs_digest)
         out = run_dir / stage.name
         done = previous.get(stage.name, {})
-        if not overwrite and done.get("hash") == digest and done.get("status") == "done" and out.exists():
+        if not overwrite and out.exists() and stands(done, stage, digest, inputs_hash):
             say(f"[{stage.name}] unchanged, skipped")
             outcome[stage.name] = "unchanged, skipped"
             continue
@@ -264,7 +293,8 @@ def run_recipe(
         if out.exists():  # checked above: the recipe's own folder, or --overwrite
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         STAGES.get(stage.kind).run_in_recipe(inputs, config, out)
-        previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1)}
+        previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1),
+                                "inputs": inputs_hash, "config": _config_record(stage.config)}
         outcome[stage.name] = f"ran ({previous[stage.name]['seconds']:g} s)"
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
     models = [run_dir / s.name for s in recipe.stages if STAGES.get(s.kind).produces_model]

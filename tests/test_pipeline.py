@@ -68,6 +68,67 @@ def test_run_skip_and_rerun(inputs, tmp_path):
     assert said[0] == "[teacher] unchanged, skipped" and said[1] == "[student] running distill"
 
 
+def _as_if_run_before(run, recipe, drops: dict[str, list[tuple[str, ...]]]) -> None:
+    """Rewrite the manifest as a toolkit without the options in ``drops`` (stage -> key paths) would have left it:
+    those stages with another hash and no such keys, every later stage with the inputs it saw then."""
+    from compress.core.train import fingerprint
+    from compress.pipeline import _input_digest, stage_hash
+
+    path = run / "manifest.json"
+    manifest = json.loads(path.read_text())
+    stages = manifest["stages"]
+    for stage in recipe.stages:  # in order: a stage recorded its upstream hashes as they were then
+        entry = stages[stage.name]
+        digest = {k: _input_digest(v, run, stages) for k, v in {**stage.inputs, **stage.config_refs}.items()}
+        entry["inputs"], entry["hash"] = fingerprint(digest), stage_hash(stage, digest)
+        for keys in drops.get(stage.name, []):
+            config = entry["config"]
+            for key in keys[:-1]:
+                config = config[key]
+            del config[keys[-1]]
+            entry["hash"] = fingerprint("an older toolkit", entry["config"], digest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_an_option_added_since_a_stage_ran_reruns_nothing_at_its_default(inputs, tmp_path):
+    data, init = inputs
+    run = tmp_path / "run"
+    said: list[str] = []
+    run_recipe(_recipe(data, init), run, say=said.append)
+    student = (run / "student" / "model.safetensors").stat().st_mtime_ns
+    older = {"teacher": [("train", "grad_accum")], "student": [("init_from",)]}  # nested and top level
+    _as_if_run_before(run, load_recipe(_recipe(data, init)), older)
+    said.clear()
+    run_recipe(_recipe(data, init), run, say=said.append)
+    assert said == ["[teacher] unchanged, skipped", "[student] unchanged, skipped", "[speed] unchanged, skipped"]
+    assert (run / "student" / "model.safetensors").stat().st_mtime_ns == student
+
+    # the same option set to another value than its default is a change
+    _as_if_run_before(run, load_recipe(_recipe(data, init)), {"student": [("two_stage",)]})
+    said.clear()
+    run_recipe(_recipe(data, init, two_stage=True, losses=["kd", "hard", "hidden"]), run, say=said.append)
+    assert said == ["[teacher] unchanged, skipped", "[student] running distill", "[speed] running latency"]
+
+
+def test_a_stage_stands_only_for_its_own_inputs_and_values():
+    from compress.distill import DistillConfig
+    from compress.pipeline import Stage, _config_record, stands
+
+    stage = Stage(name="s", kind="distill", inputs={}, config=DistillConfig(task="sst2", student="3L-384"))
+    record = _config_record(stage.config)
+    done = {"kind": "distill", "status": "done", "hash": "old", "inputs": "in", "config": record}
+    assert stands(done, stage, "old", "other")  # the same hash: nothing else is looked at
+    assert stands(done, stage, "new", "in")
+    assert not stands(done, stage, "new", "other")  # other inputs
+    assert not stands({**done, "status": "running"}, stage, "old", "in")
+    assert not stands({**done, "kind": "prune"}, stage, "old", "in")
+    assert not stands({k: v for k, v in done.items() if k != "config"}, stage, "new", "in")  # an older manifest
+    assert not stands({**done, "config": {**record, "student": "4L-312"}}, stage, "new", "in")  # another value
+    assert not stands({**done, "config": {**record, "gone": 1}}, stage, "new", "in")  # an option since removed
+    changed = {**record, "train": {**record["train"], "lr": 1.0}}
+    assert not stands({**done, "config": changed}, stage, "new", "in")  # a nested value
+
+
 def test_validation_errors_name_the_stage(inputs, tmp_path):
     data, init = inputs
     bad = _recipe(data, init)
