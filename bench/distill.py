@@ -25,7 +25,8 @@ from bench.teachers import SST2_TRAIN, minilm_path
 from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_info, package_versions
-from compress.distill import DistillConfig, GeneralDistillConfig, distill, distill_general
+from compress.distill import DistillConfig, distill
+from compress.distill_general import GeneralDistillConfig, distill_general
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
 
 GLUE_MAX_LENGTH = {"sst2": 64, "mrpc": 128}

@@ -36,7 +36,7 @@ from bench.teachers import minilm_path
 from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_info, package_versions
-from compress.distill import EmbeddingDistillConfig, distill_embedding
+from compress.distill_embedding import EmbeddingDistillConfig, distill_embedding
 from compress.eval.evaluate import EvalConfig, evaluate
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency, megabytes, size_on_disk
 from compress.quantize import QuantizeConfig, quantize

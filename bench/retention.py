@@ -54,7 +54,8 @@ from compress.core.config import from_dict
 from compress.core.hardware import cpu_info, package_versions
 from compress.core.runtime import load_model
 from compress.core.tasks import get_task
-from compress.distill import DistillConfig, GeneralDistillConfig, distill, distill_general
+from compress.distill import DistillConfig, distill
+from compress.distill_general import GeneralDistillConfig, distill_general
 from compress.quantize import QuantizeConfig, quantize
 
 ROWS = {

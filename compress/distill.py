@@ -26,16 +26,16 @@ training set (``--augment N``: TinyBERT's word-replacement copies; ``--transfer-
 unlabelled text in the task's format; both from :mod:`compress.augment`): they are
 marked ``gold = 0``, the teacher's outputs are their only targets and the ``hard`` term
 skips them; with ``two_stage`` the prediction stage reads them (the intermediate one too
-with ``--augment-intermediate``). Without a task, ``distill_general``
-distils an encoder on a text corpus (MiniLM's attention + value relations, or
-DistilBERT's MLM + KD + cosine when the teacher has an MLM head), and
-``distill_embedding`` distils a sentence-embedding model (a sentence-transformers
-folder) on unlabelled sentences: MSE + cosine between pooled sentence embeddings.
+with ``--augment-intermediate``).
+
+The steps every distillation takes (open the teacher, build the student, train keeping the
+best evaluation, record and write) are public here for the two entry points without a
+task: :mod:`compress.distill_general` (an encoder on a text corpus) and
+:mod:`compress.distill_embedding` (a sentence-embedding model on unlabelled sentences).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import shutil
@@ -46,13 +46,11 @@ from typing import Any, Callable
 
 import datasets
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from compress import losses as L
 from compress.augment import AUTO_MAX_EXAMPLES, AugmentConfig, EmbeddingNeighbours, MaskedLMCandidates, augmented_rows, transfer_rows
 from compress.core.artifacts import (
-    atomic_path,
     check_output,
     compression_record,
     dir_hash,
@@ -66,20 +64,10 @@ from compress.core.artifacts import (
     utc_now,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import (
-    DataSource,
-    TaskData,
-    check_max_length,
-    collate,
-    load_dev_splits,
-    load_split,
-    load_train_split,
-    train_features,
-)
+from compress.core.data import DataSource, TaskData, collate, load_dev_splits, load_split, load_train_split, train_features
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.runtime import load_model
-from compress.core.sentence import SentenceSpec, pooled, pooled_embeddings, prepare_texts, read_spec, staged_sentence_files
 from compress.core.structure import (
     Shape,
     base_model,
@@ -95,7 +83,6 @@ from compress.core.train import (
     Phase,
     TrainConfig,
     TrainResult,
-    fingerprint,
     is_main_process,
     load_weights,
     main_process_first,
@@ -103,14 +90,12 @@ from compress.core.train import (
     train_phases,
     work_dir_for,
 )
-from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embedding_record, embedding_scorer
-from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records
 from compress.eval.metrics import chance_check
 from compress.students.init import TEACHER_METHODS, init_student, load_pretrained_student
 from compress.students.layer_map import parse_layer_map
 from compress.students.presets import STUDENT_SHAPES, resolve_shape
-from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
+from compress.teacher.corpus import read_documents
 from compress.teacher.presets import resolve_model
 from compress.teacher_cache import default_cache_dir, load_or_build
 
@@ -424,7 +409,7 @@ def _teacher_layers(pairs: list[tuple[int, int]], needs: set[str]) -> set[int]:
     return {t for _, t in pairs} if "hidden" in needs else set()
 
 
-def _loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_model, cache, pairs: list[tuple[int, int]]):
+def make_loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_model, cache, pairs: list[tuple[int, int]]):
     """``loss_fn(model, batch) -> (loss, logs)`` for the training loop: the weighted sum of ``terms``, each logged."""
     needs = needs_of(terms)
     teacher_hidden = _teacher_layers(pairs, needs)
@@ -482,11 +467,11 @@ def _cached_outputs(kind: TaskKind, cache, batch, index: torch.Tensor, needs: se
     return result
 
 
-# ---------------------------------------------------------------------------- steps both entry points take
+# ---------------------------------------------------------------------------- steps every entry point takes
 
 
 @dataclass
-class _Teacher:
+class Teacher:
     """The teacher of a run: its directory, content hash, tokenizer and loaded model."""
 
     dir: Path
@@ -496,7 +481,7 @@ class _Teacher:
 
 
 @dataclass
-class _Student:
+class Student:
     """A student built from its teacher, and how the two line up."""
 
     model: nn.Module
@@ -505,21 +490,24 @@ class _Student:
     pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
 
 
-def _check_out(out: str | Path, cfg, overwrite: bool, *inputs) -> Path:
+def check_out(out: str | Path, cfg, overwrite: bool, *inputs) -> Path:
     """The output directory (see :func:`check_output`: never an input, never over a folder without --overwrite)."""
     return check_output(out, overwrite, inputs=(inputs, cfg), resume=cfg.resume)
 
 
-def _open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> _Teacher:
+def open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> Teacher:
     """Load the teacher with ``head``; eager attention when a term reads attention maps."""
     tokenizer = load_tokenizer(teacher_dir)
     model = load_model(teacher_dir, head=head, attn_implementation="eager" if "attentions" in needs else None)
-    return _Teacher(teacher_dir, dir_hash(teacher_dir), tokenizer, model)
+    return Teacher(teacher_dir, dir_hash(teacher_dir), tokenizer, model)
 
 
-def _build_student(teacher: _Teacher, cfg: DistillConfig | GeneralDistillConfig | EmbeddingDistillConfig, needs: set[str],
-                   layer_map: str = "uniform", source: str | None = None) -> _Student:
+def build_student(teacher: Teacher, cfg, needs: set[str],
+                   layer_map: str = "uniform", source: str | None = None) -> Student:
     """The ``cfg.student`` shape (or ``--init DIR``), initialised as ``cfg.init`` says, and its ``layer_map``.
+
+    ``cfg``: any distillation config (they share ``student``, ``heads``, ``layers``, ``hidden``,
+    ``ffn``, ``init``, ``init_layers`` and ``train``).
 
     ``source`` (``--init-from DIR``): the encoder a teacher method cuts the student from instead of the teacher
     (loaded with the teacher's head type and labels, the head new)."""
@@ -544,17 +532,17 @@ def _build_student(teacher: _Teacher, cfg: DistillConfig | GeneralDistillConfig 
     if pretrained is not None:  # --init DIR: the student is whatever DIR holds, not the --student preset
         shape = Shape(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size)
     pairs = parse_layer_map(layer_map, c.num_hidden_layers, teacher.model.config.num_hidden_layers)
-    return _Student(model, info, shape, pairs)
+    return Student(model, info, shape, pairs)
 
 
-def _device_for(teacher: _Teacher, name: str) -> torch.device:
+def device_for(teacher: Teacher, name: str) -> torch.device:
     """The device to train on (``auto``: CUDA when there is one); the teacher moves there."""
     device = torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
     teacher.model.to(device)
     return device
 
 
-def _train_keeping_best(wrapper: Distiller, phase: Phase, cfg: TrainConfig, **options) -> TrainResult:
+def train_keeping_best(wrapper: Distiller, phase: Phase, cfg: TrainConfig, **options) -> TrainResult:
     """Train through ``phase`` (options: see ``train_phases``); rank 0 then holds the best evaluated weights."""
     result = train_phases(wrapper, [phase], cfg, **options)
     if result.best_weights is not None and is_main_process():  # only rank 0 evaluated, so only it has them
@@ -562,8 +550,9 @@ def _train_keeping_best(wrapper: Distiller, phase: Phase, cfg: TrainConfig, **op
     return result
 
 
-def _record(stage: str, cfg: DistillConfig | GeneralDistillConfig, teacher: _Teacher, student: _Student, **extra) -> dict:
-    """compression.json of a distilled student: teacher, student shape, init and layer map, plus ``extra``."""
+def distill_record(stage: str, cfg, teacher: Teacher, student: Student, **extra) -> dict:
+    """compression.json of a distilled student (``cfg``: any distillation config): teacher, student shape, init and
+    layer map, plus ``extra``."""
     extra = {
         "teacher": {"path": str(teacher.dir), "hash": teacher.hash}, "student_shape": student.shape.__dict__,
         "init": student.init, "layer_map": [list(p) for p in student.pairs], "params": count_parameters(student.model),
@@ -573,7 +562,7 @@ def _record(stage: str, cfg: DistillConfig | GeneralDistillConfig, teacher: _Tea
                               seed=cfg.train.seed, extra=extra)
 
 
-def _write_student(student: _Student, out: Path, teacher: _Teacher, record: dict, metrics: list[dict], *,
+def write_student(student: Student, out: Path, teacher: Teacher, record: dict, metrics: list[dict], *,
                    resume: bool, overwrite: bool, work: Path, files: dict[str, Path] | None = None) -> Path:
     """Save the student, then drop the checkpoints."""
     save_model_dir(student.model, out, tokenizer=teacher.tokenizer, record=record,
@@ -608,13 +597,13 @@ class _TaskData:
 def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False) -> Path:
     """Distil ``teacher`` into a ``cfg.student`` on ``cfg.task``; write the best dev student to ``out``."""
     task = get_task(cfg.task)
-    out = _check_out(out, cfg, overwrite, teacher)
+    out = check_out(out, cfg, overwrite, teacher)
     teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
-    teach = _open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
+    teach = open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
     _check_teacher(teach.model, teacher_dir, task)
-    student = _build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
+    student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
     data = _task_data(task, teach, student, cfg)
-    device = _device_for(teach, cfg.train.device)
+    device = device_for(teach, cfg.train.device)
     wrapper = Distiller(student.model, make_projections(student.model, teach.model, cfg.losses))
     evaluate = dev_evaluator(task, teach.tokenizer, data.dev, data.max_length, batch_size=cfg.data.eval_batch_size,
                              doc_stride=cfg.data.doc_stride)
@@ -625,10 +614,10 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     if not is_main_process():
         return out
     metrics = _task_metrics(task, data, trained, teacher_dev, cfg)
-    record = _record("distill", cfg, teach, student, task=task.name, losses=list(cfg.losses), best=trained.best,
+    record = distill_record("distill", cfg, teach, student, task=task.name, losses=list(cfg.losses), best=trained.best,
                      cache=trained.cache, extra_data=data.extra, teacher_check=teacher_dev["check"],
                      teacher_at_chance=teacher_dev["check"]["at_chance"])
-    return _write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work)
+    return write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work)
 
 
 def summarize(out: Path, cfg: DistillConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
@@ -703,7 +692,7 @@ def dev_labels(dev: dict):
     return ds["label"] if "label" in ds.column_names else None
 
 
-def _teacher_dev(teacher: _Teacher, task, dev: dict, evaluate) -> dict:
+def _teacher_dev(teacher: Teacher, task, dev: dict, evaluate) -> dict:
     """The teacher's dev metrics (recorded in its metrics.json, else measured now) and the check of its fitness."""
     metrics = _teacher_metrics(task, read_metrics(teacher.dir))
     source = "metrics.json"
@@ -725,7 +714,7 @@ def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
         raise CompressError(f"teacher {teacher_dir}: {err}; distil from a teacher fine-tuned on {task.display}") from None
 
 
-def _task_data(task, teacher: _Teacher, student: _Student, cfg: DistillConfig) -> _TaskData:
+def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> _TaskData:
     """Tokenise the task (and its augmented / transfer rows) at a length both models take; number the rows."""
     model_max = min(teacher.model.config.max_position_embeddings, student.model.config.max_position_embeddings)
     max_length = cfg.data.resolved_max_length(task, model_max)
@@ -745,7 +734,7 @@ def _task_data(task, teacher: _Teacher, student: _Student, cfg: DistillConfig) -
     return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(teacher.tokenizer), extra)
 
 
-def _extra_rows(task, teacher: _Teacher, train_ds, cfg: DistillConfig) -> tuple[list[dict], dict]:
+def _extra_rows(task, teacher: Teacher, train_ds, cfg: DistillConfig) -> tuple[list[dict], dict]:
     """Augmented copies of the training texts and transfer rows (texts only), and how they were made."""
     extra_cfg, fields = cfg.extra_data, task.text_fields
     rows, record = [], {}
@@ -779,7 +768,7 @@ def _extra_rows(task, teacher: _Teacher, train_ds, cfg: DistillConfig) -> tuple[
     return rows, record
 
 
-def _candidate_source(teacher: _Teacher, cfg: AugmentConfig) -> tuple[Path, Callable]:
+def _candidate_source(teacher: Teacher, cfg: AugmentConfig) -> tuple[Path, Callable]:
     """The model whose knowledge proposes replacement words, and a builder of its candidate source.
 
     ``--augment-mlm DIR`` (a masked-LM with the teacher's vocabulary); else the teacher's own
@@ -852,7 +841,7 @@ def _stages(cfg: DistillConfig) -> list[tuple[str, tuple[str, ...], TrainConfig]
             ("prediction", tuple(t for t in cfg.losses if t in PREDICTION_TERMS), cfg.train)]
 
 
-def _train_stages(cfg, task, teacher: _Teacher, student: _Student, wrapper, data: _TaskData, evaluate, work, device) -> _Trained:
+def _train_stages(cfg, task, teacher: Teacher, student: Student, wrapper, data: _TaskData, evaluate, work, device) -> _Trained:
     """Train through every stage; the best dev weights (selected in the stages that predict) end in ``wrapper``."""
     trained = _Trained()
     for stage, terms, stage_cfg in _stages(cfg):
@@ -865,9 +854,9 @@ def _train_stages(cfg, task, teacher: _Teacher, student: _Student, wrapper, data
         if cache is not None:
             trained.cache.append({"stage": stage, "path": str(cache.path), "hit": cache.hit, "layers": list(cache.layers)})
         select = task.primary_metric if stage != "intermediate" else None
-        result = _train_keeping_best(
+        result = train_keeping_best(
             wrapper, Phase(features, _collate_with_cache(data.pad), lengths=lengths), stage_cfg,
-            loss_fn=_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=work / stage,
+            loss_fn=make_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=work / stage,
             evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
             run_key=[teacher.hash, task.name, data.n_train, len(features), data.max_length, list(terms), student.shape.label,
                      cfg.loss.layer_map],
@@ -881,7 +870,7 @@ def _train_stages(cfg, task, teacher: _Teacher, student: _Student, wrapper, data
     return trained
 
 
-def _teacher_cache(teacher: _Teacher, terms, pairs, features, pad, task, cfg: DistillConfig, device):
+def _teacher_cache(teacher: Teacher, terms, pairs, features, pad, task, cfg: DistillConfig, device):
     """The teacher's outputs for ``terms`` cached on disk (computed on first use), or None: read them online."""
     needs = needs_of(terms)
     cacheable = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
@@ -938,422 +927,3 @@ def _teacher_metrics(task, results: list[dict]) -> dict[str, float] | None:
             if metrics.get(task.primary_metric) is not None:
                 return dict(metrics)
     return None
-
-
-# ---------------------------------------------------------------------------- general distillation
-
-
-def _general_defaults() -> TrainConfig:
-    return TrainConfig(lr=5e-4, batch_size=64, max_steps=1000, warmup_ratio=0.05, log_every=10, save_every=200)
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class GeneralDistillConfig:
-    corpus: tuple[str, ...] = option(
-        (), "text files or folders of *.txt (documents separated by blank lines), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
-        metavar="PATH[,...]")
-    student: str = option("4L-312", "student shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
-    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
-    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
-    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", INIT_HELP)
-    init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
-    losses: tuple[str, ...] = option(
-        ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
-    )
-    max_length: int = option(128, "tokens per training sequence (contiguous text)")
-    mlm_probability: float = option(0.15, "fraction of tokens masked for the mlm/kd terms")
-    loss: LossWeights = field(default_factory=LossWeights)
-    heldout_fraction: float = option(0.01, "sequences held out to report the distillation loss")
-    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
-    train: TrainConfig = field(default_factory=_general_defaults)
-
-    def validate(self) -> None:
-        if not self.corpus:
-            raise CompressError("no corpus given; pass --corpus FILE_OR_DIR[,...]")
-        for term in self.losses:
-            if term not in ("minilm", "hidden", "attention", "embedding", "cosine", "kd", "mlm"):
-                raise CompressError(
-                    f"unknown general distillation loss {term!r}; valid: minilm, hidden, attention, embedding, cosine, kd, mlm"
-                )
-        if self.max_length < 8:
-            raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
-
-
-def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillConfig, *, overwrite: bool = False) -> Path:
-    """Task-agnostic distillation of an encoder on raw text (DistilBERT's first stage, MiniLM).
-
-    MiniLM-style (``minilm``: last-layer attention and value relations) needs no MLM
-    head, so any BERT encoder can teach, and widths may differ. DistilBERT-style
-    (``mlm`` + ``kd`` on masked-LM logits + ``cosine``) needs teacher and student MLM
-    heads. The output is an encoder directory to start task distillation from
-    (``compress distill --init DIR``).
-    """
-    out = _check_out(out, cfg, overwrite, teacher)
-    teacher_dir = resolve_model(teacher)
-    uses_mlm = bool({"kd", "mlm"} & set(cfg.losses))
-    _check_mlm_head(teacher_dir, uses_mlm)
-    terms = tuple("hard" if t == "mlm" else t for t in cfg.losses)  # mlm is the "hard" term of an MLM batch
-    teach = _open_teacher(teacher_dir, "masked-lm" if uses_mlm else "base", needs_of(terms))
-    student = _build_student(teach, cfg, needs_of(terms), cfg.loss.layer_map)
-    heldout, train_set = _read_corpus(cfg, teach.tokenizer)
-    collate_step = _corpus_collator(teach.tokenizer, cfg, uses_mlm)
-    device = _device_for(teach, cfg.train.device)
-    loss_fn = _loss_fn(MLM if uses_mlm else ENCODER, terms, cfg.loss, teach.model, None, student.pairs)
-    wrapper = Distiller(student.model, make_projections(student.model, teach.model, terms))
-    held_batches = [collate_step(heldout[i : i + 64], 10**9 + i) for i in range(0, len(heldout), 64)]
-    work = prepare_work_dir(work_dir_for(out), cfg.resume)
-    result = _train_keeping_best(
-        wrapper, Phase(train_set, collate_step, lengths=[len(x.tokens_a) + len(x.tokens_b) + 3 for x in train_set], name="corpus"),
-        cfg.train, loss_fn=loss_fn, work_dir=work, resume=cfg.resume, desc="general distillation",
-        evaluate=_heldout_evaluator(loss_fn, held_batches, device) if held_batches else None,
-        select="neg_heldout_loss" if held_batches else None,
-        run_key=[teach.hash, len(train_set), student.shape.label, list(cfg.losses)],
-    )
-    if not is_main_process():
-        return out
-    training = {
-        "kind": "training", "stage": "distill-general", "steps": result.steps, "seconds": round(result.seconds, 1),
-        "processes": result.processes,
-        "sequences": len(train_set), "history": result.history, "best": result.best, "when": utc_now(),
-    }
-    return _write_student(student, out, teach, _record("distill-general", cfg, teach, student), [training],
-                          resume=cfg.resume, overwrite=overwrite, work=work)
-
-
-def _check_mlm_head(teacher_dir: Path, uses_mlm: bool) -> None:
-    """The kd/mlm terms read masked-LM logits: refuse a teacher without an MLM head."""
-    if uses_mlm and saved_head(teacher_dir) not in ("masked-lm", "pretraining"):
-        raise CompressError(
-            f"the kd/mlm terms need a teacher with a masked-LM head and {teacher_dir} has none; "
-            "use --losses minilm (or hidden/attention/cosine)"
-        )
-
-
-def _read_corpus(cfg: GeneralDistillConfig, tokenizer) -> tuple[list, list]:
-    """(held-out, training) sequences of contiguous corpus text in [CLS] A [SEP] B [SEP] form."""
-    docs = tokenize_documents(read_documents(list(cfg.corpus)), tokenizer)
-    instances = build_instances(docs, cfg.max_length, cfg.train.seed, nsp_probability=0.0)  # NSP is not distilled
-    n_held = int(len(instances) * cfg.heldout_fraction)
-    return instances[:n_held], instances[n_held:]
-
-
-def _corpus_collator(tokenizer, cfg: GeneralDistillConfig, uses_mlm: bool):
-    """``collate(items, step)`` of corpus sequences: masked for the kd/mlm terms, clean text otherwise."""
-    masker = PretrainCollator(tokenizer, mlm_probability=cfg.mlm_probability, seed=cfg.train.seed)
-
-    def collate_step(items, step):
-        batch = masker(items, step)
-        batch.pop("next_sentence_label")
-        if not uses_mlm:  # MiniLM-style terms read clean text: undo the masking
-            selected = batch["labels"] != -100
-            batch["input_ids"] = torch.where(selected, batch["labels"], batch["input_ids"])
-            batch.pop("labels")
-        return batch
-
-    return collate_step
-
-
-def _heldout_evaluator(loss_fn, batches: list[dict], device):
-    """``evaluate(model)``: the distillation loss on held-out batches (and its negation, to select by)."""
-    def evaluate(model) -> dict[str, float]:
-        total, n = 0.0, 0
-        with torch.inference_mode():
-            for batch in batches:
-                batch = {k: v.to(device) for k, v in batch.items()}  # a copy: loss_fn may pop from it
-                loss, _ = loss_fn(model, batch)
-                total, n = total + float(loss) * len(batch["input_ids"]), n + len(batch["input_ids"])
-        return {"heldout_loss": total / max(1, n), "neg_heldout_loss": -total / max(1, n)}
-
-    return evaluate
-
-
-# ---------------------------------------------------------------------------- sentence-embedding distillation
-
-
-# A sentence-embedding term: (student pooled (batch, d), teacher pooled (batch, d)) -> scalar.
-EMBEDDING_TERMS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("embedding distillation loss")
-EMBEDDING_TERMS.register("mse", L.sentence_embedding_mse)
-EMBEDDING_TERMS.register("cosine", L.sentence_embedding_cosine)
-
-
-def _embedding_defaults() -> TrainConfig:
-    return TrainConfig(lr=1e-4, epochs=1, batch_size=64, warmup_ratio=0.05, log_every=20)
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class EmbeddingDistillConfig:
-    corpus: tuple[str, ...] = option(
-        (), "unlabelled text: text files or folders of *.txt (split into sentences), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
-        metavar="PATH[,...]")
-    sentences_from: tuple[str, ...] = option(
-        (), "GLUE tasks whose training sentences are added as unlabelled text (both sides of a pair; labels unused)",
-        metavar="TASK[,...]")
-    data_dir: str | None = option(None, "GLUE root or task folder for --sentences-from and --eval-tasks (default: the hub)", metavar="DIR")
-    max_sentences: int | None = option(None, "train on a seeded random sample of N sentences (say so when reporting)")
-    min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
-    heldout_sentences: int = option(500, "sentences held out (at most a tenth) to report, and keep the best checkpoint by, the loss")
-    student: str = option("3L-384", "student shape: a preset or LAYERSL-HIDDEN[-FFN]; its width must be the teacher's",
-                          choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
-    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
-    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; must equal the teacher's)")
-    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", INIT_HELP)
-    init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
-    losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
-    mse_weight: float = option(1.0, "weight of the mse term")
-    cosine_weight: float = option(1.0, "weight of the cosine term")
-    max_length: int = option(128, "tokens per training sentence (longer ones are truncated; the folder keeps its max_seq_length)")
-    eval_tasks: tuple[str, ...] = option(
-        (), "pair tasks scored on the student's embeddings at each evaluation and at the end, with the teacher's score "
-        "for retention: stsb (cosine Spearman), mrpc, qqp, rte ... (retrieval MRR)", metavar="TASK[,...]")
-    teacher_batch_size: int = option(128, "sentences per teacher forward pass (its embeddings are computed once, before training)")
-    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
-    train: TrainConfig = field(default_factory=_embedding_defaults)
-
-    def validate(self) -> None:
-        if not self.corpus and not self.sentences_from:
-            raise CompressError("no sentences to distil on; pass --corpus FILE_OR_DIR[,...] and/or --sentences-from TASK[,...]")
-        for name in self.sentences_from:
-            if get_task(name).name not in GLUE_TASKS:
-                raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
-        for name in self.eval_tasks:
-            check_embedding_task(get_task(name))
-        for term in self.losses:
-            EMBEDDING_TERMS.get(term)
-        if not self.losses:
-            raise CompressError("--losses is empty; pass e.g. --losses mse,cosine")
-        if self.min_words < 1 or self.heldout_sentences < 0 or self.teacher_batch_size < 1:
-            raise CompressError("--min-words and --teacher-batch-size must be at least 1, --heldout-sentences at least 0")
-        if self.max_sentences is not None and self.max_sentences < 1:
-            raise CompressError(f"--max-sentences must be at least 1, got {self.max_sentences}")
-        if self.max_length < 8:
-            raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
-
-
-def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistillConfig, *, overwrite: bool = False) -> Path:
-    """Distil a sentence-embedding model into a smaller one on unlabelled sentences (Reimers & Gurevych 2020).
-
-    The student (``cfg.student``, by default made of teacher layers) learns to reproduce
-    the teacher's pooled embedding of every sentence: MSE on the pooled vectors (before
-    normalisation) plus 1 - cosine, weighted. The teacher's embeddings are computed once
-    before training and kept with the checkpoints (``--resume`` reuses them). The teacher
-    is a sentence-transformers folder or any BERT encoder (mean pooling); the output is a
-    sentence-transformers folder with the teacher's pooling, normalisation and
-    ``max_seq_length``, which ``SentenceTransformer(out)`` loads.
-    """
-    out = _check_out(out, cfg, overwrite, teacher)
-    teacher_dir = require_torch_weights(resolve_model(teacher), "embedding distillation (the teacher)")
-    spec = read_spec(teacher_dir)
-    teach = _open_teacher(teacher_dir, "base", set())
-    student = _build_student(teach, cfg, set())
-    width, teacher_width = student.model.config.hidden_size, teach.model.config.hidden_size
-    if width != teacher_width:
-        raise CompressError(
-            f"the student's hidden width {width} differs from the teacher's {teacher_width}: its embeddings would live in "
-            f"another space; choose a {teacher_width}-wide student (e.g. --student 3L-{teacher_width})"
-        )
-    check_max_length(cfg.max_length, min(teach.model.config.max_position_embeddings, student.model.config.max_position_embeddings))
-    sentences, sources = embedding_sentences(cfg)
-    n_held = min(cfg.heldout_sentences, len(sentences) // 10)
-    device = _device_for(teach, cfg.train.device)
-    work = prepare_work_dir(work_dir_for(out), cfg.resume)
-    targets, teacher_seconds = _teacher_targets(teach, spec, sentences, cfg, work, device)  # (n, d) pooled, on the CPU
-    features = _sentence_features(teach.tokenizer, sentences, spec, cfg.max_length)
-    held, train_set = features[:n_held], features[n_held:]
-    collate_step = _sentence_collator(teach.tokenizer)
-    loss_fn = _embedding_loss_fn(cfg, targets, spec.pooling)
-    scorers = embedding_scorers(cfg, teach.tokenizer, spec)
-    held_batches = [collate_step(held[i : i + 64], 0) for i in range(0, len(held), 64)]
-    evaluate = _embedding_evaluator(loss_fn, held_batches, scorers, device) if held_batches or scorers else None
-    before = evaluate(student.model.to(device)) if evaluate is not None and is_main_process() else None
-    result = _train_keeping_best(
-        student.model, Phase(train_set, collate_step, lengths=[len(x["input_ids"]) for x in train_set], name="sentences"),
-        cfg.train, loss_fn=loss_fn, work_dir=work, evaluate=evaluate, select="neg_heldout_loss" if held_batches else None,
-        resume=cfg.resume, run_key=[teach.hash, len(train_set), n_held, student.shape.label, list(cfg.losses), cfg.max_length],
-        desc="embedding distillation",
-    )
-    if not is_main_process():
-        return out
-    training = {
-        "kind": "training", "stage": "distill-embedding", "steps": result.steps, "seconds": round(result.seconds, 1),
-        "teacher_seconds": round(teacher_seconds, 1), "processes": result.processes, "sentences": len(train_set),
-        "heldout": n_held, "sources": sources, "before": before, "best": result.best, "best_step": result.best_step,
-        "history": result.history, "when": utc_now(),
-    }
-    metrics = [*_embedding_task_records(scorers, student.model, teach, spec, cfg), training]
-    record = _record("distill-embedding", cfg, teach, student, losses=list(cfg.losses),
-                     sentence={"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": spec.max_seq_length})
-    stage, files = staged_sentence_files(spec, width)
-    with stage:
-        return _write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work, files=files)
-
-
-def embedding_sentences(cfg: EmbeddingDistillConfig) -> tuple[list[str], dict[str, int]]:
-    """Distinct sentences of the corpus and of the GLUE tasks' training splits, in a seeded random order.
-
-    Returns the sentences (capped at ``max_sentences`` plus the held-out ones) and how many
-    distinct sentences each source gave.
-    """
-    seen: dict[str, None] = {}
-    sources: dict[str, int] = {}
-
-    def add(name: str, texts) -> None:
-        before = len(seen)
-        for text in texts:
-            text = " ".join(str(text).split())
-            if len(text.split()) >= cfg.min_words:
-                seen.setdefault(text)
-        sources[name] = len(seen) - before
-
-    if cfg.corpus:
-        add("corpus", (s for doc in read_documents(list(cfg.corpus)) for s in doc))
-    for name in cfg.sentences_from:
-        task = get_task(name)
-        ds = load_split(task, "train", DataSource(data_dir=cfg.data_dir))
-        add(task.name, (text for f in task.text_fields for text in ds[f]))
-    sentences = list(seen)
-    if len(sentences) < 2:
-        raise CompressError(f"only {len(sentences)} sentences of at least {cfg.min_words} words found; add text")
-    random.Random(cfg.train.seed).shuffle(sentences)
-    if cfg.max_sentences is not None:
-        sentences = sentences[: cfg.max_sentences + min(cfg.heldout_sentences, cfg.max_sentences // 9)]
-    return sentences, sources
-
-
-def _teacher_targets(teach: _Teacher, spec: SentenceSpec, sentences: list[str], cfg: EmbeddingDistillConfig, work: Path,
-                     device) -> tuple[torch.Tensor, float]:
-    """The teacher's pooled embeddings of every sentence, ``(n, d)`` on the CPU, and the seconds they took.
-
-    Computed once (rank 0 first) and kept in the work directory under a key of teacher,
-    sentences and length, so a resumed run reads them instead.
-    """
-    digest = hashlib.sha256("\n".join(sentences).encode()).hexdigest()
-    key = fingerprint(teach.hash, spec.pooling, spec.do_lower_case, cfg.max_length, digest)
-    file = work / f"teacher-embeddings-{key}.safetensors"
-    started = time.monotonic()
-    with main_process_first():
-        if not file.is_file():
-            targets = pooled(teach.model, teach.tokenizer, sentences, spec, batch_size=cfg.teacher_batch_size,
-                             max_length=cfg.max_length, device=device, desc="teacher embeddings")
-            if is_main_process():
-                with atomic_path(file) as tmp:
-                    save_file({"embeddings": targets.contiguous()}, str(tmp))
-        targets = load_file(str(file))["embeddings"]
-    return targets, time.monotonic() - started
-
-
-def _sentence_features(tokenizer, sentences: list[str], spec: SentenceSpec, max_length: int) -> list[dict]:
-    """One item per sentence: its token ids (as SentenceTransformer tokenises it) and its row of the targets."""
-    enc = tokenizer(prepare_texts(sentences, spec), truncation=True, max_length=max_length)
-    names = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
-    return [{**{k: enc[k][i] for k in names}, "index": i} for i in range(len(sentences))]
-
-
-def _sentence_collator(tokenizer):
-    """``collate(items, step)``: padded sentences plus ``index`` (batch,), their rows of the teacher targets."""
-    pad = collate(tokenizer)
-
-    def collate_step(items, step):
-        batch = dict(pad([{k: v for k, v in x.items() if k != "index"} for x in items]))
-        batch["index"] = torch.tensor([x["index"] for x in items])
-        return batch
-
-    return collate_step
-
-
-def _embedding_loss_fn(cfg: EmbeddingDistillConfig, targets: torch.Tensor, pooling: str):
-    """``loss_fn(model, batch) -> (loss, logs)``: the weighted embedding terms against the teacher's pooled vectors."""
-    weights = {"mse": cfg.mse_weight, "cosine": cfg.cosine_weight}
-
-    def loss_fn(model, batch):
-        index = batch.pop("index")
-        student = pooled_embeddings(model, batch, pooling)  # (batch, d)
-        teacher = targets[index.cpu()].to(device=student.device, dtype=student.dtype)  # (batch, d)
-        parts = {t: EMBEDDING_TERMS.get(t)(student, teacher) for t in cfg.losses}
-        total = sum(weights[t] * parts[t] for t in cfg.losses)
-        return total, {f"loss_{t}": v.detach() for t, v in parts.items()}
-
-    return loss_fn
-
-
-def embedding_scorers(cfg: EmbeddingDistillConfig, tokenizer, spec: SentenceSpec) -> dict[str, tuple[Any, Any]]:
-    """Per eval task: (task, its dev split's scorer), planned once."""
-    scorers = {}
-    for name in cfg.eval_tasks:
-        task = get_task(name)
-        ds = load_split(task, "dev", DataSource(data_dir=cfg.data_dir))
-        scorers[task.name] = (task, ds, embedding_scorer(tokenizer, task, ds, spec, batch_size=64))
-    return scorers
-
-
-def _embedding_evaluator(loss_fn, batches: list[dict], scorers: dict, device):
-    """``evaluate(model)``: held-out loss per term (and its negation, to select by); each eval task's metrics."""
-    def evaluate(model) -> dict[str, float]:
-        sums: dict[str, float] = {}
-        n = 0
-        with torch.inference_mode():
-            for batch in batches:
-                batch = {k: v.to(device) for k, v in batch.items()}  # a copy: loss_fn pops from it
-                loss, logs = loss_fn(model, batch)
-                size = len(batch["input_ids"])
-                for key, value in {"loss": loss, **logs}.items():
-                    name = "heldout_" + key.removeprefix("loss_")
-                    sums[name] = sums.get(name, 0.0) + float(value) * size
-                n += size
-        out = {k: v / n for k, v in sums.items()} if n else {}
-        if n:
-            out["neg_heldout_loss"] = -out["heldout_loss"]
-        for name, (_, _, score) in scorers.items():
-            out.update({f"{name}/{k}": v for k, v in score(model)[0].items()})
-        return out
-
-    return evaluate
-
-
-def _embedding_task_records(scorers: dict, student_model, teach: _Teacher, spec: SentenceSpec, cfg) -> list[dict]:
-    """Per eval task: the student's dev record and its retention of the teacher's primary metric."""
-    records = []
-    for name, (task, ds, score) in scorers.items():
-        metrics, details = score(student_model)
-        records.append(embedding_record(task, "dev", len(ds), metrics, details, spec, data=cfg.data_dir or "the Hugging Face hub"))
-        primary = embedding_primary_metric(task)
-        teacher_value = _teacher_embedding_score(teach, task, primary, score)
-        records.append({
-            "kind": "retention", "task": task.name, "metric": primary, "embedding": True, "student": metrics[primary],
-            "teacher": teacher_value, "ratio": metrics[primary] / teacher_value if teacher_value else None, "when": utc_now(),
-        })
-    return records
-
-
-def _teacher_embedding_score(teach: _Teacher, task, metric: str, score) -> float | None:
-    """The teacher's dev score on ``task``'s embeddings: from its metrics.json when recorded, else measured now."""
-    for r in reversed(read_metrics(teach.dir)):
-        if r.get("kind") == EMBEDDING_EVAL and r.get("task") == task.name and r.get("split") == "dev":
-            value = (r.get("metrics") or {}).get(metric)
-            if value is not None:
-                return float(value)
-    return score(teach.model)[0].get(metric)
-
-
-def summarize_embedding(out: Path, cfg: EmbeddingDistillConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
-    """What ``compress distill-embedding`` prints: held-out loss before/after, eval tasks, retention."""
-    results = read_metrics(out)
-    lines = []
-    evals = [r for r in results if r.get("kind") == EMBEDDING_EVAL]
-    if evals:
-        lines.append(format_table(evals))
-    training = next((r for r in results if r.get("kind") == "training"), {})
-    before, best = training.get("before") or {}, training.get("best") or {}
-    for term in cfg.losses:
-        key = f"heldout_{term}"
-        if key in before and key in best:
-            lines.append(f"held-out {term}: {before[key]:.4f} at the start -> {best[key]:.4f} (best, step {training.get('best_step')})")
-    for r in results:
-        if r.get("kind") == "retention" and r.get("ratio") is not None:
-            lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['task']} {r['metric']}")
-    return "\n".join(lines), []

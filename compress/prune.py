@@ -60,16 +60,8 @@ from compress.core.sentence import SentenceSpec, finish, pooled, pooled_embeddin
 from compress.core.structure import heads_per_layer
 from compress.core.tasks import get_task, task_choices
 from compress.core.train import TrainConfig
-from compress.distill import (
-    DistillConfig,
-    EmbeddingDistillConfig,
-    check_teacher_fit,
-    dev_labels,
-    distill,
-    distill_embedding,
-    embedding_scorers,
-    embedding_sentences,
-)
+from compress.distill import DistillConfig, check_teacher_fit, dev_labels, distill
+from compress.distill_embedding import EmbeddingDistillConfig, distill_embedding, embedding_scorers, embedding_sentences
 from compress.eval.embeddings import embedding_record
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, split_records

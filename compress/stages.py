@@ -302,7 +302,7 @@ register(Stage(
   compress distill-general --teacher models/pretrained-bert --corpus wiki/ --student 6L-768 \\
       --init teacher-layers --losses kd,mlm,cosine --out models/distilbert   # DistilBERT (needs MLM heads)
   compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/sst2-4L""",
-    "compress.distill:GeneralDistillConfig", "compress.distill:distill_general",
+    "compress.distill_general:GeneralDistillConfig", "compress.distill_general:distill_general",
     (Input("teacher", "--teacher", "teacher encoder: directory, alias or hub id", "MODEL"),),
     out_help="output encoder directory",
     said="wrote {out}; distil it on a task with: compress distill --init {out} ...",
@@ -318,10 +318,10 @@ register(Stage(
       --losses mse,cosine --cosine-weight 2 --max-steps 3000 --out models/minilm-3L
   compress eval --model models/minilm-3L --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no fine-tuning
   compress quantize --model models/minilm-3L --backend onnxruntime --out models/minilm-3L-int8  # stays a sentence model""",
-    "compress.distill:EmbeddingDistillConfig", "compress.distill:distill_embedding",
+    "compress.distill_embedding:EmbeddingDistillConfig", "compress.distill_embedding:distill_embedding",
     (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL"),),
     out_help="output sentence-transformers folder (the student; SentenceTransformer(DIR) loads it)",
-    report="compress.distill:summarize_embedding",
+    report="compress.distill_embedding:summarize_embedding",
 ))
 
 register(Stage(

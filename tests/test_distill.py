@@ -268,7 +268,7 @@ def _corpus(path):
 
 
 def test_general_distillation_minilm_then_task(setting, tmp_path):
-    from compress.distill import GeneralDistillConfig, distill_general
+    from compress.distill_general import GeneralDistillConfig, distill_general
 
     _, data, teacher = setting
     corpus = _corpus(tmp_path / "corpus.txt")
@@ -290,7 +290,7 @@ def test_general_distillation_minilm_then_task(setting, tmp_path):
 
 
 def test_init_from_cuts_the_student_from_another_encoder(setting, tmp_path):
-    from compress.distill import GeneralDistillConfig, distill_general
+    from compress.distill_general import GeneralDistillConfig, distill_general
 
     _, _, teacher = setting
     cfg = from_dict(GeneralDistillConfig, {"corpus": [str(_corpus(tmp_path / "corpus.txt"))], "student": "2L-32", "heads": 2,
@@ -317,7 +317,7 @@ def test_init_from_needs_a_teacher_method(setting, tmp_path):
 
 
 def test_general_distillation_distilbert_style_needs_mlm_heads(setting, tmp_path):
-    from compress.distill import GeneralDistillConfig, distill_general
+    from compress.distill_general import GeneralDistillConfig, distill_general
     from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
     _, _, teacher = setting

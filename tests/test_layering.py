@@ -2,8 +2,8 @@
 
 Floors, bottom to top (README, "Layout"): ``compress.core`` (foundation) →
 ``compress.eval`` (measurement, which every training stage calls for dev metrics) →
-``compress.teacher`` / ``compress.students`` → the methods (``distill``, ``losses``,
-``teacher_cache``, ``prune``, ``quantize``) → orchestration (``stages``, ``pipeline``,
+``compress.teacher`` / ``compress.students`` → the methods (``distill`` and its
+``distill_general`` / ``distill_embedding``, ``losses``, ``teacher_cache``, ``prune``, ``quantize``) → orchestration (``stages``, ``pipeline``,
 ``demo``, ``cli``). Imports within a floor are allowed as long as they form no cycle.
 The graph is read from the source with ``ast``, so a lazy import inside a function
 counts as much as one at the top.
@@ -27,8 +27,8 @@ FLOORS = (
     ("core", ("compress.core",)),
     ("eval", ("compress.eval",)),
     ("teacher/students", ("compress.teacher", "compress.students")),
-    ("methods", ("compress.losses", "compress.teacher_cache", "compress.augment", "compress.search", "compress.distill", "compress.prune",
-                 "compress.quantize")),
+    ("methods", ("compress.losses", "compress.teacher_cache", "compress.augment", "compress.search", "compress.distill",
+                 "compress.distill_general", "compress.distill_embedding", "compress.prune", "compress.quantize")),
     ("orchestration", ("compress.stages", "compress.pipeline", "compress.auto", "compress.demo", "compress.cli",
                        "compress.__main__", "compress")),
 )

@@ -24,7 +24,7 @@ from compress.core.sentence import (
     read_spec,
     write_sentence_files,
 )
-from compress.distill import EmbeddingDistillConfig, distill_embedding
+from compress.distill_embedding import EmbeddingDistillConfig, distill_embedding
 from compress.eval.embeddings import retrieval_metrics, similarity_metrics
 from compress.eval.evaluate import EvalConfig, evaluate
 from compress.losses import sentence_embedding_cosine, sentence_embedding_mse
@@ -344,7 +344,7 @@ def pruned_embedding(tmp_path_factory):
 
 def test_prune_embedding_removes_units_and_writes_a_sentence_folder(pruned_embedding):
     from compress.core import structure as st
-    from compress.distill import embedding_sentences
+    from compress.distill_embedding import embedding_sentences
 
     folder, out, cfg, tokenizer = pruned_embedding
     model = load_model(out, head="base")
