@@ -16,10 +16,11 @@ reported with the stage's name), then runs the stages in order, each into
 config and inputs (input directories hashed by content): a re-run skips stages whose
 hash is unchanged and re-runs a changed stage and, through the hashes, everything that
 depends on it. It stores the resolved config too, so an option the toolkit gained since
-a stage ran, left at its default, does not re-run the stage (:func:`stands`). The leaderboard report of every model produced, titled with the recipe's
-name and listing its stages, lands at the top of the run directory; a model the recipe
-did not evaluate is listed as "not evaluated" (a recipe of one quantize stage still gets
-its report).
+a stage ran, left at its default, does not re-run the stage (:func:`stands`; a new
+option's default must therefore do what the toolkit did before it). The leaderboard
+report of every model produced, titled with the recipe's name and listing its stages,
+lands at the top of the run directory; a model the recipe did not evaluate is listed as
+"not evaluated" (a recipe of one quantize stage still gets its report).
 """
 
 from __future__ import annotations
