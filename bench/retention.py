@@ -48,8 +48,8 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
-from compress.core.artifacts import (compression_record, load_tokenizer, read_compression, read_metrics, save_model_dir,
-                                     utc_now, write_json_atomic)
+from compress.core.artifacts import (build_lock, compression_record, load_tokenizer, read_compression, read_metrics,
+                                     save_model_dir, utc_now, write_json_atomic)
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_info, package_versions
 from compress.core.runtime import load_model
@@ -74,6 +74,23 @@ PAIR_TASKS, SINGLE_TASKS = ("mrpc", "stsb", "rte"), ("sst2", "cola")
 MAX_LENGTH = {"sst2": 64, "cola": 64}  # other tasks: 128
 INTERMEDIATE = ["hidden", "attention"]
 FROM_GENERAL = "di"  # the rows that start from the shape's general-distilled student
+
+
+def save_results(store: Path, header: dict, results: dict, mine: set[str]) -> None:
+    """Write ``results`` into ``store`` (retention.json) and its retention.md beside it.
+
+    Several runs (one per task, shape or seed) may share a folder: each merges the file's rows
+    into its own, keeping the file's except those it measured itself (``mine``), under a lock,
+    so two runs saving at once cannot drop each other's rows."""
+    with build_lock(store, "the retention results"):
+        if store.is_file():
+            before = json.loads(store.read_text())
+            results.update({k: v for k, v in before["rows"].items() if k not in mine})
+            commands = before["header"].get("commands", [before["header"]["command"]])
+            header["commands"] = commands + [c for c in [header["command"]] if c not in commands]
+            header["goal_with"] = sorted({*before["header"].get("goal_with", []), *header.get("goal_with", [])})
+        write_json_atomic(store, {"header": header, "rows": results})
+        (store.parent / "retention.md").write_text(render(results, header), encoding="utf-8")
 
 
 def row_config(row: str, task: str, student: str, args, seed: int, general: Path | None,
@@ -239,15 +256,7 @@ def main(argv=None) -> int:
     mine: set[str] = set()  # the rows this run measured
 
     def save():
-        # Several runs (one per task or shape) may share --out: the file's rows win except the ones measured here.
-        if store.is_file():
-            before = json.loads(store.read_text())
-            results.update({k: v for k, v in before["rows"].items() if k not in mine})
-            commands = before["header"].get("commands", [before["header"]["command"]])
-            header["commands"] = commands + [c for c in [header["command"]] if c not in commands]
-            header["goal_with"] = sorted({*before["header"].get("goal_with", []), *header.get("goal_with", [])})
-        write_json_atomic(store, {"header": header, "rows": results})
-        (args.out / "retention.md").write_text(render(results, header), encoding="utf-8")
+        save_results(store, header, results, mine)
 
     seeds = [int(s) for s in args.seeds.split(",")]
     for student in args.students.split(","):

@@ -197,3 +197,34 @@ def test_the_rows_legend_names_row_js_source_student():
     assert "(j) (c) from the encoder of a student distilled on another task (runs/mrpc-3L-384-d-42, its head dropped)" in named
     unset = retention.render({}, {**header, "settings": {**settings, "task_init": "None"}})  # stored as str()
     assert "another task (--task-init, its head dropped)" in unset
+
+
+def test_two_runs_saving_into_one_folder_at_once_keep_both_rows(tmp_path, monkeypatch):
+    # Both read the file before either writes (the write is slowed): only the lock keeps the first run's row.
+    import threading
+    import time
+
+    write = retention.write_json_atomic
+
+    def slow_write(path, data):
+        time.sleep(0.3)
+        write(path, data)
+
+    monkeypatch.setattr(retention, "write_json_atomic", slow_write)
+    monkeypatch.setattr(retention, "render", lambda results, header: "\n".join(sorted(results)))
+    store = tmp_path / "retention.json"
+
+    def run(task: str) -> None:
+        rows = row(task, "3L-384", "d", 58.0, 60.0)
+        retention.save_results(store, {"command": f"python -m bench.retention --tasks {task}"}, rows, set(rows))
+
+    threads = [threading.Thread(target=run, args=(task,)) for task in ("rte", "mrpc")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    saved = json.loads(store.read_text())
+    assert set(saved["rows"]) == {"rte/3L-384/d/42", "mrpc/3L-384/d/42"}
+    assert len(saved["header"]["commands"]) == 2
+    assert (tmp_path / "retention.md").read_text().splitlines() == sorted(saved["rows"])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the lock file is gone
