@@ -3,7 +3,8 @@
 ``distill_embedding(teacher, out, cfg)`` trains the student on unlabelled sentences (a
 corpus, or a GLUE task's texts) to reproduce the teacher's pooled sentence embeddings
 (MSE + cosine, :data:`EMBEDDING_TERMS`) and writes a folder ``SentenceTransformer(DIR)``
-loads, with the teacher's pooling; the dev embedding tasks score both.
+loads, with the teacher's pooling; ``--eval-tasks`` (pair tasks scored on the embeddings)
+measure the student against the teacher.
 """
 
 from __future__ import annotations
