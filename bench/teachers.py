@@ -66,9 +66,9 @@ def split_squad_dev(dev_file: Path, out: Path, n_train_articles: int = 36) -> tu
 
 
 def run_task(task: str, data: Path, models: Path, *, max_train: int | None, overwrite: bool, epochs: int | None = None,
-             lr: float | None = None) -> dict:
+             lr: float | None = None, seed: int = 42) -> dict:
     recipe = {**RECIPES[task], **({"epochs": epochs} if epochs else {}), **({"lr": lr} if lr else {})}
-    train = TrainConfig(batch_size=32, warmup_ratio=0.1, seed=42, **recipe)
+    train = TrainConfig(batch_size=32, warmup_ratio=0.1, seed=seed, **recipe)
     out = models / f"teacher-{task}"
     if task == "squad":
         train_file, dev_file = split_squad_dev(data / "squad" / "dev-v1.1.json", models / "squad-split")
@@ -139,6 +139,8 @@ def main(argv=None) -> int:
     parser.add_argument("--squad-epochs", type=int, default=None, help="SQuAD epochs instead of the recipe's 2 (reported)")
     parser.add_argument("--epochs", type=int, default=None, help="GLUE epochs instead of the recipe's (reported)")
     parser.add_argument("--lr", type=float, default=None, help="learning rate instead of the recipe's (reported)")
+    parser.add_argument("--seed", type=int, default=42,
+                        help="the fine-tuning seed: the new classifier, data order, dropout and a subsample's draw")
     args = parser.parse_args(argv)
 
     args.models.mkdir(parents=True, exist_ok=True)
@@ -148,13 +150,13 @@ def main(argv=None) -> int:
     for task in args.tasks.split(","):
         print(f"== {task}", flush=True)
         row = run_task(task, args.data, args.models, max_train=args.max_train, overwrite=args.overwrite,
-                       epochs=args.squad_epochs if task == "squad" else args.epochs, lr=args.lr)
+                       epochs=args.squad_epochs if task == "squad" else args.epochs, lr=args.lr, seed=args.seed)
         rows = [r for r in rows if r["task"] != task] + [row]
         rows.sort(key=lambda r: TASKS.index(r["task"]) if r["task"] in TASKS else 99)
         header = {
             "date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
             "threads": torch.get_num_threads(), "packages": package_versions(),
-            "command": "python -m bench.teachers " + " ".join(sys.argv[1:]),
+            "command": "python -m bench.teachers " + " ".join(sys.argv[1:] if argv is None else argv),
         }
         write_json_atomic(args.out / "teachers.json", {"header": header, "rows": rows})
         (args.out / "teachers.md").write_text(render(rows, header), encoding="utf-8")
