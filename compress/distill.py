@@ -502,8 +502,7 @@ def open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> Teacher:
     return Teacher(teacher_dir, dir_hash(teacher_dir), tokenizer, model)
 
 
-def build_student(teacher: Teacher, cfg, needs: set[str],
-                   layer_map: str = "uniform", source: str | None = None) -> Student:
+def build_student(teacher: Teacher, cfg, needs: set[str], layer_map: str = "uniform", source: str | None = None) -> Student:
     """The ``cfg.student`` shape (or ``--init DIR``), initialised as ``cfg.init`` says, and its ``layer_map``.
 
     ``cfg``: any distillation config (they share ``student``, ``heads``, ``layers``, ``hidden``,
