@@ -7,7 +7,7 @@ and returns a report dict; ``format_markdown(report)`` renders it as one table a
 Why one process per model: thread pools (torch's OpenMP pool, ONNX Runtime's own pool)
 persist for the life of a process and fight each other on a 2-core machine, and a
 model's allocations and caches would warm the next model's run. So the parent never
-times anything; it spawns ``python -m compress.eval.latency --worker`` once for the GEMM peak
+times anything; it spawns ``python -m compress.eval.latency_worker --worker`` once for the GEMM peak
 and once per model, with the thread count fixed in the environment before torch is
 imported, and reads JSON lines back on the worker's stdout:
 
@@ -27,21 +27,12 @@ every model timing extra passes until the slowest is done (``extra``):
     parent --{"real": [batch, seconds, extra]}-------> worker --{"more": true|false}-> parent
     parent --{"finish": true}------------------------> worker --{"done": {...}}-----> parent
 
-A latency backend (``BACKENDS``) loads one model directory into a :class:`Session`
-(``prepare`` a batch, ``forward`` it once), which :class:`Timing` times point by point. ``auto`` (the
-default) picks by the directory's format: ``torch`` (fp32 eager), ``torch-int8``
-(dynamic int8 Linears), ``onnxruntime`` (an ONNX directory, or an fp32 PyTorch one
-exported inside the worker), ``inc`` (Neural Compressor PT2E, inductor-compiled),
-``openvino`` (an OpenVINO IR, or an fp32 PyTorch / ONNX directory converted inside the
-worker; f32, PERFORMANCE_HINT=LATENCY; compiled once more for each grid point's fixed
-shape, and for each padded shape of the real inputs, unless ``--openvino-shapes dynamic``);
-``torch-bf16`` casts an fp32 model to bfloat16 and ``openvino-bf16`` asks OpenVINO for
-bf16. All load through ``compress.core.runtime``, as evaluation does; each row names the
-backend that ran, and an OpenVINO row's note the precision the compiled model reports.
-ONNX Runtime and OpenVINO rows time the runtime's own call on numpy feeds built before
-timing (``NumpyRunner.feeds`` / ``call``): no tensor conversion or transformers output
-object inside the timed region, which at batch 1 on short sentences was up to a tenth of
-a small model's time (bench/results/2026-11-27/call-overhead).
+The modules: this one is the parent (the config, the runs, the rows and the report);
+``compress.eval.latency_worker`` is the worker process (:class:`Timing` times one model
+point by point); ``compress.eval.latency_backends`` holds the backends (``BACKENDS``) that
+load a model directory into a ``Session`` (``auto``, the default, picks by the directory's
+format; each row names the backend that ran, and an OpenVINO row's note the precision
+the compiled model reports).
 """
 
 from __future__ import annotations
@@ -56,35 +47,28 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-import torch
 
 from compress.core.artifacts import (
     append_metrics,
-    load_tokenizer,
     artifact_format,
     check_writable,
-    is_quantized,
     load_config,
+    load_tokenizer,
     require_model_dir,
-    saved_head,
     utc_now,
     write_json_atomic,
     write_text_atomic,
 )
-from compress.core.config import from_dict, option
+from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.export import export_onnx
 from compress.core.hardware import cpu_info, hardware, package_versions
 from compress.core.logs import progress
-from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner, export_openvino, layer_precisions
-from compress.core.registry import Registry
-from compress.core.runtime import NumpyRunner, load_model, parameter_count, structure_of
-from compress.core.structure import count_parameters, describe, flops_per_sequence, model_inputs
-from compress.eval.lengths import RealInputs, RealTimer, more_passes, real_inputs
-from compress.eval.peak import PRECISIONS, cpu_theoretical_peaks, floor_ms, measure_peaks, peak_notes, precision_of_backend
+from compress.eval.latency_backends import AUTO_BACKENDS, BACKENDS
+from compress.eval.lengths import real_inputs
+from compress.eval.peak import PRECISIONS, cpu_theoretical_peaks, floor_ms, peak_notes, precision_of_backend
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +99,8 @@ BELOW_FLOOR = 0.95
 # Timed passes a point keeps under --max-seconds: a median needs a few.
 MIN_PASSES = 3
 
-# Seed for the random token ids, so every model sees the same inputs.
-INPUT_SEED = 0
+# How the parent starts a worker process (compress.eval.latency_worker).
+WORKER_COMMAND = [sys.executable, "-m", "compress.eval.latency_worker", "--worker"]
 
 
 @dataclass(frozen=True)
@@ -199,214 +183,6 @@ class LatencyConfig:
     def grid(self) -> list[tuple[int, int]]:
         """Every (batch, seq) to time, in a stable order."""
         return [(b, s) for b in self.batch for s in self.seq]
-
-
-# ---------------------------------------------------------------------------- backends
-
-
-@dataclass
-class Session:
-    """One model loaded by a backend, ready to be timed on any batch.
-
-    A batch is a dict of int64 numpy arrays of shape (batch, seq): ``input_ids``,
-    ``attention_mask``, ``token_type_ids``. ``prepare`` turns it into what ``forward``
-    takes (tensors or a runtime's feeds, the family's inputs only), outside the timed region; ``forward``
-    runs the model once. ``compile_for``, where a backend has it, returns a forward
-    compiled for one fixed (batch, seq) only: a grid point of that shape, and real inputs
-    padded to that shape, use it instead of ``forward``.
-    """
-
-    prepare: Callable[[dict[str, np.ndarray]], Any]
-    forward: Callable[[Any], Any]
-    vocab_size: int
-    params: int  # distinct parameters
-    structure: dict[str, Any]  # compress.core.structure dict, for the FLOP count
-    max_positions: int  # longest sequence the model accepts
-    backend: str = ""  # the backend that ran, as rows name it (e.g. onnxruntime-int8)
-    note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
-    compile_for: Callable[[tuple[int, int]], Callable[[Any], Any]] | None = None
-
-
-# A backend: (model_dir, cfg) -> Session, called inside a worker process after the
-# thread count is fixed; it may import its runtime (torch, onnxruntime) freely.
-BACKENDS: Registry[Callable[[Path, LatencyConfig], Session]] = Registry("latency backend")
-
-
-@BACKENDS.register("torch")
-def torch_fp32(model_dir: Path, cfg: LatencyConfig) -> Session:
-    """PyTorch eager fp32 with the directory's saved head, under ``torch.inference_mode``."""
-    require_format(model_dir, "torch", "torch")
-    model = load_model(model_dir)  # eval mode, fp32, pruned shapes rebuilt
-    return runtime_session(model, model_dir, cfg, "torch", counted=model)
-
-
-# The backend ``auto`` picks for each directory format (compression.json "format").
-AUTO_BACKENDS = {"torch": "torch", "torch-int8-dynamic": "torch-int8", "onnx": "onnxruntime", "inc-pt2e": "inc",
-                 OPENVINO: "openvino"}
-
-
-@BACKENDS.register("auto")
-def auto(model_dir: Path, cfg: LatencyConfig) -> Session:
-    """The backend for the directory's format: torch, torch-int8, onnxruntime or inc."""
-    fmt = artifact_format(model_dir)
-    if fmt not in AUTO_BACKENDS:
-        raise CompressError(f"{model_dir} has format {fmt!r}, which no latency backend runs; valid: {', '.join(AUTO_BACKENDS)}")
-    return BACKENDS.get(AUTO_BACKENDS[fmt])(model_dir, cfg)
-
-
-def require_format(model_dir: Path, fmt: str, backend: str) -> None:
-    """Refuse a directory whose format the backend does not run (e.g. --backend torch on ONNX)."""
-    found = artifact_format(model_dir)
-    if found != fmt:
-        raise CompressError(f"the {backend} latency backend runs {fmt} directories; {model_dir} is {found} (use --backend auto)")
-
-
-def runtime_session(model, model_dir: Path, cfg: LatencyConfig, backend: str, note: str | None = None,
-                    counted=None, structure: dict[str, Any] | None = None) -> Session:
-    """A Session timing any model from ``compress.core.runtime`` (HF call convention, torch tensors in).
-
-    ``counted``: an fp32 torch model to count parameters and shapes on; otherwise they come
-    from the directory (an int8 file has no fp32 tensors to count). ``structure``: that of
-    the graph the worker converted the directory to, which is what runs (a classifier's
-    last layer computes the first token only), so FLOPs are counted from it.
-    """
-    config = model.config
-
-    def prepare(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return model_inputs(model, {k: torch.from_numpy(v) for k, v in batch.items()})  # those the family takes
-
-    if counted is not None:
-        params, structure = count_parameters(counted), describe(counted)
-    else:
-        params, structure = parameter_count(model_dir), structure or structure_of(model_dir)
-    if isinstance(model, NumpyRunner):  # ONNX Runtime, OpenVINO: time the runtime's call on feeds built beforehand
-        prepare, forward = model.feeds, model.call
-    else:
-        forward = forward_of(model)
-    return Session(prepare, forward, config.vocab_size, params, structure, config.max_position_embeddings, backend, note)
-
-
-def forward_of(model) -> Callable[[dict[str, torch.Tensor]], Any]:
-    """One call of ``model`` on prepared inputs, without autograd."""
-    def forward(inputs: dict[str, torch.Tensor]):
-        with torch.inference_mode():
-            return model(**inputs)
-    return forward
-
-
-@BACKENDS.register("torch-int8")
-def torch_int8(model_dir: Path, cfg: LatencyConfig) -> Session:
-    """PyTorch eager with the directory's dynamic int8 Linears (``compress quantize --backend torch``)."""
-    require_format(model_dir, "torch-int8-dynamic", "torch-int8")
-    return runtime_session(load_model(model_dir), model_dir, cfg, "torch-int8")
-
-
-@BACKENDS.register("torch-bf16")
-def torch_bf16(model_dir: Path, cfg: LatencyConfig) -> Session:
-    """PyTorch eager after ``model.to(torch.bfloat16)`` of an fp32 directory."""
-
-    require_format(model_dir, "torch", "torch-bf16")
-    model = load_model(model_dir).to(torch.bfloat16)
-    note = None
-    if not {"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]):
-        note = "torch-bf16: this CPU has no avx512_bf16/amx_bf16, so bf16 matmuls are emulated (usually slower than fp32)"
-    return runtime_session(model, model_dir, cfg, "torch-bf16", note)
-
-
-@BACKENDS.register("onnxruntime")
-def onnxruntime_session(model_dir: Path, cfg: LatencyConfig) -> Session:
-    """An ONNX Runtime session (ORT_ENABLE_ALL); an fp32 PyTorch directory is exported first, in this worker."""
-    fmt = artifact_format(model_dir)
-    if fmt == "onnx":
-        model, structure = load_model(model_dir, threads=cfg.threads), None
-    elif fmt == "torch":
-        with tempfile.TemporaryDirectory(prefix="compress-onnx-") as tmp:
-            # The session reads the whole graph at load, so the export can go right after.
-            exported = export_onnx(model_dir, Path(tmp) / "onnx")
-            model, structure = load_model(exported, threads=cfg.threads), structure_of(exported)
-    else:
-        raise CompressError(f"the onnxruntime latency backend runs ONNX or fp32 PyTorch directories; {model_dir} is {fmt} (use --backend auto)")
-    return runtime_session(model, model_dir, cfg, "onnxruntime-int8" if is_quantized(model_dir) else "onnxruntime",
-                           structure=structure)
-
-
-@BACKENDS.register("inc")
-def inc_session(model_dir: Path, cfg: LatencyConfig) -> Session:
-    """A Neural Compressor PT2E int8 program, compiled by inductor with freezing (first call per shape)."""
-    require_format(model_dir, "inc-pt2e", "inc")
-    return runtime_session(load_model(model_dir), model_dir, cfg, "inc-int8")
-
-
-@BACKENDS.register("openvino")
-def openvino_session(model_dir: Path, cfg: LatencyConfig, precision: str = OPENVINO_PRECISION) -> Session:
-    """An OpenVINO compiled model (the worker's threads, PERFORMANCE_HINT=LATENCY, f32 unless ``precision``).
-
-    An fp32 PyTorch or ONNX directory is converted first, in this worker. The row's backend
-    names int8 and any precision other than f32 (``openvino-int8``, ``openvino-bf16``); its
-    note gives the precision the compiled model reports and what its matrix multiplications run in.
-    """
-    fmt = artifact_format(model_dir)
-    name = "openvino" if precision == OPENVINO_PRECISION else f"openvino-{precision}"
-    if fmt not in (OPENVINO, "torch", "onnx"):
-        raise CompressError(f"the {name} latency backend runs OpenVINO, ONNX or fp32 PyTorch directories; {model_dir} is {fmt} "
-                            "(use --backend auto)")
-    # A converted IR lives as long as the worker (a temporary folder, removed at exit): shapes are compiled from it on demand.
-    tmp = None if fmt == OPENVINO else tempfile.TemporaryDirectory(prefix="compress-openvino-")
-    ir = model_dir if tmp is None else export_openvino(model_dir, Path(tmp.name) / "openvino")
-    config, head = load_config(ir), saved_head(ir)
-    model = OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision)  # any shape
-    ran = layer_precisions(model.compiled)
-    backend = "openvino" + ("-int8" if is_quantized(model_dir) else "") + ("" if model.precision == "f32" else f"-{model.precision}")
-    static = cfg.openvino_shapes == "static"
-    note = (f"{model_dir.name}: OpenVINO inference precision {model.precision} (asked: {precision}); matrix multiplications in "
-            + ", ".join(f"{kind} x{count}" for kind, count in sorted(ran.items()))
-            + ("; compiled for each grid point's fixed [batch, seq]" if static else "; compiled for any shape")
-            + (f", real inputs padded to a multiple of {cfg.lengths_multiple} tokens, compiled per padded shape"
-               if static and cfg.lengths else ""))
-    session = runtime_session(model, model_dir, cfg, backend, note, structure=structure_of(ir))
-
-    def compile_for(shape: tuple[int, int], _keep=tmp) -> Callable[[Any], Any]:
-        return OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision, shape=shape).call
-
-    if static:
-        session.compile_for = compile_for
-    return session
-
-
-@BACKENDS.register("openvino-bf16")
-def openvino_bf16_session(model_dir: Path, cfg: LatencyConfig) -> Session:
-    """The ``openvino`` backend with INFERENCE_PRECISION_HINT=bf16 (what the CPU plugin picks by itself where bf16 exists)."""
-    return openvino_session(model_dir, cfg, precision="bf16")
-
-
-def random_input_ids(vocab_size: int, batch: int, seq: int):
-    """Token ids in [1, vocab) of shape (batch, seq), int64; 0 is [PAD] in BERT vocabularies."""
-    rng = np.random.default_rng(INPUT_SEED)
-    return rng.integers(1, max(vocab_size, 2), size=(batch, seq), dtype=np.int64)
-
-
-def random_batch(vocab_size: int, batch: int, seq: int) -> dict[str, np.ndarray]:
-    """A full (unpadded) batch of random ids: every model of a report sees the same one."""
-    return {
-        "input_ids": random_input_ids(vocab_size, batch, seq),
-        "attention_mask": np.ones((batch, seq), dtype=np.int64),
-        "token_type_ids": np.zeros((batch, seq), dtype=np.int64),
-    }
-
-
-def time_calls(fn: Callable[[], Any], cfg: LatencyConfig) -> list[float]:
-    """Seconds of each timed call of ``fn``, after ``cfg.warmup`` untimed ones."""
-    for _ in range(cfg.warmup):
-        fn()
-    times: list[float] = []
-    spent = 0.0  # sum(times), kept as it grows: a 0.1 ms model makes 20,000 calls in 2 s
-    while more_passes(len(times), spent, passes=cfg.repeats, min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds,
-                      keep=MIN_PASSES):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-        spent += times[-1]
-    return times
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -770,7 +546,7 @@ def worker_env(threads: int) -> dict[str, str]:
 def run_worker(job: dict[str, Any], threads: int, label: str, bar=None) -> dict[str, Any]:
     """Run one worker process on ``job``; its ``done`` payload, or a CompressError with its message."""
     job = {**job, "threads": threads}
-    cmd = [sys.executable, "-m", "compress.eval.latency", "--worker"]
+    cmd = WORKER_COMMAND
     # stderr goes to a file, not a pipe: a chatty worker must not block on a full pipe.
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
         proc = subprocess.Popen(
@@ -860,7 +636,7 @@ class _Served:
     def __init__(self, job: dict[str, Any], threads: int, label: str):
         self.label = label
         self.err = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # a file: never a full pipe
-        self.proc = subprocess.Popen([sys.executable, "-m", "compress.eval.latency", "--worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.err, text=True, env=worker_env(threads))
         self._send({**job, "threads": threads})
 
@@ -992,7 +768,6 @@ def format_real(report: dict[str, Any]) -> list[str]:
 def _header(report: dict[str, Any]) -> list[str]:
     """Bullet lines: machine, threads, versions, date, GEMM peak and how to read the table."""
     hw, cfg, packages = report["hardware"], report.get("config", {}), report["packages"]
-    peak, sizes = report.get("peak_gflops"), ", ".join(map(str, report.get("peak_sizes") or ()))
     lines = [
         f"- CPU: {hw.get('cpu')} ({hw.get('arch')}{', ' + hw['generation'] if hw.get('generation') else ''}), "
         f"{hw.get('physical_cores')} physical / "
@@ -1061,169 +836,6 @@ def summarize(report: dict[str, Any], cfg: LatencyConfig, inputs: dict[str, Any]
     return format_markdown(report), notes
 
 
-# ---------------------------------------------------------------------------- the worker side
-
-
-def worker_main(stdin, proto) -> int:
-    """Run one job read from ``stdin``; write JSON lines to ``proto``; the exit status."""
-    def emit(message: dict[str, Any]) -> None:
-        proto.write(json.dumps(message) + "\n")
-        proto.flush()
-
-    try:
-        job = json.loads(stdin.readline())  # one line (JSON has no raw newline); a served worker reads requests after it
-        set_threads(int(job["threads"]))
-        if job["mode"] == "serve":
-            serve(Path(job["model"]), job["config"], stdin, emit)
-        elif job["mode"] == "peak":
-            peaks = measure_peaks(int(job["threads"]), tuple(job["sizes"]), job.get("min_seconds", PEAK_SECONDS))
-            emit({"done": {"gflops": peaks["fp32"]["gflops"], "peaks": peaks}})
-        else:
-            emit({"done": time_model(Path(job["model"]), job["config"], emit)})
-    except CompressError as err:
-        emit({"error": str(err)})
-        return 2
-    return 0
-
-
-def set_threads(threads: int) -> None:
-    """Fix the thread counts: env vars first (read when torch loads), then torch's own setters."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(threads)
-
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)  # one forward at a time: no inter-op parallelism
-    except RuntimeError:  # already set (only possible when torch was used before)
-        pass
-
-
-class Timing:
-    """One model loaded with the configured backend, timed point by point: all at once or in bursts."""
-
-    def __init__(self, model_dir: Path, config: dict[str, Any]):
-        self.model_dir = model_dir
-        self.cfg = from_dict(LatencyConfig, config, "latency job")
-        self.session = BACKENDS.get(self.cfg.backend)(model_dir, self.cfg)
-        check_seq(self.cfg.seq, self.session.max_positions, model_dir)
-        self.prepared: dict[tuple[int, int], Any] = {}
-        self.shaped: dict[tuple[int, int], Callable[[Any], Any]] = {}  # forwards compiled for one point's shape
-        self.seconds: dict[tuple[int, int], list[float]] = {}
-        self.inputs: RealInputs | None = None  # the --lengths set, read at its first use
-        self.real_timer: RealTimer | None = None  # the real-input batch size under way, timed in slices
-        self.real: dict[str, dict[str, Any]] = {}  # batch size -> time_real's figures, once finished
-
-    def burst(self, batch: int, seq: int, passes: int, min_seconds: float = 0.0) -> list[float]:
-        """Seconds of ``passes`` timed forwards at (batch, seq); the point's first burst warms up first."""
-        first = (batch, seq) not in self.prepared
-        if self.session.compile_for is not None and (batch, seq) not in self.shaped:
-            # One compiled model at a time: each holds its own packed weights (0.8 GB for the BERT-base shape at
-            # batch 32), and with --bursts every model's worker is alive at once.
-            self.shaped = {(batch, seq): self.session.compile_for((batch, seq))}
-        forward = self.shaped.get((batch, seq), self.session.forward)
-        if first:
-            self.prepared[batch, seq] = self.session.prepare(random_batch(self.session.vocab_size, batch, seq))
-            forward(self.prepared[batch, seq])  # untimed, beyond warm-up: inc compiles for this shape here
-        cfg = dataclasses.replace(self.cfg, repeats=passes, min_seconds=min_seconds, warmup=self.cfg.warmup if first else 0,
-                                  max_seconds=self.cfg.max_seconds / self.cfg.bursts)  # a point's cap, shared by its bursts
-        prepared = self.prepared[batch, seq]
-        times = time_calls(lambda: forward(prepared), cfg)
-        self.seconds.setdefault((batch, seq), []).extend(times)
-        return times
-
-    def real_slice(self, batch: int, seconds: float = float("inf"), extra: bool = False) -> bool:
-        """Time the real inputs at ``batch`` for a slice of ``seconds`` (see :class:`RealTimer`); whether more remain.
-
-        One batch size is under way at a time, and only its compiled models are kept: asking
-        for another drops an unfinished one (it starts again when asked for). ``extra``: once its
-        passes are done, time more in this slice (:meth:`RealTimer.advance`); the figures then
-        count every whole pass.
-        """
-        key = str(batch)
-        timer = self.real_timer if self.real_timer is not None and self.real_timer.batch == batch else None
-        if key in self.real and (timer is None or not extra):
-            return False
-        cfg, session = self.cfg, self.session
-        if timer is None:
-            self.shaped, self.real_timer = {}, None  # the grid's compiled models, or another batch size's: done with
-            if self.inputs is None:
-                self.inputs = real_inputs(cfg.lengths, load_tokenizer(self.model_dir), data_dir=cfg.data_dir,
-                                          max_length=min(session.max_positions, MAX_REAL_LENGTH))
-            # With compile_for, one model per padded shape (compiled before timing, dropped after this batch size).
-            self.real_timer = RealTimer(
-                session.forward, self.inputs, batch, prepare=session.prepare, warmup=cfg.warmup, passes=cfg.lengths_passes,
-                multiple=cfg.lengths_multiple if session.compile_for is not None else 1, forward_for=session.compile_for,
-                min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds)
-        if self.real_timer.advance(seconds, extra=extra):
-            return True
-        self.real[key] = self.real_timer.result()  # kept (and its compiled models) for extra slices until the next batch size
-        return False
-
-    def result(self) -> dict[str, Any]:
-        """The points timed so far (passes pooled per point), real-length timings when asked, and what ran.
-
-        Real-input batch sizes not yet timed in slices are timed here, in one go.
-        """
-        cfg, session = self.cfg, self.session
-        real = None
-        if cfg.lengths:
-            for batch in real_batches(cfg):
-                while self.real_slice(batch):
-                    pass
-            real = {"inputs": self.inputs.stats(), "batches": {str(b): self.real[str(b)] for b in real_batches(cfg)},
-                    "flops_per_sentence": float(np.mean([flops_per_sequence(session.structure, int(n))
-                                                         for n in self.inputs.lengths]))}
-        return {
-            "points": [{"batch": b, "seq": s, "seconds": self.seconds[b, s]} for b, s in cfg.grid() if (b, s) in self.seconds],
-            **({"real": real} if real else {}),
-            "backend": session.backend or cfg.backend,
-            "note": session.note,
-            "params": session.params,
-            # JSON keys are strings; FLOPs per sequence of the whole encoder.
-            "flops": {str(s): flops_per_sequence(session.structure, s) for s in cfg.seq},
-        }
-
-
-def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
-    """Load one model with the configured backend and time it at every grid point."""
-    timing = Timing(model_dir, config)
-    for batch, seq in timing.cfg.grid():
-        timing.burst(batch, seq, timing.cfg.repeats, timing.cfg.min_seconds)
-        emit({"point": {"batch": batch, "seq": seq}})
-    return timing.result()
-
-
-def serve(model_dir: Path, config: dict[str, Any], stdin, emit: Callable[[dict], None]) -> None:
-    """Load the model, say so, then answer each request line (a burst, or finish) until finished or stdin ends."""
-    timing = Timing(model_dir, config)
-    emit({"ready": True})
-    for line in stdin:
-        request = json.loads(line)
-        if "burst" in request:
-            batch, seq, passes, min_seconds = request["burst"]
-            emit({"seconds": timing.burst(int(batch), int(seq), int(passes), float(min_seconds))})
-        elif "real" in request:
-            batch, seconds, extra = request["real"]
-            emit({"more": timing.real_slice(int(batch), float(seconds), bool(extra))})
-        elif request.get("finish"):
-            emit({"done": timing.result()})
-            return
-
-
 def real_batches(cfg: LatencyConfig) -> list[int]:
     """The batch sizes the real inputs are timed at: 1 (one sentence at a time) and ``--lengths-batch``."""
     return list(dict.fromkeys((1, cfg.lengths_batch)))
-
-
-def _worker_entry() -> int:
-    # The protocol owns the real stdout; anything a library prints (even from C) goes to stderr.
-    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
-    sys.stdout.flush()
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    return worker_main(sys.stdin, proto)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--worker"]:
-        sys.exit("compress.eval.latency is internal (python -m compress.eval.latency --worker reads a job on stdin); use `compress latency`")
-    sys.exit(_worker_entry())

@@ -10,8 +10,8 @@ times a model the way it is served:
         -> time_real(forward, ...)   warm-up, then timed passes; p50/p99 per batch, sentences/s
 
 It knows no backend: ``forward`` takes one batch of numpy arrays and runs the model once
-(``compress.eval.latency`` adapts each of its backends), so this module imports no
-runtime and ``compress.eval.latency`` may import it without a cycle.
+(``compress.eval.latency_worker`` adapts each backend's session), so this module imports no
+runtime and the latency modules may import it without a cycle.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def _choice_set(help_text: str, flag: str) -> set[str]:
 
 def test_fixed_sets_are_shown_as_choices_from_their_registries(capsys):
     from compress.core.tasks import TASKS
-    from compress.eval.latency import BACKENDS as LATENCY_BACKENDS
+    from compress.eval.latency_backends import BACKENDS as LATENCY_BACKENDS
     from compress.quantize import BACKENDS, PRESETS, SCHEMES
     from compress.students.presets import STUDENT_SHAPES
 

@@ -241,7 +241,8 @@ def test_missing_model_dir_is_refused(tmp_path, tiny_model_dir):
 def test_worker_reports_a_compress_error_as_json(tmp_path, tiny_model_dir):
     import io
 
-    from compress.eval.latency import worker_config, worker_main
+    from compress.eval.latency import worker_config
+    from compress.eval.latency_worker import worker_main
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -321,12 +322,12 @@ class FakeClock:
 )
 def test_max_seconds_caps_the_passes_of_a_slow_point_but_keeps_three(monkeypatch, cost, repeats, min_seconds, max_seconds,
                                                                         timed):
-    from compress.eval import latency
+    from compress.eval import latency_worker
 
     clock = FakeClock(cost)
-    monkeypatch.setattr(latency.time, "perf_counter", clock)
+    monkeypatch.setattr(latency_worker.time, "perf_counter", clock)
     cfg = LatencyConfig(repeats=repeats, min_seconds=min_seconds, max_seconds=max_seconds, warmup=2)
-    times = latency.time_calls(clock.call, cfg)
+    times = latency_worker.time_calls(clock.call, cfg)
     assert len(times) == timed and clock.calls == timed + 2  # the warm-up calls are not timed
     assert times == pytest.approx([cost] * timed)
 
@@ -568,18 +569,19 @@ def test_bursts_real_worker_error_is_one_line(tmp_path, two_models):
 
 
 def test_each_grid_point_runs_a_forward_compiled_for_its_shape(monkeypatch, tiny_model_dir):
-    import compress.eval.latency as latency
+    from compress.eval.latency_backends import BACKENDS
+    from compress.eval.latency_worker import Timing
 
     calls = []
-    real = latency.BACKENDS.get("torch")
+    real = BACKENDS.get("torch")
 
     def shaped_backend(model_dir, cfg):  # torch, plus "compiled" forwards that record their shape and their input's
         session = real(model_dir, cfg)
         session.compile_for = lambda shape: (lambda inputs: calls.append((shape, tuple(inputs["input_ids"].shape))))
         return session
 
-    monkeypatch.setitem(latency.BACKENDS._items, "torch", shaped_backend)
-    timing = latency.Timing(Path(tiny_model_dir), {"backend": "torch", "batch": (1, 2), "seq": (16,), "warmup": 2,
+    monkeypatch.setitem(BACKENDS._items, "torch", shaped_backend)
+    timing = Timing(Path(tiny_model_dir), {"backend": "torch", "batch": (1, 2), "seq": (16,), "warmup": 2,
                                                    "repeats": 3, "threads": 1, "peak": False})
     timing.burst(1, 16, 3)
     assert len(calls) == 1 + 2 + 3 and set(calls) == {((1, 16), (1, 16))}  # the untimed first call, warm-up, timed passes
@@ -597,7 +599,7 @@ def test_onnxruntime_rows_time_the_runtime_call_on_feeds_built_beforehand(tiny_m
     import torch
 
     from compress.core.runtime import load_model
-    from compress.eval.latency import onnxruntime_session
+    from compress.eval.latency_backends import onnxruntime_session
 
     session = onnxruntime_session(Path(tiny_model_dir), fast(backend="onnxruntime"))
     batch = {"input_ids": np.array([[2, 7, 9, 4, 3], [2, 5, 3, 0, 0]]), "attention_mask": np.array([[1] * 5, [1, 1, 1, 0, 0]]),

@@ -23,7 +23,8 @@ from compress.core.openvino import OPENVINO_FILE, OPENVINO_WEIGHTS, OpenVINORunn
 from compress.core.runtime import layer_precisions, load_model
 from compress.core.sentence import SentenceSpec, encode, read_spec, write_sentence_files
 from compress.core.structure import Shape, describe, prune_heads, resize_ffn
-from compress.eval.latency import AUTO_BACKENDS, LatencyConfig, measure_latency
+from compress.eval.latency import LatencyConfig, measure_latency
+from compress.eval.latency_backends import AUTO_BACKENDS
 from compress.quantize import QuantizeConfig, quantize
 from tests.conftest import make_tiny_model, save_tiny
 
@@ -295,7 +296,7 @@ def test_only_batch_by_sequence_inputs_get_a_fixed_shape():
 
 @pytest.mark.parametrize("shapes", ["static", "dynamic"])
 def test_latency_compiles_openvino_per_grid_point_when_asked(env, shapes):
-    from compress.eval.latency import openvino_session
+    from compress.eval.latency_backends import openvino_session
 
     cfg = from_dict(LatencyConfig, {"backend": "openvino", "batch": (1, 2), "seq": (16,), "threads": 1,
                                     "openvino_shapes": shapes})
