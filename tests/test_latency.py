@@ -582,7 +582,7 @@ def test_each_grid_point_runs_a_forward_compiled_for_its_shape(monkeypatch, tiny
 
     monkeypatch.setitem(BACKENDS._items, "torch", shaped_backend)
     timing = Timing(Path(tiny_model_dir), {"backend": "torch", "batch": (1, 2), "seq": (16,), "warmup": 2,
-                                                   "repeats": 3, "threads": 1, "peak": False})
+                                           "repeats": 3, "threads": 1, "peak": False})
     timing.burst(1, 16, 3)
     assert len(calls) == 1 + 2 + 3 and set(calls) == {((1, 16), (1, 16))}  # the untimed first call, warm-up, timed passes
     timing.burst(2, 16, 3)
