@@ -1,17 +1,20 @@
-"""Evaluate a model directory on a GLUE task or SQuAD with the official metrics.
+"""Evaluate a model directory on its task: GLUE / SQuAD with the official metrics, or a user's own.
 
 ``evaluate(model_dir, cfg)`` loads the model and the split, predicts in length-sorted
 batches (less padding, same results), scores with ``compress.eval.metrics`` / ``compress.eval.squad``,
-appends one record per split to the model's ``metrics.json``, writes the predictions,
-and for GLUE test splits the server's submission files. With ``--embedding`` it scores
-the model's sentence embeddings instead (cosine, no head; ``compress.eval.embeddings``).
+appends one record per split to the model's ``metrics.json``, writes the predictions (with
+the task's label names; a token-classification split as CoNLL), and for GLUE test splits
+the server's submission files. The task is the model's own unless ``--task`` names a
+preset. With ``--embedding`` it scores the model's sentence embeddings instead (cosine,
+no head; ``compress.eval.embeddings``).
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,17 +26,17 @@ from compress.core.artifacts import (
     artifact_format,
     atomic_path,
     check_writable,
-    lineage,
     load_tokenizer,
     require_model_dir,
     saved_head,
     utc_now,
     write_text_atomic,
 )
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.data import (
     EVAL_BATCH_SIZE,
     DataSource,
+    TaskOptions,
     check_max_length,
     collate,
     load_split,
@@ -43,23 +46,40 @@ from compress.core.data import (
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.openvino import export_openvino
+from compress.core.resolve import resolve_task, task_of_model
 from compress.core.runtime import load_model, model_device
 from compress.core.sentence import read_spec
 from compress.core.structure import input_names
-from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, Split, Task, get_task, task_choices
+from compress.core.tasks import (
+    CLASSIFICATION,
+    MULTI_LABEL,
+    REGRESSION,
+    SPAN,
+    TOKEN,
+    UNLABELLED,
+    Split,
+    Task,
+    get_task,
+    is_kind,
+    task_choices,
+)
+from compress.core.token_data import Lost, encode_words, first_pieces, word_predictions
 from compress.eval.embeddings import check_embedding_task, embedding_record, embedding_scorer
-from compress.eval.metrics import glue_metrics
+from compress.eval.metrics import task_metrics
 from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class EvalConfig:
-    task: str = option("", "task to evaluate on (default: the task the model's compression.json names)", choices=task_choices)
+    task: str = option("", "task to evaluate on (default: the model's own task, from its compression.json or config.json)",
+                       choices=task_choices)
     embedding: bool = option(False, "score sentence embeddings (cosine, no fine-tuning; pooling as a sentence-transformers folder says): "
                                     "stsb Pearson/Spearman, or retrieval on a pair task such as mrpc (recall@1, MRR)")
     split: str = option("dev", "dev, test, train, or an exact split such as dev_mismatched (MNLI)")
     data_dir: str | None = option(None, "local GLUE root / task folder / folder of SQuAD JSON files (default: the hub)", metavar="DIR")
-    data_file: str | None = option(None, "one csv/tsv/json/jsonl/parquet/SQuAD JSON file holding the split", metavar="FILE")
+    data_file: str | None = option(None, "one csv/tsv/json/jsonl/parquet/CoNLL/SQuAD JSON file (or a datasets save_to_disk "
+                                   "folder) holding the split", metavar="FILE")
     columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping --data-file columns to task fields, e.g. sentence=text,label=stars", metavar="FIELD=COL[,...]")
     max_eval_examples: int | None = option(None, "evaluate on the first N examples only")
     eval_batch_size: int = option(EVAL_BATCH_SIZE, "sequences per forward pass when evaluating")
@@ -73,6 +93,7 @@ class EvalConfig:
     record: bool = option(True, "append the results to the model's metrics.json and write predictions to MODEL/predictions; "
                                 "--no-record writes nothing into the model directory")
     device: str = option("auto", "auto, cpu, cuda, cuda:1, mps")
+    own: TaskOptions = field(default_factory=TaskOptions)
     runtime: str = option("auto", "what runs the model: auto (the folder's own format: PyTorch for an fp32 folder), or "
                           "openvino (an fp32 PyTorch or ONNX folder converted in a temporary folder and run by OpenVINO "
                           "in f32 on the CPU: the fastest fp32 engine measured here, same outputs to float tolerance)",
@@ -153,11 +174,13 @@ def output_to_task_labels(config, task: Task) -> list[int]:
 PER_TOKEN = {"start_logits", "end_logits"}
 
 
-def predict(model, features, collator, batch_size: int, device, outputs: tuple[str, ...] = ("logits",), desc="predicting"):
+def predict(model, features, collator, batch_size: int, device, outputs: tuple[str, ...] = ("logits",), desc="predicting",
+            per_token: bool = False):
     """Run ``model`` over tokenised ``features`` in length-sorted batches.
 
     Returns one list per name in ``outputs``, in the original feature order; each item
-    is a 1-D numpy array (a feature's logits, or its per-token start/end logits).
+    is a numpy array: a feature's logits (labels,), its per-token start/end logits (seq,),
+    or with ``per_token`` its per-token logits (seq, labels), cut to the feature's own length.
     """
 
     model_inputs = set(input_names(model))  # DistilBERT and ModernBERT take no token_type_ids
@@ -179,7 +202,7 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
                 for j, i in enumerate(index):
                     row = values[j]
                     # Per-token outputs are cut back to the feature's own (unpadded) length.
-                    results[name][int(i)] = row[: lengths[int(i)]] if name in PER_TOKEN else row
+                    results[name][int(i)] = row[: lengths[int(i)]] if per_token or name in PER_TOKEN else row
     return [results[name] for name in outputs]
 
 
@@ -189,7 +212,7 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
 def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     """Evaluate ``model_dir`` on ``cfg.task`` (default: the model's own task); one result record per split evaluated."""
     model_dir = require_model_dir(model_dir)
-    task = get_task(cfg.task or model_task(model_dir))
+    task = eval_task(model_dir, cfg)
     splits = task.resolve_splits(cfg.split)
     if cfg.submission and any(s.submission_file is None for s in splits):
         raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
@@ -218,6 +241,16 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
         # The GLUE server scores AX (the diagnostic set) with the MNLI model's predictions.
         records.append(_ax_from_mnli(model, tokenizer, cfg, max_length, device, model_dir))
     return records
+
+
+def eval_task(model_dir: Path, cfg: EvalConfig) -> Task:
+    """The task to score: a preset ``--task``, else the model's own (a kind given must be the model's)."""
+    if cfg.task and not is_kind(cfg.task):
+        return resolve_task(cfg.task, cfg.own)
+    if task_of_model(model_dir) is None:
+        raise CompressError(f"no --task given and {model_dir} records no task (its config.json has no task head); "
+                            "pass --task, e.g. --task sst2, or evaluate a model fine-tuned on your task")
+    return resolve_task(cfg.task, cfg.own, model=model_dir)
 
 
 def _load(model_dir: Path, head: str, runtime: str):
@@ -267,17 +300,6 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
     return records
 
 
-def model_task(model_dir: Path) -> str:
-    """The task a model directory was made for: its compression.json's, else its parents' (a quantized copy
-    of a fine-tuned model); a CompressError when none names one."""
-    for _, record in lineage(model_dir):
-        task = record.get("task") or (record.get("config") or {}).get("task")
-        if task:
-            return str(task)
-    raise CompressError(f"no --task given and {Path(model_dir) / 'compression.json'} names no task; "
-                        "pass --task, e.g. --task sst2")
-
-
 def check_head(model_dir: Path, task: Task) -> None:
     """Refuse a model whose saved head is not the one ``task`` is scored with (a question-answering
     model on SST-2, a classifier on SQuAD, a bare encoder): it would be scored through a fresh, random head."""
@@ -325,12 +347,50 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
         target = device if device is not None else model_device(model)
         (logits,) = predict(model, features, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval")
         logits = np.stack(logits)  # (n, num_labels)
-        # Reorder the model's outputs into the task's label order, then decide: argmax or the score.
+        # Reorder the model's outputs into the task's label order, then decide: argmax, a threshold or the score.
         task_logits = np.empty_like(logits)
         task_logits[:, mapping] = logits
-        preds = _BY_KIND[task.kind].decide(task_logits)
-        metrics = glue_metrics(task, preds, labels) if (labels != -1).all() else None
+        preds = _BY_KIND[task.kind].decide(task, task_logits)
+        metrics = task_metrics(task, preds, labels) if (labels != UNLABELLED).all() else None
         return metrics, preds
+
+    return score
+
+
+def token_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, device=None):
+    """Tokenise the sentences' words once; return ``score(model) -> (metrics or None, tags per sentence)``.
+
+    A word's tag is the argmax at its first word piece (:mod:`compress.core.token_data`); a word
+    with no piece left (past ``max_length``) is predicted ``O``. Metrics are entity-level (seqeval).
+    """
+    # deferred: a heavy import, paid only where it is used
+    import datasets
+
+    words = [list(w) for w in ds["tokens"]]
+    enc = encode_words(tokenizer, words, max_length)
+    features = datasets.Dataset.from_dict({k: enc[k] for k in enc.keys()})
+    word_ids = [enc.word_ids(i) for i in range(len(words))]
+    lost = Lost()
+    for ids, sentence in zip(word_ids, words):
+        lost.add(len(sentence), first_pieces(ids))
+    lost.report(f"{task.display} eval", len(words), max_length)
+    tags = [list(t) for t in ds["label"]]
+    gold = None if any(t == UNLABELLED for row in tags for t in row) else [[task.label_names[t] for t in row] for row in tags]
+    collator = collate(tokenizer)
+
+    def score(model):
+        mapping = output_to_task_labels(model.config, task)
+        target = device if device is not None else model_device(model)
+        (logits,) = predict(model, features, collator, batch_size, target, outputs=("logits",), desc=f"{task.display} eval",
+                            per_token=True)
+        ordered = []
+        for rows in logits:  # (pieces, labels) in the model's output order -> the task's label order
+            reordered = np.empty_like(rows)
+            reordered[:, mapping] = rows
+            ordered.append(reordered)
+        ids = word_predictions(ordered, word_ids, [len(w) for w in words])
+        preds = [[task.label_names[i] if i >= 0 else "O" for i in row] for row in ids]
+        return (task_metrics(task, preds, gold) if gold is not None else None), preds
 
     return score
 
@@ -378,6 +438,10 @@ def _glue_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, de
     return glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.eval_batch_size, device=device)
 
 
+def _token_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device):
+    return token_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.eval_batch_size, device=device)
+
+
 def _squad_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device):
     return squad_scorer(
         tokenizer, task, ds, max_length=max_length, doc_stride=cfg.doc_stride, n_best=cfg.n_best,
@@ -389,7 +453,7 @@ def _squad_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, d
 def dev_evaluator(task: Task, tokenizer, dev: dict, max_length: int, *, batch_size: int = EVAL_BATCH_SIZE, doc_stride: int = 128):
     """``evaluate(model) -> metrics`` over the dev split(s): the first split's metrics as
     they are, the others prefixed (``dev_mismatched/accuracy`` for MNLI)."""
-    cfg = EvalConfig(task=task.name, eval_batch_size=batch_size, doc_stride=doc_stride)
+    cfg = EvalConfig(eval_batch_size=batch_size, doc_stride=doc_stride)
     scorers = {name: make_scorer(tokenizer, task, ds, cfg, max_length) for name, ds in dev.items()}
     first = next(iter(scorers))
 
@@ -402,6 +466,18 @@ def dev_evaluator(task: Task, tokenizer, dev: dict, max_length: int, *, batch_si
         return out
 
     return evaluate_model
+
+
+def test_records(model, tokenizer, task: Task, test, data, max_length: int) -> list[dict[str, Any]]:
+    """The kept model's scores on the ``--test-file`` examples ``test`` (none without them, or without labels)."""
+    if test is None:
+        return []
+    cfg = EvalConfig(eval_batch_size=data.eval_batch_size, doc_stride=data.doc_stride)
+    metrics, _ = make_scorer(tokenizer, task, test, cfg, max_length)(model)
+    if not metrics:
+        return []
+    return [{"kind": "eval", "task": task.name, "split": "test", "n": len(test), "metrics": metrics,
+             "data": data.test_file, "max_length": max_length, "batch_size": data.eval_batch_size, "when": utc_now()}]
 
 
 def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> list[dict[str, Any]]:
@@ -417,8 +493,9 @@ def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> 
 
 
 def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
+    """One split of a task with labels (GLUE, a user's classes, scores, label sets or tags): metrics and prediction files."""
     ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
-    metrics, preds = glue_scorer(tokenizer, task, ds, max_length=max_length, batch_size=cfg.eval_batch_size, device=device)(model)
+    metrics, preds = make_scorer(tokenizer, task, ds, cfg, max_length, device)(model)
     record: dict[str, Any] = {
         "kind": "eval",
         "task": task.name,
@@ -434,7 +511,7 @@ def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, 
         raise CompressError(f"{task.display} {split.name} has examples without labels; check the data file")
     out = predictions_dir(cfg, model_dir)
     if out is not None:
-        record["predictions"] = str(write_glue_predictions(out, task, split, ds["idx"], preds))
+        record["predictions"] = str(_BY_KIND[task.kind].write(out, task, split, ds, preds))
     if cfg.submission and split.submission_file:
         record["submission"] = str(write_submission(Path(cfg.submission), task, split, ds["idx"], preds))
     return record
@@ -496,6 +573,12 @@ def _format_label(task: Task, value) -> str:
     return str(int(value))
 
 
+def _format_labels(task: Task, value) -> str:
+    """A multi-hot row as its label names: joined by the task's separator, else a JSON list."""
+    names = [task.label_names[i] for i, on in enumerate(value) if on]
+    return task.label_sep.join(names) if task.label_sep else json.dumps(names, ensure_ascii=False)
+
+
 def _format_score(task: Task, value) -> str:
     lo, hi = task.label_range or (float("-inf"), float("inf"))
     return f"{min(max(float(value), lo), hi):.3f}"
@@ -504,6 +587,20 @@ def _format_score(task: Task, value) -> str:
 def write_glue_predictions(out: Path, task: Task, split: Split, idx, preds) -> Path:
     lines = ["index\tprediction"] + [f"{int(i)}\t{format_prediction(task, p)}" for i, p in zip(idx, preds)]
     path = out / f"{task.name}_{split.name}.tsv"
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _write_table(out: Path, task: Task, split: Split, ds, preds) -> Path:
+    return write_glue_predictions(out, task, split, ds["idx"], preds)
+
+
+def write_conll_predictions(out: Path, task: Task, split: Split, ds, preds: list[list[str]]) -> Path:
+    """``token<TAB>predicted tag`` per line, an empty line after each sentence: CoNLL, readable as data again."""
+    lines = []
+    for words, tags in zip(ds["tokens"], preds):
+        lines += [f"{w}\t{t}" for w, t in zip(words, tags)] + [""]
+    path = out / f"{task.name}_{split.name}.conll"
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
@@ -584,19 +681,31 @@ class _KindEval:
     check: Callable  # (model config, task) -> refuse a model made for another task, before any data loads
     scorer: Callable  # (tokenizer, task, dataset, EvalConfig, max_length, device) -> score(model)
     evaluate_split: Callable  # (model, tokenizer, task, split, cfg, max_length, device, model_dir) -> record
-    decide: Callable | None  # (n, outputs) logits in the task's label order -> predictions; None: spans
-    format: Callable | None  # (task, prediction) -> its text in prediction and GLUE server files; None: spans
+    decide: Callable | None  # (task, (n, outputs) logits in the task's label order) -> predictions; None: spans, tags
+    format: Callable | None  # (task, prediction) -> its text in prediction and GLUE server files; None: spans, tags
+    write: Callable | None = None  # (out dir, task, split, dataset, predictions) -> the predictions file; None: spans
 
 
 def _any_model(config, task: Task) -> None:
     """A span head has no label names or count to check."""
 
 
-# Sentence tasks and SQuAD are scored by two different algorithms (one prediction per
-# example; answer spans gathered over context windows), and a score is read off the one
-# output where a label is an argmax. This table is the module's one dispatch on the kind.
+def _above_threshold(task: Task, logits: np.ndarray) -> np.ndarray:
+    """Multi-hot predictions (n, labels): sigmoid(logit) >= threshold."""
+    return (1 / (1 + np.exp(-logits)) >= task.threshold).astype(int)
+
+
+# Sentence tasks, token tasks and SQuAD are scored by three different algorithms (one
+# prediction per example; one per word, read at its first piece; answer spans gathered over
+# context windows), and a label is an argmax, a label set a threshold, a score the one output.
+# This table is the module's one dispatch on the kind.
 _BY_KIND: dict[str, _KindEval] = {
-    CLASSIFICATION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda logits: logits.argmax(axis=1), _format_label),
-    REGRESSION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda logits: logits[:, 0], _format_score),
+    CLASSIFICATION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda task, logits: logits.argmax(axis=1),
+                              _format_label, _write_table),
+    MULTI_LABEL: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, _above_threshold, _format_labels,
+                           _write_table),
+    REGRESSION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda task, logits: logits[:, 0],
+                          _format_score, _write_table),
+    TOKEN: _KindEval(output_to_task_labels, _token_scorer, _evaluate_glue, None, None, write_conll_predictions),
     SPAN: _KindEval(_any_model, _squad_scorer, _evaluate_squad, None, None),
 }

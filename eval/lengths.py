@@ -24,16 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress.core.data import (
-    DataSource,
-    check_max_length,
-    encode_examples,
-    load_split,
-    read_records,
-    read_text_file,
-    read_tsv_rows,
-)
+from compress.core.data import DataSource, check_max_length, encode_examples, load_split
 from compress.core.errors import CompressError
+from compress.core.files import read_json_records, read_text_file, read_tsv_rows
 from compress.core.tasks import TASKS, Task, get_task
 
 # The file sources and how each names its text columns (a pair wins over a single sentence).
@@ -163,7 +156,7 @@ def _read_file(path: Path) -> tuple[list[str], ...]:
         rows = read_tsv_rows(path)  # GLUE's convention: tabs, no quoting, a header row
         header, body, first_line = (rows[0] if rows else []), rows[1:], 2
     elif suffix == ".jsonl":
-        records = read_records(path, "jsonl")  # one JSON object per line; the first one's keys name the columns
+        records = [r.values for r in read_json_records(path)]  # one JSON object per line; the first one's keys name the columns
         header = [str(k) for k in records[0]] if records else []
         body, first_line = [[str(r.get(k, "")) for k in header] for r in records], 1
     else:

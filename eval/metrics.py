@@ -1,8 +1,17 @@
-"""GLUE's official metrics, computed locally (scikit-learn / scipy, never a download).
+"""Task metrics computed locally (scikit-learn / scipy / seqeval, never a download).
 
-Every number is in percent (x100), as papers print GLUE tables. The metric names are
-the ones in ``Task.metrics``: accuracy, f1 (binary, positive class 1, as MRPC/QQP),
-matthews_correlation (CoLA, AX), pearson and spearmanr (STS-B).
+Every number is in percent (x100), as papers print GLUE tables; MSE is in the label's own
+units squared. The metric names are the ones in ``Task.metrics``:
+
+* GLUE: accuracy, f1 (binary, positive class 1, as MRPC/QQP), matthews_correlation (CoLA,
+  AX), pearson and spearmanr (STS-B);
+* a user's text classification: accuracy, macro_f1 (unweighted mean of the per-label F1);
+  regression: pearson, spearmanr, mse;
+* multi-label: micro_f1 (over every (example, label) decision), macro_f1 (mean of the
+  per-label F1), subset_accuracy (every label of an example right);
+* token classification: entity_precision / entity_recall / entity_f1 and ``f1_<type>``,
+  exactly as seqeval computes them (an entity counts when its type and its span agree,
+  CoNLL's conlleval rules; an ``I-`` that does not continue an entity starts one).
 """
 
 from __future__ import annotations
@@ -10,14 +19,14 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from compress.core.errors import CompressError
-from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, UNLABELLED, Task, get_task
+from compress.core.tasks import CLASSIFICATION, MULTI_LABEL, REGRESSION, SPAN, TOKEN, UNLABELLED, Task, entity_types, get_task
 
 ArrayLike = Union[Sequence[float], np.ndarray]
 
@@ -56,17 +65,91 @@ def spearman(predictions: ArrayLike, references: ArrayLike) -> float:
     return _correlation(spearmanr, predictions, references)
 
 
+def f1_macro(predictions: ArrayLike, references: ArrayLike) -> float:
+    """Unweighted mean of the per-label F1 over the labels in gold or predictions, in percent."""
+    return float(f1_score(references, predictions, average="macro", zero_division=0.0) * 100.0)
+
+
+def mse(predictions: ArrayLike, references: ArrayLike) -> float:
+    """Mean squared error between predicted and gold scores (the label's units squared, not percent)."""
+    x, y = np.asarray(predictions, dtype=float), np.asarray(references, dtype=float)
+    return float(np.mean((x - y) ** 2))
+
+
 METRICS: dict[str, Callable[[ArrayLike, ArrayLike], float]] = {
     "accuracy": accuracy,
     "f1": f1_binary,
+    "macro_f1": f1_macro,
     "matthews_correlation": matthews,
     "pearson": pearson,
     "spearmanr": spearman,
+    "mse": mse,
 }
 
 
+def multi_label_metrics(predictions: ArrayLike, references: ArrayLike) -> dict[str, float]:
+    """Micro / macro F1 and subset accuracy of multi-hot rows ``(n, labels)``, in percent, plus ``n``.
+
+    Micro F1 pools every (example, label) decision; macro F1 averages the per-label F1 over
+    every label (a label never predicted nor gold scores 0, as scikit-learn's zero_division=0).
+    """
+    preds, refs = np.asarray(predictions, dtype=int), np.asarray(references, dtype=int)
+    if preds.shape != refs.shape or preds.ndim != 2:
+        raise CompressError(f"multi-label scores need two (examples, labels) arrays of one shape; got {preds.shape} and {refs.shape}")
+    if len(refs) == 0:
+        raise CompressError("nothing to score (0 examples)")
+    return {
+        "micro_f1": float(f1_score(refs, preds, average="micro", zero_division=0.0) * 100.0),
+        "macro_f1": float(f1_score(refs, preds, average="macro", zero_division=0.0) * 100.0),
+        "subset_accuracy": float(np.mean((preds == refs).all(axis=1)) * 100.0),
+        "n": int(len(refs)),
+    }
+
+
+def entity_metrics(predictions: list[list[str]], references: list[list[str]]) -> dict[str, float]:
+    """Entity-level precision, recall and F1 (overall, micro) and F1 per entity type, as seqeval computes them.
+
+    Both sides are lists of sentences, each a list of BIO tags; in percent, plus ``n``
+    (sentences). Types absent from both sides are not reported.
+    """
+    # deferred: seqeval pulls in scikit-learn's report machinery; paid only where entities are scored
+    from seqeval.metrics import classification_report, f1_score as seq_f1, precision_score, recall_score
+
+    if len(predictions) != len(references) or any(len(p) != len(r) for p, r in zip(predictions, references)):
+        raise CompressError("entity scores need one predicted tag per gold tag in every sentence")
+    if not references:
+        raise CompressError("nothing to score (0 sentences)")
+    out = {
+        "entity_f1": float(seq_f1(references, predictions, zero_division=0) * 100.0),
+        "entity_precision": float(precision_score(references, predictions, zero_division=0) * 100.0),
+        "entity_recall": float(recall_score(references, predictions, zero_division=0) * 100.0),
+    }
+    report = classification_report(references, predictions, output_dict=True, zero_division=0)
+    for name, row in report.items():
+        if name not in ("micro avg", "macro avg", "weighted avg"):
+            out[f"f1_{name}"] = float(row["f1-score"] * 100.0)
+    out["n"] = int(len(references))
+    return out
+
+
+def task_metrics(task: Task, predictions: Any, references: Any) -> dict[str, float]:
+    """``task``'s metrics (exactly ``task.metrics``, those a split lacks left out), in percent, plus ``n``.
+
+    Classification takes class indices, regression floats, multi-label multi-hot rows,
+    token classification lists of tag names per sentence.
+    """
+    if task.kind == MULTI_LABEL:
+        return multi_label_metrics(predictions, references)
+    if task.kind == TOKEN:
+        scores = entity_metrics(predictions, references)
+        # Every type the task has is reported; one absent from a split's gold and predictions scores nothing there.
+        kept = {f"f1_{t}" for t in entity_types(task.label_names)} | {"entity_f1", "entity_precision", "entity_recall", "n"}
+        return {k: v for k, v in scores.items() if k in kept}
+    return glue_metrics(task, predictions, references)
+
+
 def glue_metrics(task: Task | str, predictions: ArrayLike, references: ArrayLike) -> dict[str, float]:
-    """The official GLUE metrics of ``task`` (exactly ``task.metrics``), in percent, plus ``n``.
+    """The metrics of a classification or regression ``task`` (exactly ``task.metrics``), in percent, plus ``n``.
 
     Classification tasks take class indices, STS-B takes floats. Gold labels of -1
     mean an unlabelled (test) split, which cannot be scored locally.
@@ -74,6 +157,8 @@ def glue_metrics(task: Task | str, predictions: ArrayLike, references: ArrayLike
     task = get_task(task) if isinstance(task, str) else task
     if task.behaviour.label_type is None:  # examples carry answers (text spans), not labels
         raise CompressError(f"{task.display} is a {task.kind} task: score it with compress.eval.squad, not glue_metrics")
+    if task.behaviour.label_list:
+        raise CompressError(f"{task.display} is a {task.kind} task: score it with task_metrics, not glue_metrics")
     preds, refs = _check_inputs(task, predictions, references)
     out: dict[str, float] = {name: METRICS[name](preds, refs) for name in task.metrics}
     out["n"] = int(len(refs))
@@ -186,5 +271,31 @@ def _span_chance(task: Task, metrics: dict[str, float], labels: ArrayLike | None
             "threshold": CHANCE_SPAN_F1, "rule": f"{metric} < {CHANCE_SPAN_F1:g}"}
 
 
+CHANCE_ENTITY_F1 = 10.0  # entity F1 (percent) below which a tagger finds no entities
+
+
+def _multi_label_chance(task: Task, metrics: dict[str, float], labels: Any | None) -> dict | None:
+    """At chance: micro F1 no better than predicting every label of every example (F1 = 2d / (1 + d) at density d)."""
+    if "micro_f1" not in metrics:
+        return None
+    rows = np.asarray(labels if labels is not None else [], dtype=float)
+    rows = rows[(rows >= 0).all(axis=1)] if rows.ndim == 2 else rows.reshape(0, 1)
+    density = float(rows.mean()) if rows.size else 0.0
+    every = 100 * 2 * density / (1 + density) if density else 0.0
+    threshold = max(every + CHANCE_MARGIN, CHANCE_MARGIN)
+    value = float(metrics["micro_f1"])
+    return {"at_chance": value <= threshold, "metric": "micro_f1", "value": value, "chance": every, "threshold": threshold,
+            "rule": f"micro_f1 <= {every:.1f} (every label predicted, density {density:.3f}) + {CHANCE_MARGIN:g}"}
+
+
+def _entity_chance(task: Task, metrics: dict[str, float], labels: Any | None) -> dict | None:
+    if "entity_f1" not in metrics:
+        return None
+    value = float(metrics["entity_f1"])
+    return {"at_chance": value < CHANCE_ENTITY_F1, "metric": "entity_f1", "value": value,
+            "threshold": CHANCE_ENTITY_F1, "rule": f"entity_f1 < {CHANCE_ENTITY_F1:g}"}
+
+
 # The kind of a task decides what chance means; this table is the module's one dispatch on it.
-_CHANCE_RULES = {CLASSIFICATION: _classification_chance, REGRESSION: _regression_chance, SPAN: _span_chance}
+_CHANCE_RULES = {CLASSIFICATION: _classification_chance, MULTI_LABEL: _multi_label_chance, REGRESSION: _regression_chance,
+                 TOKEN: _entity_chance, SPAN: _span_chance}

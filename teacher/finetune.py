@@ -1,11 +1,14 @@
-"""Fine-tune a BERT on a GLUE task or SQuAD, as in Devlin et al. 2019 (section 4).
+"""Fine-tune a BERT on a task, as in Devlin et al. 2019 (section 4): GLUE, SQuAD or the user's own.
 
 ``finetune(model, out, cfg)`` takes a model directory, an alias (``bert-base``) or a hub
-id, adds the task's head (classification from [CLS], regression for STS-B, start/end
-span logits for SQuAD), trains with the paper's recipe (AdamW, linear warm-up and
-decay, batch 32, 2-4 epochs), evaluates on dev with the official metrics after every
-epoch, and writes the best checkpoint as a model directory. ``finetune_grid`` sweeps
-the paper's grid and keeps the run that is best on dev.
+id, adds the task's head (classification from [CLS], regression for STS-B, a sigmoid per
+label for multi-label, a tag per word for token classification, start/end span logits for
+SQuAD), trains with the paper's recipe (AdamW, linear warm-up and decay, batch 32, 2-4
+epochs), evaluates on dev with the task's metrics after every epoch, and writes the best
+checkpoint as a model directory (scored on ``--test-file`` too when given). The task is a
+preset name, a kind with the user's files (labels read from the training file), or the
+model's own (``compress.core.resolve``). ``finetune_grid`` sweeps the paper's grid and
+keeps the run that is best on dev.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ from compress.core.artifacts import (
     write_json_atomic,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import TaskData, collate, load_task_data
+from compress.core.data import TaskData, collate, load_task_data, load_test_split
 from compress.core.errors import CompressError
+from compress.core.resolve import resolve_task, task_fields
 from compress.core.runtime import load_model_for_task
 from compress.core.structure import count_parameters, model_inputs
-from compress.core.tasks import get_task, task_choices
+from compress.core.tasks import Task, task_choices
 from compress.core.train import TrainConfig, is_main_process, load_weights, prepare_work_dir, train, work_dir_for
-from compress.eval.evaluate import dev_evaluator, format_table, split_records
+from compress.eval.evaluate import dev_evaluator, format_table, split_records, test_records
 from compress.teacher.presets import resolve_model
 
 # The BERT paper's fine-tuning grid (appendix A.3).
@@ -47,28 +51,29 @@ PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3,
 @flat_keywords
 @dataclass(frozen=True)
 class FinetuneConfig:
-    task: str = option("", "task to fine-tune on", choices=task_choices)
+    task: str = option("", "task to fine-tune on: a benchmark name, or a kind of your own data with --train-file "
+                       "(default: the model's own task)", choices=task_choices)
     resume: bool = option(False, "continue from the last checkpoint of an interrupted run into the same --out")
     data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def validate(self) -> None:
-        if not self.task:
-            raise CompressError("no task given; pass --task, e.g. --task sst2")
-        get_task(self.task)
 
+def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwrite: bool = False,
+             task: Task | None = None) -> Path:
+    """Fine-tune ``model`` on its task and write the best dev checkpoint to ``out``.
 
-def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwrite: bool = False) -> Path:
-    """Fine-tune ``model`` on ``cfg.task`` and write the best dev checkpoint to ``out``."""
-    task = get_task(cfg.task)
+    The task is ``task`` when a caller has resolved it, else what ``cfg.task`` (or the model) names.
+    """
     out = Path(out)
     check_output(out, overwrite, inputs=(model, cfg), resume=cfg.resume)
     source = require_torch_weights(resolve_model(model), "fine-tuning")
+    task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=source)
     tokenizer = load_tokenizer(source)
     net = load_model_for_task(source, task, seed=cfg.train.seed)  # a bare encoder's new head: from --seed
     max_length = cfg.data.resolved_max_length(task, net.config.max_position_embeddings)
     features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
-    pad = collate(tokenizer)
+    test = load_test_split(task, cfg.data)
+    pad = collate(tokenizer, task)
 
     def collate_step(items, step):
         return pad(items)
@@ -88,6 +93,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     if result.best_weights is not None:
         load_weights(net, result.best_weights)  # keep the best epoch, not the last one
     records = split_records(task, dev, result.best or {}, data=cfg.data.describe(), max_length=max_length)
+    records += test_records(net, tokenizer, task, test, cfg.data, max_length)
     training = {
         "kind": "training", "stage": "finetune", "task": task.name, "steps": result.steps,
         "seconds": round(result.seconds, 1), "best_step": result.best_step, "n_train": n_train,
@@ -95,7 +101,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     }
     record = compression_record(
         stage="finetune", method="finetune", config=cfg, parent=source, seed=cfg.train.seed,
-        extra={"task": task.name, "params": count_parameters(net), "best": result.best, "best_step": result.best_step},
+        extra={**task_fields(task), "params": count_parameters(net), "best": result.best, "best_step": result.best_step},
     )
     save_model_dir(net, out, tokenizer=tokenizer, record=record, overwrite=overwrite,
                    metrics=[*records, training])
@@ -125,9 +131,10 @@ def finetune_grid(
     ``out`` receives the best model directory with ``grid.md`` / ``grid.json`` (every run's
     dev metrics) beside its weights.
     """
-    task = get_task(cfg.task)
     out = Path(out)
     check_output(out, overwrite, inputs=(model, cfg))
+    task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file,
+                        model=require_torch_weights(resolve_model(model), "fine-tuning"))
     scratch = out.parent / f".{out.name}.grid"
     scratch.mkdir(parents=True, exist_ok=True)
     rows, best_dir, best_value = [], None, None
@@ -136,7 +143,7 @@ def finetune_grid(
         run_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **params))
         run_out = scratch / name
         if not (cfg.resume and (run_out / "config.json").is_file()):
-            finetune(model, run_out, run_cfg, overwrite=True)
+            finetune(model, run_out, run_cfg, overwrite=True, task=task)
 
         best = read_compression(run_out).get("best") or {}
         value = best.get(task.primary_metric)

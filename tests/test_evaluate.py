@@ -209,7 +209,7 @@ def test_eval_errors(tiny_model_dir, tmp_path):
     _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood .\t1\n")
     with pytest.raises(CompressError, match="above the model's maximum of 64 positions"):
         evaluate(tiny_model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path), max_length=512))
-    with pytest.raises(CompressError, match="no --task given and .*compression.json names no task; pass --task"):
+    with pytest.raises(CompressError, match="--data-dir reads benchmark folders .* tiny is your own text-classification task"):
         evaluate(tiny_model_dir, EvalConfig(data_dir=str(tmp_path)))
     with pytest.raises(CompressError, match="has 2 outputs but MNLI has 3 labels"):
         evaluate(tiny_model_dir, EvalConfig(task="mnli", data_dir=str(tmp_path)))
@@ -266,12 +266,18 @@ def test_eval_without_task_uses_the_models_compression_json(tmp_path, tokenizer,
     child = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "child", config={"task": ""}, parent=parent)
     (record,) = evaluate(child, EvalConfig(data_dir=str(tmp_path), record=False))
     assert record["task"] == "sst2" and record["n"] == 2
-    # None anywhere: one line, naming the file and --task.
+    # No record anywhere: a classifier is the user's own task, read off its config.json (its data comes from a file) ...
     orphan = save_tiny(_constant_classifier(2, 1), tokenizer, tmp_path / "orphan")
     capsys.readouterr()
     assert main(["eval", "--model", str(orphan), "--data-dir", str(tmp_path)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "compression.json names no task; pass --task" in err[0]
+    assert len(err) == 1 and "orphan is your own text-classification task" in err[0] and "--data-file FILE" in err[0]
+    # ... and a bare encoder has no task at all: one line, naming --task.
+    bare = save_tiny(make_tiny_model(head="base"), tokenizer, tmp_path / "bare")
+    capsys.readouterr()
+    assert main(["eval", "--model", str(bare), "--data-dir", str(tmp_path)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "records no task (its config.json has no task head); pass --task" in err[0]
 
 
 def test_prediction_and_submission_files_carry_the_inputs_own_index(tmp_path, tokenizer):

@@ -60,9 +60,9 @@ def test_mnli_dev_resolves_to_matched_and_mismatched():
 # (task, kind, head, outputs, problem_type, label_dtype, label_type, unlabelled, max_length, soft, hard,
 #  prediction, num_labels, id2label), written out by hand rather than read back from the registry.
 KIND_FACTS = [
-    ("sst2", "classification", "sequence-classification", ("logits",), "single_label_classification", "int64", int,
+    ("sst2", "text-classification", "sequence-classification", ("logits",), "single_label_classification", "int64", int,
      -1, 128, "kl", "cross_entropy", "label", 2, {0: "negative", 1: "positive"}),
-    ("mnli", "classification", "sequence-classification", ("logits",), "single_label_classification", "int64", int,
+    ("mnli", "text-classification", "sequence-classification", ("logits",), "single_label_classification", "int64", int,
      -1, 128, "kl", "cross_entropy", "label", 3, {0: "entailment", 1: "neutral", 2: "contradiction"}),
     ("stsb", "regression", "sequence-classification", ("logits",), "regression", "float32", float,
      -1.0, 128, "mse", "mse", "score", 1, None),
@@ -316,7 +316,7 @@ def test_parquet_file_with_mapping(tmp_path):
 
 def test_plain_file_errors(tmp_path):
     path = _write(tmp_path / "d.jsonl", '{"text": "a", "label": 1}\n')
-    with pytest.raises(CompressError, match=r"d.jsonl:1: no value for SST-2 field 'sentence'.*--columns sentence=COLUMN"):
+    with pytest.raises(CompressError, match=r"d.jsonl: no column 'sentence' for SST-2's sentence \(columns here: text, label\).*--columns sentence=COLUMN"):
         load_split(get_task("sst2"), "dev", DataSource(data_file=str(path)))
     broken = _write(tmp_path / "e.jsonl", '{"text": "a", "label": 1}\n{broken\n')
     with pytest.raises(CompressError, match=r"e.jsonl:2: malformed JSON line"):
@@ -331,7 +331,7 @@ def test_plain_file_errors(tmp_path):
 
 def test_csv_row_with_wrong_field_count(tmp_path):
     path = _write(tmp_path / "d.csv", "sentence,label\ngood,1\nbad,0,extra\n")
-    with pytest.raises(CompressError, match=r"d.csv:3: malformed row: 3 fields where the header has 2"):
+    with pytest.raises(CompressError, match=r"d.csv:3: 3 fields where the header has 2 \(sentence, label\); quote a field that holds the separator"):
         load_split(get_task("sst2"), "dev", DataSource(data_file=str(path)))
 
 

@@ -18,23 +18,44 @@ optional column mapping.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from transformers import DataCollatorWithPadding
+from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
 
-from compress.core.config import option
+from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
+from compress.core.files import (  # noqa: F401  (read_text_file, read_tsv_rows re-exported)
+    Record,
+    is_conll,
+    is_saved_dataset,
+    label_list,
+    read_conll,
+    read_table,
+    read_text_file,
+    read_tsv_rows,
+)
 from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
-from compress.core.tasks import CLASSIFICATION, REGRESSION, SPAN, UNLABELLED, Split, Task, TsvSpec
+from compress.core.tasks import (
+    CLASSIFICATION,
+    LABEL,
+    MULTI_LABEL,
+    REGRESSION,
+    BIO,
+    SPAN,
+    TOKEN,
+    UNLABELLED,
+    Split,
+    Task,
+    TsvSpec,
+)
+from compress.core.token_data import check_fast, token_features
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +84,54 @@ EVAL_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
+class TaskOptions:
+    """How a user's own task is read from its files (``--task text-classification`` and the other kinds).
+
+    Read once, by ``compress.core.resolve``: a model made for the task records them, so later
+    stages need them only where a new file's columns differ.
+    """
+
+    text_column: str | None = option(None, "your own task: the column holding the text (default: text; the word list "
+                                     "of token-classification: tokens)", metavar="COLUMN")
+    text_pair_column: str | None = option(None, "your own task: the column holding a pair's second text", metavar="COLUMN")
+    label_column: str | None = option(None, "your own task: the column holding the label (default: label; the tag list "
+                                      "of token-classification: tags)", metavar="COLUMN")
+    labels: tuple[str, ...] = option((), "your own task: label names in output order (default: the training file's, "
+                                     "sorted; tags: O first)", metavar="NAME[,...]")
+    label_sep: str | None = option(None, "multi-label: the separator between labels in one cell (default: a JSON list)",
+                                   metavar="SEP")
+    threshold: float | None = option(None, "multi-label: predict a label when its sigmoid is at least this (default: 0.5)")
+    task_name: str | None = option(None, "your own task: its name in records and reports (default: the training "
+                                   "file's folder, or its name when the folder says train/data)", metavar="NAME")
+
+    def validate(self) -> None:
+        if self.threshold is not None and not 0 < self.threshold < 1:
+            raise CompressError(f"--threshold must be between 0 and 1, got {self.threshold}")
+        if self.label_sep is not None and not self.label_sep.strip():
+            raise CompressError("--label-sep must be a visible separator such as ';' or '|'")
+        twice = sorted({x for x in self.labels if self.labels.count(x) > 1})
+        if twice:
+            raise CompressError(f"--labels names {', '.join(twice)} twice; each label names one output")
+
+    @property
+    def given(self) -> bool:
+        """Whether any option was set (a preset task takes none of them)."""
+        return any(getattr(self, f.name) not in (None, ()) for f in fields(self))
+
+
+@flat_keywords
+@dataclass(frozen=True)
 class TaskData:
     """Where a training stage's train and dev data come from, and how they are cut."""
 
     data_dir: str | None = option(None, "local GLUE root / task folder / SQuAD folder (default: the hub)", metavar="DIR")
-    train_file: str | None = option(None, "training data as one csv/tsv/json/jsonl/parquet/SQuAD file", metavar="FILE")
-    dev_file: str | None = option(None, "dev data as one file (with --train-file)", metavar="FILE")
+    train_file: str | None = option(None, "training data: a csv/tsv/json/jsonl/parquet/CoNLL/SQuAD file or a datasets "
+                                    "save_to_disk folder", metavar="FILE")
+    dev_file: str | None = option(None, "dev data as one file (with --train-file): scores every epoch, picks the best",
+                                  metavar="FILE")
+    test_file: str | None = option(None, "test data as one file: the kept model is scored on it at the end", metavar="FILE")
     columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping file columns to task fields", metavar="FIELD=COL[,...]")
+    own: TaskOptions = field(default_factory=TaskOptions)
     max_train_examples: int | None = option(None, "train on a seeded random subsample of N examples (say so when reporting)")
     max_eval_examples: int | None = option(None, "evaluate on the first N dev examples")
     max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD)")
@@ -83,6 +145,8 @@ class TaskData:
             raise CompressError("--train-file and --dev-file go together; pass both")
         if self.columns and not self.train_file:
             raise CompressError("--columns maps the columns of --train-file/--dev-file; pass those too")
+        if self.test_file and self.data_dir:
+            raise CompressError("--test-file goes with --train-file/--dev-file; with --data-dir use compress eval --split test")
         for pair in self.columns:
             if "=" not in pair:
                 raise CompressError(f"--columns expects FIELD=COLUMN pairs, got {pair!r}")
@@ -102,6 +166,12 @@ class TaskData:
             return DataSource(data_file=self.train_file, columns=columns), DataSource(data_file=self.dev_file, columns=columns)
         source = DataSource(data_dir=self.data_dir)
         return source, source
+
+    def test_source(self) -> "DataSource | None":
+        """The --test-file source, or None."""
+        if not self.test_file:
+            return None
+        return DataSource(data_file=self.test_file, columns=self.sources()[1].columns)
 
     def describe(self) -> str:
         return self.data_dir or self.train_file or "the Hugging Face hub"
@@ -139,6 +209,12 @@ def load_dev_splits(task: Task, data: TaskData) -> dict:
     return {name: load_split(task, name, data.sources()[1], data.max_eval_examples) for name in dev_splits}
 
 
+def load_test_split(task: Task, data: TaskData):
+    """The raw ``--test-file`` examples (None without one): read before training, so bad test data fails early."""
+    source = data.test_source()
+    return load_split(task, "test", source) if source is not None else None
+
+
 def train_features(ds, task: Task, tokenizer, data: TaskData, max_length: int):
     """Tokenised training features of raw examples ``ds``, as the task's kind makes them (no padding)."""
     return _BY_KIND[task.kind].train_features(ds, task, tokenizer, data, max_length)
@@ -156,6 +232,10 @@ def load_split(
     """Load one split of ``task`` as a ``datasets.Dataset`` in the hub schema."""
     source = source or DataSource()
     spec = task.split(split)
+    if task.user and not source.data_file:
+        given = "--data-dir reads benchmark folders (GLUE, SQuAD), and " if source.data_dir else ""
+        raise CompressError(f"{given}{task.display} is your own {task.kind} task: its {split} data comes from a file; pass "
+                            f"--{split}-file FILE (in compress eval: --data-file FILE)")
     if source.data_file:
         ds = _from_file(task, spec, Path(source.data_file), dict(source.columns))
     elif source.data_dir:
@@ -253,22 +333,6 @@ def _from_dir(task: Task, split: Split, root: Path):
     )
 
 
-def read_text_file(path: Path) -> str:
-    """Read UTF-8 text (a BOM is dropped); bad bytes name the file and line."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise CompressError(f"cannot read {path}: {err.strerror or err}") from None
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise CompressError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x}); "
-            "re-encode the file as UTF-8 (e.g. iconv -f cp1252 -t utf-8)"
-        ) from None
-
-
 def _column_index(header: list[str], want: str | int) -> int | None:
     if isinstance(want, int):
         return want
@@ -278,23 +342,6 @@ def _column_index(header: list[str], want: str | int) -> int | None:
             if name == choice or name.lower() == choice.lower():
                 return i
     return None
-
-
-def read_tsv_rows(path: Path) -> list[list[str]]:
-    """The rows of a tab-separated file, read by GLUE's convention: the one TSV reader.
-
-    Fields are split at tabs with no quoting: a quote character is text (MRPC and SST-2
-    have bare quotes inside fields, which CSV quoting would run across lines); line
-    endings may be CRLF (AX); a BOM is dropped. ``--data-dir`` and a ``.tsv`` data file both read through here.
-    """
-    lines = read_text_file(path).split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    reader = csv.reader((ln.rstrip("\r") for ln in lines), delimiter="\t", quoting=csv.QUOTE_NONE)
-    try:
-        return list(reader)
-    except csv.Error as err:  # a stray carriage return inside a line
-        raise CompressError(f"{path}:{reader.line_num}: malformed line ({err}); fix or remove the line") from None
 
 
 def read_glue_tsv(path: Path, task: Task, split: Split):
@@ -402,9 +449,11 @@ def _parse_score(task: Task, raw: Any, where: str, encoding: str) -> float:
 
 
 def _parse_class(task: Task, raw: Any, where: str, encoding: str) -> int:
-    """A class index from a label name or a 0-based index, as ``encoding`` allows."""
+    """A class index from a label name or (a preset's) 0-based index, as ``encoding`` allows."""
     names = task.label_names
     text = str(raw).strip()
+    if task.user:  # a user's labels are names only: "7" is a name, never the 8th label
+        return _user_label(task, text, where)
     valid = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
     if encoding in ("names", "auto") and text in names:
         return names.index(text)
@@ -416,6 +465,64 @@ def _parse_class(task: Task, raw: Any, where: str, encoding: str) -> int:
         if value.is_integer() and 0 <= value < len(names):
             return int(value)
     raise CompressError(f"{where}: unknown label {text!r} for {task.display}; valid: {valid}")
+
+
+def label_names_in(kind: str, path: Path, mapping: dict[str, str], label_sep: str | None = None) -> list[str]:
+    """The label names a user's training file holds (tags for token classification), in first-seen order.
+
+    ``mapping``: field -> column, as :attr:`Task.column_map` gives it. A missing label column
+    names the columns the file has.
+    """
+    label = mapping[LABEL]
+    if kind == TOKEN and is_conll(path) and path.is_file():
+        records = read_conll(path, mapping["tokens"], label)
+    else:
+        records = read_table(path, "train")
+    if records and label not in records[0].values:
+        flag = "--label-column COLUMN"
+        raise CompressError(f"{path}: no label column {label!r} (columns here: {', '.join(map(str, records[0].values))}); "
+                            f"name it with {flag}")
+    seen: dict[str, None] = {}
+    for record in records:
+        raw = record.values.get(label)
+        if kind == MULTI_LABEL:
+            names = label_list(raw, label_sep, record.where)
+        elif kind == TOKEN:
+            names = raw.split() if isinstance(raw, str) else [str(t) for t in (raw or [])]
+        else:
+            names = [] if raw is None or str(raw).strip() == "" else [str(raw).strip()]
+        for name in names:
+            if kind == TOKEN and not BIO.match(name):
+                raise CompressError(f"{record.where}: tag {name!r} is not in BIO form (O, B-TYPE, I-TYPE); "
+                                    "convert the tags to IOB2")
+            seen.setdefault(name.strip(), None)
+    return list(seen)
+
+
+def _user_label(task: Task, text: str, where: str) -> int:
+    """The index of one of a user's label names; a name the task does not have is refused with a few it has."""
+    names = task.label_names
+    if text in names:
+        return names.index(text)
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    raise CompressError(f"{where}: label {text!r} is not one of {task.display}'s labels ({shown}); the labels come from "
+                        "the training data, so a dev or test label must occur there (or fix the label)")
+
+
+def _parse_multi(task: Task, raw: Any, where: str, encoding: str) -> list[float]:
+    """A multi-hot row (K floats) from a cell holding a list of label names."""
+    row = [0.0] * task.num_labels
+    for name in label_list(raw, task.label_sep, where):
+        row[_user_label(task, name, where)] = 1.0
+    return row
+
+
+def _parse_tag(task: Task, raw: Any, where: str) -> int:
+    """A tag's index: a BIO tag the task has (``O``, ``B-TYPE``, ``I-TYPE``)."""
+    text = str(raw).strip()
+    if not BIO.match(text):
+        raise CompressError(f"{where}: tag {text!r} is not in BIO form (O, B-TYPE, I-TYPE); convert the tags to IOB2")
+    return _user_label(task, text, where)
 
 
 INDEX_COLUMNS = "index|idx"  # the column that numbers a split's examples (GLUE TSVs: index; the hub: idx)
@@ -438,16 +545,24 @@ def _make_dataset(task: Task, columns: dict[str, list[Any]], labels: list[Any], 
     import datasets
 
     data = dict(columns)
-    data["label"] = labels
+    data[LABEL] = labels
     data["idx"] = list(range(len(labels))) if index is None else index
-    features = datasets.Features(
-        {
-            **{f: datasets.Value("string") for f in task.text_fields},
-            "label": datasets.Value(task.behaviour.label_dtype),
-            "idx": datasets.Value("int64"),
-        }
-    )
-    return datasets.Dataset.from_dict(data, features=features)
+    return datasets.Dataset.from_dict(data, features=dataset_features(task))
+
+
+def dataset_features(task: Task):
+    """The hub schema of a sentence or token task: text fields (a word list for tokens), ``label``, ``idx``."""
+    # deferred: a heavy import, paid only where it is used
+    import datasets
+
+    kind = task.behaviour
+    text = datasets.Sequence(datasets.Value("string")) if task.kind == TOKEN else datasets.Value("string")
+    label = datasets.Value(kind.label_dtype)
+    return datasets.Features({
+        **{f: text for f in task.text_fields},
+        LABEL: datasets.Sequence(label) if kind.label_list else label,
+        "idx": datasets.Value("int64"),
+    })
 
 
 def _read_parquet(paths: list[Path], task: Task, split: Split):
@@ -547,123 +662,148 @@ def _check_squad_columns(ds, where: str):
 # ---------------------------------------------------------------------------- plain files
 
 
-_FILE_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-
-
 def _from_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
-    """One user file: csv/tsv (header row), json/jsonl (records), parquet, or SQuAD JSON."""
-    if not path.is_file():
-        raise CompressError(f"data file {path} does not exist")
-    fmt = _FILE_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise CompressError(
-            f"data file {path}: unsupported extension {path.suffix!r}; use one of {', '.join(_FILE_FORMATS)}"
-        )
-    return _BY_KIND[task.kind].from_file(task, split, path, fmt, columns)
+    """One file: csv/tsv/json/jsonl/parquet, a ``datasets`` save_to_disk folder, CoNLL (token tasks) or SQuAD JSON."""
+    if not (path.is_file() or is_saved_dataset(path)):
+        where = " (a folder, but not one datasets' save_to_disk wrote)" if path.is_dir() else ""
+        raise CompressError(f"data file {path} does not exist{where}")
+    return _BY_KIND[task.kind].from_file(task, split, path, columns)
 
 
-def _squad_file(task: Task, split: Split, path: Path, fmt: str, columns: dict[str, str]):
+def _squad_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
     """SQuAD from one file: the hub's parquet rows or official JSON (``columns`` is not used)."""
-    if fmt == "parquet":
+    if path.suffix.lower() == ".parquet":
         return _read_parquet([path], task, split)
     return read_squad_json(path)
 
 
-def _sentence_file(task: Task, split: Split, path: Path, fmt: str, columns: dict[str, str]):
-    """A sentence task from one csv/tsv/json/jsonl/parquet file, its columns mapped by ``columns``.
-
-    A ``.tsv`` file in the split's GLUE layout (the download script's ``dev.tsv``) needs no
-    ``columns``: it is read as ``--data-dir`` reads it, to the same rows.
-    """
-    rows = read_tsv_rows(path) if path.suffix.lower() == ".tsv" else None  # GLUE's convention: quotes are text
-    if rows and not columns and _in_glue_layout(task, split, rows[0]):
-        return _glue_dataset(rows, path, task, split)
-    records = _table_records(rows, path) if rows is not None else read_records(path, fmt)
-    fields = [*task.text_fields, "label"]
-    mapping = {f: columns.get(f, f) for f in fields}
+def _mapping(task: Task, columns: dict[str, str]) -> dict[str, str]:
+    """Field (and ``label``) -> file column: the task's own columns, then ``--columns`` / ``--*-column``."""
+    fields = [*task.text_fields, LABEL]
     unknown = set(columns) - set(fields)
     if unknown:
         raise CompressError(
             f"--columns names unknown field(s) {', '.join(sorted(unknown))} for {task.display}; "
             f"fields: {', '.join(fields)}"
         )
+    return {**task.column_map, **columns}
+
+
+def _column_flag(task: Task, field: str) -> str:
+    """How the user names the column of ``field``: the own-task flags, or --columns for a preset."""
+    if not task.user:
+        return f"--columns {field}=COLUMN"
+    return {LABEL: "--label-column", "text_pair": "--text-pair-column"}.get(field, "--text-column") + " COLUMN"
+
+
+def _check_columns(task: Task, split: Split, records: list[Record], mapping: dict[str, str], path: Path) -> bool:
+    """Refuse a file without a text column (naming the columns it has); whether it has the label column.
+
+    A test file may lack the label column (predictions only); train and dev files may not.
+    """
+    have = list(records[0].values) if records else []
+    for f in task.text_fields:
+        if records and mapping[f] not in records[0].values:
+            raise CompressError(
+                f"{path}: no column {mapping[f]!r} for {task.display}'s {f} (columns here: {', '.join(map(str, have))}); "
+                f"name it with {_column_flag(task, f)}"
+            )
+    labelled = not records or mapping[LABEL] in records[0].values
+    if not labelled and split.labelled and split.name != "test":
+        raise CompressError(
+            f"{path}: no label column {mapping[LABEL]!r} (columns here: {', '.join(map(str, have))}); "
+            f"name it with {_column_flag(task, LABEL)}"
+        )
+    return labelled
+
+
+def _sentence_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
+    """A sentence task from one csv/tsv/json/jsonl/parquet file or datasets folder, its columns mapped.
+
+    A ``.tsv`` file in a preset split's GLUE layout (the download script's ``dev.tsv``) needs no
+    ``columns``: it is read as ``--data-dir`` reads it, to the same rows.
+    """
+    if path.suffix.lower() == ".tsv" and path.is_file() and not columns and not task.user:
+        rows = read_tsv_rows(path)  # GLUE's convention: quotes are text
+        if rows and _in_glue_layout(task, split, rows[0]):
+            return _glue_dataset(rows, path, task, split)
+    records = read_table(path, split.name)
+    mapping = _mapping(task, columns)
+    labelled = _check_columns(task, split, records, mapping, path)
     out: dict[str, list[Any]] = {f: [] for f in task.text_fields}
     labels: list[Any] = []
     # The file's own index column (not one mapped to a task field) numbers the predictions.
-    index_key = next((k for k in INDEX_COLUMNS.split("|") if records and k in records[0] and k not in mapping.values()), None)
+    index_key = next((k for k in INDEX_COLUMNS.split("|") if records and k in records[0].values
+                      and k not in mapping.values()), None)
     index: list[int] | None = [] if index_key else None
-    first_line = 2 if fmt == "csv" else 1
-    for i, record in enumerate(records):
-        where = f"{path}:{i + first_line}" if fmt != "parquet" else f"{path} row {i}"
+    for record in records:
+        values, where = record.values, record.where
         if index is not None:
-            index.append(_parse_index(record.get(index_key), where))
+            index.append(_parse_index(values.get(index_key), where))
         for f in task.text_fields:
-            value = record.get(mapping[f])
+            value = values.get(mapping[f])
             if value is None:
-                have = ", ".join(map(str, record))
-                raise CompressError(
-                    f"{where}: no value for {task.display} field {f!r} (column {mapping[f]!r}; "
-                    f"columns here: {have}); map it with --columns {f}=COLUMN"
-                )
+                raise CompressError(f"{where}: no value in column {mapping[f]!r} ({task.display}'s {f}); fill it in or "
+                                    "remove the row")
+            if task.user and not str(value).strip():
+                raise CompressError(f"{where}: the text in column {mapping[f]!r} is empty; fill it in or remove the row "
+                                    "(a text broken over lines leaves an empty one beside its label)")
             out[f].append(str(value))
-        raw = record.get(mapping["label"])
-        if raw is None or (isinstance(raw, str) and raw.strip() == "") or raw == UNLABELLED:
+        raw = values.get(mapping[LABEL]) if labelled else None
+        if _no_label(task, raw):
             if split.labelled and split.name != "test":
-                raise CompressError(
-                    f"{where}: no label (column {mapping['label']!r}); map it with --columns label=COLUMN"
-                )
-            labels.append(task.behaviour.unlabelled)
+                raise CompressError(f"{where}: no label (column {mapping[LABEL]!r}); fill it in or remove the row")
+            labels.append(_unlabelled(task))
         else:
             labels.append(parse_label(task, raw, where))
     return _make_dataset(task, out, labels, index)
 
 
-def read_records(path: Path, fmt: str) -> list[dict[str, Any]]:
-    """Records of a csv, json/jsonl or parquet file (a .tsv file's rows come from :func:`read_tsv_rows`)."""
-    if fmt == "parquet":
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as err:
-            raise CompressError(f"cannot read parquet file {path}: {err}") from None
-    text = read_text_file(path)
-    if fmt == "csv":
-        return _table_records(list(csv.reader(io.StringIO(text), delimiter=",")), path)
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise CompressError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
-        if not all(isinstance(r, dict) for r in data):
-            raise CompressError(f"{path}: expected a JSON list of objects")
-        return data
-    records = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CompressError(f"{path}:{n}: malformed JSON line ({err.msg})") from None
-        if not isinstance(record, dict):
-            raise CompressError(f"{path}:{n}: expected a JSON object per line")
-        records.append(record)
-    return records
+def _no_label(task: Task, raw: Any) -> bool:
+    """A cell without a label: absent, blank (a multi-label row may have none: ``[]`` or an empty cell is read), or -1."""
+    if raw is None:
+        return True
+    if task.behaviour.label_list:
+        return False
+    return (isinstance(raw, str) and raw.strip() == "") or raw == UNLABELLED
 
 
-def _table_records(rows: list[list[str]], path: Path) -> list[dict[str, Any]]:
-    """Records of a csv/tsv table: its first row names the columns, every other row has as many fields."""
-    if not rows:
-        return []
-    header = rows[0]
-    records = []
-    for n, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
-            raise CompressError(
-                f"{path}:{n}: malformed row: {len(row)} fields where the header has {len(header)}"
-            )
-        records.append(dict(zip(header, row)))
-    return records
+def _unlabelled(task: Task) -> Any:
+    """The label of a row without one (a test split): -1, or a row of -1 for a multi-hot label."""
+    if task.kind == MULTI_LABEL:
+        return [float(UNLABELLED)] * task.num_labels
+    return task.behaviour.unlabelled
+
+
+def _token_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
+    """A token-classification split: CoNLL, or a table whose rows hold a word list and a tag list."""
+    mapping = _mapping(task, columns)
+    words_col, tags_col = mapping["tokens"], mapping[LABEL]
+    records = read_conll(path, words_col, tags_col) if is_conll(path) and path.is_file() else read_table(path, split.name)
+    labelled = _check_columns(task, split, records, mapping, path)
+    words: list[list[str]] = []
+    tags: list[list[int]] = []
+    for record in records:
+        values, where = record.values, record.where
+        sentence = values.get(words_col)
+        if isinstance(sentence, str):
+            sentence = sentence.split()  # a sentence given as text: its words are split at whitespace
+        if not isinstance(sentence, (list, tuple)) or not sentence:
+            raise CompressError(f"{where}: column {words_col!r} must hold the sentence's words as a non-empty list")
+        sentence = [str(w) for w in sentence]
+        raw = values.get(tags_col) if labelled else None
+        if raw is None:
+            if split.labelled and split.name != "test":
+                raise CompressError(f"{where}: no tags (column {tags_col!r}); fill them in or remove the sentence")
+            tags.append([UNLABELLED] * len(sentence))
+        else:
+            raw = raw.split() if isinstance(raw, str) else raw
+            if not isinstance(raw, (list, tuple)) or len(raw) != len(sentence):
+                n = len(raw) if isinstance(raw, (list, tuple)) else "no list of"
+                raise CompressError(f"{where}: {len(sentence)} words but {n} tags; give each word one tag")
+            tags.append([_parse_tag(task, t, where) for t in raw])
+        words.append(sentence)
+    return _make_dataset(task, {"tokens": words}, tags, None)
 
 
 # ---------------------------------------------------------------------------- tokenisation
@@ -685,19 +825,28 @@ def tokenize_classification(ds, task: Task, tokenizer, max_length: int = 128):
     Adds ``input_ids``, ``token_type_ids``, ``attention_mask`` and ``labels``; keeps ``idx``.
     """
     fields = task.text_fields
+    truncated = [0]
 
     def encode(batch):
         texts = [batch[f] for f in fields]
         enc = tokenizer(*texts, truncation=True, max_length=max_length)
+        # A fast tokenizer keeps what it cut in each encoding's ``overflowing``: counted, never silent.
+        truncated[0] += sum(1 for e in (getattr(enc, "encodings", None) or []) if e.overflowing)
         enc["labels"] = batch["label"]
         return enc
 
     drop = [c for c in ds.column_names if c != "idx"]
-    return ds.map(encode, batched=True, remove_columns=drop, desc=f"tokenising {task.display}")
+    features = ds.map(encode, batched=True, remove_columns=drop, desc=f"tokenising {task.display}")
+    if truncated[0]:
+        log.info("%s: %d of %d examples are longer than --max-length %d tokens and were truncated",
+                 task.display, truncated[0], len(ds), max_length)
+    return features
 
 
-def collate(tokenizer, pad_to_multiple_of: int | None = None):
-    """A collator that pads each batch to its longest sequence (dynamic padding)."""
+def collate(tokenizer, task: Task | None = None, pad_to_multiple_of: int | None = None):
+    """A collator that pads each batch to its longest sequence (dynamic padding); per-token labels pad with -100."""
+    if task is not None and task.kind == TOKEN:
+        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
@@ -836,8 +985,10 @@ def encode_examples(task: Task, tokenizer, rows, max_length: int, **kwargs):
     (its first window only: :func:`squad_train_features` / :func:`squad_eval_features` make every window).
     ``kwargs`` go to the tokenizer (``padding``, ``return_tensors``).
     """
-    texts, truncation = _BY_KIND[task.kind].texts(task, rows)
-    return tokenizer(*texts, truncation=truncation, max_length=max_length, **kwargs)
+    texts, options = _BY_KIND[task.kind].texts(task, rows)
+    if task.kind == TOKEN:
+        check_fast(tokenizer)
+    return tokenizer(*texts, max_length=max_length, **options, **kwargs)
 
 
 # ---------------------------------------------------------------------------- per kind of task
@@ -849,9 +1000,9 @@ class _KindData:
 
     local_files: Callable[[Task], str]  # what --data-dir should hold, for error messages
     from_table: Callable  # (dataset, task, where) -> the dataset of a parquet table, columns and labels checked
-    from_file: Callable  # (task, split, path, fmt, columns) -> the dataset of one user file
+    from_file: Callable  # (task, split, path, columns) -> the dataset of one user file
     parse_label: Callable  # (task, raw, where, encoding) -> one gold label
-    texts: Callable  # (task, rows) -> (model input texts, tokenizer truncation): one sequence per example
+    texts: Callable  # (task, rows) -> (model input texts, tokenizer options): one sequence per example
     train_features: Callable  # (dataset, task, tokenizer, TaskData, max_length) -> tokenised training features
 
 
@@ -872,11 +1023,31 @@ def _squad_table(ds, task: Task, where: str):
 
 
 def _sentence_texts(task: Task, rows):
-    return tuple(list(rows[f]) for f in task.text_fields), True  # datasets 5 columns are not lists
+    return tuple(list(rows[f]) for f in task.text_fields), {"truncation": True}  # datasets 5 columns are not lists
 
 
 def _squad_texts(task: Task, rows):
-    return _question_context(rows), "only_second"  # keep the question, cut the context
+    return _question_context(rows), {"truncation": "only_second"}  # keep the question, cut the context
+
+
+def _word_texts(task: Task, rows):
+    return ([list(w) for w in rows["tokens"]],), {"truncation": True, "is_split_into_words": True}
+
+
+def _user_hint(task: Task) -> str:
+    return "(your own task reads --train-file / --dev-file / --test-file, or --data-file)"
+
+
+def _no_table(ds, task: Task, where: str):
+    raise CompressError(f"{task.display} is your own task: its data comes from --train-file/--dev-file, not --data-dir")
+
+
+def _tag_label(task: Task, raw: Any, where: str, encoding: str) -> int:
+    return _parse_tag(task, raw, where)
+
+
+def _token_train_features(ds, task: Task, tokenizer, data: TaskData, max_length: int):
+    return token_features(ds, tokenizer, max_length, what=f"{task.display} training")
 
 
 def _sentence_features(ds, task: Task, tokenizer, data: TaskData, max_length: int):
@@ -893,6 +1064,8 @@ def _squad_features(ds, task: Task, tokenizer, data: TaskData, max_length: int):
 _SENTENCES = _KindData(_glue_hint, _sentence_table, _sentence_file, _parse_class, _sentence_texts, _sentence_features)
 _BY_KIND: dict[str, _KindData] = {
     CLASSIFICATION: _SENTENCES,
+    MULTI_LABEL: replace(_SENTENCES, local_files=_user_hint, from_table=_no_table, parse_label=_parse_multi),
     REGRESSION: replace(_SENTENCES, parse_label=_parse_score),
+    TOKEN: _KindData(_user_hint, _no_table, _token_file, _tag_label, _word_texts, _token_train_features),
     SPAN: _KindData(_squad_hint, _squad_table, _squad_file, _no_labels, _squad_texts, _squad_features),
 }

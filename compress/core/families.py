@@ -142,6 +142,7 @@ def _classes(prefix: str, heads: tuple[str, ...]) -> dict[str, str]:
     suffix = {
         "base": "Model",
         "sequence-classification": "ForSequenceClassification",
+        "token-classification": "ForTokenClassification",
         "question-answering": "ForQuestionAnswering",
         "masked-lm": "ForMaskedLM",
         "pretraining": "ForPreTraining",
@@ -149,7 +150,7 @@ def _classes(prefix: str, heads: tuple[str, ...]) -> dict[str, str]:
     return {head: prefix + suffix[head] for head in heads}
 
 
-ENCODER_HEADS = ("base", "sequence-classification", "question-answering")
+ENCODER_HEADS = ("base", "sequence-classification", "token-classification", "question-answering")
 
 
 def _bert_finish(layer: nn.Module, context: Tensor, hidden: Tensor) -> Tensor:

@@ -146,11 +146,11 @@ def load_model_for_task(model_dir: Path | str, task: Task, **options):
     ``options`` go to :func:`load_model`; with ``with_info=True`` the result is ``(model, info)``.
     """
     kind = task.behaviour
-    if kind.problem_type is None:  # not a classifier head: nothing to size or name
+    if kind.label_type is None:  # answers, not labels (a span head): nothing to size or name
         return load_model(model_dir, head=kind.head, **options)
     loaded = load_model(model_dir, head=kind.head, num_labels=task.num_labels, id2label=task.id2label, **options)
     model = loaded[0] if options.get("with_info") else loaded
-    model.config.problem_type = kind.problem_type
+    model.config.problem_type = kind.problem_type  # None for a token classifier: transformers' cross-entropy per token
     return loaded
 
 

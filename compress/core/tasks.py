@@ -1,11 +1,17 @@
-"""The task registry: every GLUE task, the AX diagnostic set and SQuAD v1.1 / v2.0.
+"""Tasks as data: the benchmark presets (every GLUE task, AX, SQuAD v1.1 / v2.0) and a user's own.
 
-A :class:`Task` holds facts (text fields, label names in the official order, metrics,
-splits and where each split lives in every supported layout); reading files is
+A :class:`Task` holds facts (text fields, label names in their order, metrics, splits and,
+for a preset, where each split lives in every supported layout); reading files is
 ``compress.core.data``'s job. Everything that depends on the *kind* of task (which
 model head and outputs, which label type, which losses, how long a default input is,
 how a prediction is written) lives on its :class:`TaskKind`, ``task.behaviour``, so
 no other module branches on the kind.
+
+A user's own task (:func:`user_task`) is one of the kinds in ``USER_KINDS``
+(``text-classification``, ``multi-label``, ``regression``, ``token-classification``) with
+label names read from the user's training file; it is not registered, it travels with
+the models made for it (:meth:`Task.to_record` in compression.json, ``id2label`` and
+``problem_type`` in config.json; ``compress.core.resolve`` reads it back).
 
 Label names follow the order of the Hugging Face ``nyu-mll/glue`` dataset, which is
 the order of the label ids every fine-tuned hub checkpoint uses. Legacy GLUE
@@ -21,45 +27,55 @@ from dataclasses import dataclass, field
 from compress.core.config import Choices
 from compress.core.errors import CompressError
 
-CLASSIFICATION = "classification"
-REGRESSION = "regression"
+CLASSIFICATION = "text-classification"  # one label of K per text or pair (softmax)
+MULTI_LABEL = "multi-label"  # any subset of K labels per text (sigmoid per label)
+REGRESSION = "regression"  # one number per text or pair
+TOKEN = "token-classification"  # one BIO tag per word (named entities)
 SPAN = "span"  # extractive question answering (SQuAD)
+USER_KINDS = (CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN)  # the kinds a user's own files can make
 UNLABELLED = -1  # the label of an unlabelled row (the hub's GLUE test splits)
+IGNORED = -100  # a token position without a target (word pieces after a word's first, special tokens)
 
 
 @dataclass(frozen=True)
 class TaskKind:
     """What depends on the kind of task; one record per kind (``KINDS``)."""
 
-    name: str  # CLASSIFICATION, REGRESSION or SPAN
-    head: str  # the model head: "sequence-classification" or "question-answering"
+    name: str  # one of KINDS
+    head: str  # the model head: "sequence-classification", "token-classification" or "question-answering"
     outputs: tuple[str, ...]  # the head's output names, in order: ("logits",) or ("start_logits", "end_logits")
-    problem_type: str | None  # transformers' config.problem_type for the head (None: not a classifier head)
-    label_dtype: str | None  # the label column's dtype ("int64", "float32"); None: answers, not labels
+    problem_type: str | None  # transformers' config.problem_type for the head (None: not a sequence classifier)
+    label_dtype: str | None  # dtype of one label value ("int64", "float32"); None: answers, not labels
+    label_list: bool  # a label is a list: a multi-hot row of K floats (multi-label), one tag id per word (tokens)
     max_length: int  # default input length in tokens (SQuAD windows are longer)
-    per_token: bool  # the outputs score token positions (batch, seq), so padding must leave them
-    soft_loss: str  # loss on the teacher's outputs: "kl" (T²-scaled), "span_kl" (over unpadded positions) or "mse"
-    hard_loss: str  # loss on gold labels: "cross_entropy", "mse" or "span_cross_entropy"
-    prediction: str  # what one prediction is: "label" (a name), "score" (a float) or "answer" (a text span)
+    per_token: bool  # the outputs score token positions ((batch, seq) or (batch, seq, K)), so padding must leave them
+    soft_loss: str  # loss on the teacher's outputs: "kl" (T²-scaled), "sigmoid_kl", "token_kl", "span_kl" or "mse"
+    hard_loss: str  # loss on gold labels: "cross_entropy", "bce", "token_cross_entropy", "mse" or "span_cross_entropy"
+    prediction: str  # what one prediction is: "label" (a name), "labels" (names), "tags" (one per word),
+    #                  "score" (a float) or "answer" (a text span)
 
     @property
     def label_type(self) -> type | None:
-        """The Python type of one gold label (int, float); None when examples carry answers, not labels."""
+        """The Python type of one gold label value (int, float); None when examples carry answers, not labels."""
         return {"int64": int, "float32": float}.get(self.label_dtype)
 
     @property
     def unlabelled(self) -> int | float | None:
-        """The label of a row that has none (test splits), as the hub writes it: -1 or -1.0."""
+        """The label of a row that has none (test splits), as the hub writes it: -1 or -1.0 (lists: every value -1)."""
         return None if self.label_type is None else self.label_type(UNLABELLED)
 
 
 KINDS: dict[str, TaskKind] = {
     CLASSIFICATION: TaskKind(CLASSIFICATION, "sequence-classification", ("logits",), "single_label_classification",
-                             "int64", 128, False, "kl", "cross_entropy", "label"),
+                             "int64", False, 128, False, "kl", "cross_entropy", "label"),
+    MULTI_LABEL: TaskKind(MULTI_LABEL, "sequence-classification", ("logits",), "multi_label_classification",
+                          "float32", True, 128, False, "sigmoid_kl", "bce", "labels"),
     REGRESSION: TaskKind(REGRESSION, "sequence-classification", ("logits",), "regression",
-                         "float32", 128, False, "mse", "mse", "score"),
+                         "float32", False, 128, False, "mse", "mse", "score"),
+    TOKEN: TaskKind(TOKEN, "token-classification", ("logits",), None,
+                    "int64", True, 128, True, "token_kl", "token_cross_entropy", "tags"),
     SPAN: TaskKind(SPAN, "question-answering", ("start_logits", "end_logits"), None,
-                   None, 384, True, "span_kl", "span_cross_entropy", "answer"),
+                   None, False, 384, True, "span_kl", "span_cross_entropy", "answer"),
 }
 
 
@@ -93,17 +109,17 @@ class Split:
 
 @dataclass(frozen=True)
 class Task:
-    """Facts about one benchmark task."""
+    """Facts about one task: a benchmark preset, or a user's own (``user``)."""
 
-    name: str  # canonical registry name, e.g. "sst2"
+    name: str  # canonical registry name, e.g. "sst2"; a user's task: its --task-name or its files' name
     display: str  # as papers write it, e.g. "SST-2"
-    kind: str  # CLASSIFICATION, REGRESSION or SPAN
+    kind: str  # one of KINDS
     text_fields: tuple[str, ...]  # dataset columns, in model-input order
-    label_names: tuple[str, ...]  # official order; empty for regression and span tasks
+    label_names: tuple[str, ...]  # official order (a user's task: sorted or --labels); empty for regression and span tasks
     metrics: tuple[str, ...]  # metric names reported by compress.eval.metrics / compress.eval.squad
     primary_metric: str  # the one number a leaderboard shows
     splits: tuple[Split, ...]
-    hub_path: str  # Hugging Face dataset repository
+    hub_path: str  # Hugging Face dataset repository ("" for a user's task: files only)
     hub_config: str | None  # its configuration name
     folders: tuple[str, ...]  # folder names in a local data directory
     label_range: tuple[float, float] | None = None  # valid targets of a regression task
@@ -111,6 +127,10 @@ class Task:
     prediction_source: str | None = None  # task whose model predicts this one (AX <- MNLI)
     unanswerable: bool = False  # some questions have no answer (SQuAD v2.0): null odds, HasAns/NoAns metrics
     aliases: tuple[str, ...] = field(default=())
+    user: bool = False  # a user's own task, made from files (travels in compression.json), not a registry entry
+    columns: tuple[tuple[str, str], ...] = ()  # (field or "label", file column) the files are read with; () = the field names
+    label_sep: str | None = None  # multi-label: separator between labels in one cell (None: a JSON list or a list column)
+    threshold: float | None = None  # multi-label: a label is predicted when its sigmoid is at least this
 
     @property
     def behaviour(self) -> TaskKind:
@@ -140,6 +160,19 @@ class Task:
     def is_pair(self) -> bool:
         return len(self.text_fields) == 2
 
+    @property
+    def column_map(self) -> dict[str, str]:
+        """Field (and ``label``) -> the file column holding it; a field not mapped is its own column name."""
+        mapped = {**(DEFAULT_COLUMNS.get(self.kind, {}) if self.user else {}), **dict(self.columns)}
+        return {f: mapped.get(f, f) for f in (*self.text_fields, LABEL)}
+
+    def to_record(self) -> dict:
+        """What compression.json keeps of a user's task ("task_spec"), enough for :func:`task_from_record`."""
+        return {"name": self.name, "kind": self.kind, "text_fields": list(self.text_fields),
+                "labels": list(self.label_names), "columns": {f: c for f, c in self.columns},
+                "metric": self.primary_metric, "metrics": list(self.metrics),
+                "label_sep": self.label_sep, "threshold": self.threshold}
+
     def split(self, name: str) -> Split:
         """The split called ``name``; ``dev``/``test`` also find MNLI's matched one."""
         for s in self.splits:
@@ -158,6 +191,9 @@ class Task:
         if grouped:
             return grouped
         return (self.split(name),)  # raises with the valid names
+
+
+LABEL = "label"  # the dataset column of the gold label (a class index, a score, a multi-hot row, a tag id per word)
 
 
 def _glue(name, display, fields, labels, metrics, primary, splits, folders, **kw) -> Task:
@@ -313,6 +349,80 @@ _TASKS: tuple[Task, ...] = (
 )
 
 GLUE_TASKS = tuple(t.name for t in _TASKS if t.hub_path == "nyu-mll/glue")
+
+
+# ---------------------------------------------------------------------------- a user's own task
+
+# Each kind's dataset fields (in model-input order) and metrics: (one text, a pair), metrics, the primary one.
+_USER_FIELDS = {TOKEN: (("tokens",), None)}
+_SENTENCE_FIELDS = (("text",), ("text", "text_pair"))
+USER_METRICS: dict[str, tuple[tuple[str, ...], str]] = {
+    CLASSIFICATION: (("accuracy", "macro_f1"), "accuracy"),
+    MULTI_LABEL: (("micro_f1", "macro_f1", "subset_accuracy"), "micro_f1"),
+    REGRESSION: (("pearson", "spearmanr", "mse"), "pearson"),
+    TOKEN: (("entity_f1", "entity_precision", "entity_recall"), "entity_f1"),
+}
+# Where a user's task reads its text and label when no --text-column / --label-column says otherwise.
+DEFAULT_COLUMNS = {TOKEN: {"tokens": "tokens", LABEL: "tags"}}
+MULTI_LABEL_THRESHOLD = 0.5
+BIO = re.compile(r"^(O|[BI]-\S.*)$")  # IOB2 tags: O, B-TYPE, I-TYPE
+
+
+def user_task(kind: str, name: str, labels: tuple[str, ...] = (), *, pair: bool = False,
+              columns: tuple[tuple[str, str], ...] = (), label_sep: str | None = None,
+              threshold: float | None = None) -> Task:
+    """A user's own task of ``kind`` (one of USER_KINDS) with ``labels`` in output order.
+
+    Its fields are canonical (``text``, ``text_pair``; ``tokens`` for token classification);
+    ``columns`` maps them (and ``label``) to the file's columns. Splits are train / dev / test,
+    each read from one file; a test file may hold no labels (predictions only).
+    """
+    if kind not in USER_KINDS:
+        raise CompressError(f"unknown task kind {kind!r}; valid: {', '.join(USER_KINDS)}")
+    if kind == REGRESSION:
+        labels = ()
+    elif len(labels) < (1 if kind == MULTI_LABEL else 2):
+        found = f"only {labels[0]!r}" if labels else "none"
+        raise CompressError(f"a {kind} task needs at least {1 if kind == MULTI_LABEL else 2} labels; the training data has {found}")
+    if len(set(labels)) != len(labels):
+        twice = sorted({x for x in labels if labels.count(x) > 1})
+        raise CompressError(f"label(s) {', '.join(twice)} given twice; each label names one output")
+    if kind == TOKEN:
+        bad = [t for t in labels if not BIO.match(t)]
+        if bad:
+            raise CompressError(f"tag(s) {', '.join(map(repr, bad[:5]))} are not in BIO form (O, B-TYPE, I-TYPE); "
+                                "convert the tags to IOB2")
+    fields = _USER_FIELDS[kind][0] if kind in _USER_FIELDS else _SENTENCE_FIELDS[1 if pair else 0]
+    metrics, primary = USER_METRICS[kind]
+    if kind == TOKEN:  # per entity type too: f1 of each type after the overall scores
+        metrics = (*metrics, *(f"f1_{t}" for t in entity_types(labels)))
+    return Task(
+        name=name, display=name, kind=kind, text_fields=fields, label_names=tuple(labels), metrics=metrics,
+        primary_metric=primary,
+        splits=(Split("train", "train"), Split("dev", "validation"), Split("test", "test", labelled=False)),
+        hub_path="", hub_config=None, folders=(), submission_labels="names", user=True, columns=tuple(columns),
+        label_sep=label_sep,
+        threshold=(threshold if threshold is not None else MULTI_LABEL_THRESHOLD) if kind == MULTI_LABEL else None,
+    )
+
+
+def entity_types(tags: tuple[str, ...]) -> list[str]:
+    """The entity types of BIO tags, in first-seen order (``B-person``, ``I-person`` -> ``person``)."""
+    return list(dict.fromkeys(t[2:] for t in tags if t != "O"))
+
+
+def task_from_record(record: dict) -> Task:
+    """The user's task that :meth:`Task.to_record` wrote (compression.json's "task_spec")."""
+    try:
+        kind, fields = record["kind"], tuple(record["text_fields"])
+        task = user_task(kind, str(record["name"]), tuple(record.get("labels") or ()), pair=len(fields) == 2,
+                         columns=tuple((record.get("columns") or {}).items()), label_sep=record.get("label_sep"),
+                         threshold=record.get("threshold"))
+    except (KeyError, TypeError, AttributeError) as err:
+        raise CompressError(f"a recorded task is malformed (missing or bad {err}); re-run the stage that made the model") from None
+    if task.text_fields != fields:
+        raise CompressError(f"a recorded {kind} task has fields {list(fields)}; expected {list(task.text_fields)}")
+    return task
 TASKS: dict[str, Task] = {}
 _ALIASES: dict[str, str] = {}
 
@@ -337,13 +447,21 @@ for _t in _TASKS:
 
 
 def task_choices() -> Choices:
-    """The registered task names as a flag's choices; any alias get_task accepts is accepted too."""
-    return Choices(TASKS, accept=lambda name: _key(name) in _ALIASES)
+    """A user's task kinds and the registered task names as a flag's choices; any alias get_task accepts too."""
+    return Choices([*USER_KINDS, *TASKS], accept=lambda name: _key(name) in _ALIASES)
+
+
+def is_kind(name: str) -> bool:
+    """Whether ``name`` names a kind of user task (``text-classification``, ...) rather than a preset."""
+    return name in USER_KINDS
 
 
 def get_task(name: str) -> Task:
-    """Look a task up by name or alias (case and punctuation insensitive)."""
+    """Look a preset task up by name or alias (case and punctuation insensitive)."""
     key = _key(name)
     if key in _ALIASES:
         return TASKS[_ALIASES[key]]
-    raise CompressError(f"unknown task {name!r}; valid: {', '.join(TASKS)}")
+    if is_kind(name):
+        raise CompressError(f"--task {name} is a kind of task, made from your files: pass --train-file (and --dev-file), "
+                            "or a model folder fine-tuned on the task")
+    raise CompressError(f"unknown task {name!r}; valid: {', '.join(USER_KINDS)} (your own data) or {', '.join(TASKS)}")
