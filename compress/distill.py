@@ -37,9 +37,7 @@ task: :mod:`compress.distill_general` (an encoder on a text corpus) and
 from __future__ import annotations
 
 import logging
-import random
 import shutil
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -64,7 +62,16 @@ from compress.core.artifacts import (
     utc_now,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import DataSource, TaskData, collate, load_dev_splits, load_split, load_train_split, train_features
+from compress.core.data import (
+    DataSource,
+    TaskData,
+    collate,
+    load_dev_splits,
+    load_split,
+    load_test_split,
+    load_train_split,
+    train_features,
+)
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.runtime import load_model
@@ -78,7 +85,8 @@ from compress.core.structure import (
     model_inputs,
     value_projection,
 )
-from compress.core.tasks import GLUE_TASKS, REGRESSION, TaskKind, get_task, task_choices
+from compress.core.resolve import resolve_task, task_fields
+from compress.core.tasks import GLUE_TASKS, MULTI_LABEL, REGRESSION, SPAN, Task, TaskKind, get_task, is_kind, task_choices
 from compress.core.train import (
     Phase,
     TrainConfig,
@@ -90,7 +98,7 @@ from compress.core.train import (
     train_phases,
     work_dir_for,
 )
-from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records
+from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records, test_records
 from compress.eval.metrics import chance_check
 from compress.students.init import TEACHER_METHODS, init_student, load_pretrained_student
 from compress.students.layer_map import parse_layer_map
@@ -144,7 +152,8 @@ INIT_HELP = ("student initialisation: teacher (its layers, cut to a narrower stu
 @flat_keywords
 @dataclass(frozen=True)
 class DistillConfig:
-    task: str = option("", "task to distil on", choices=task_choices)
+    task: str = option("", "task to distil on (default: the teacher's own task; a kind of your own data with "
+                       "--train-file for a teacher that records none)", choices=task_choices)
     student: str = option("6L-384", "student shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
     heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
@@ -173,12 +182,9 @@ class DistillConfig:
     train: TrainConfig = field(default_factory=_distill_defaults)
 
     def validate(self) -> None:
-        if not self.task:
-            raise CompressError("no task given; pass --task (or use general distillation with --corpus)")
-        task = get_task(self.task)
+        if self.task and not is_kind(self.task):
+            check_extra_data(get_task(self.task), self)
         if self.extra_data.active:
-            if task.behaviour.per_token:
-                raise CompressError(f"--augment/--transfer-text make sentence-task examples; {task.display} answers are spans")
             if "kd" not in self.losses and not set(self.losses) & set(INTERMEDIATE_TERMS):
                 raise CompressError("augmented and transfer examples have no gold labels, only teacher targets: "
                                     "add kd (or an intermediate term) to --losses")
@@ -191,6 +197,20 @@ class DistillConfig:
         if self.init_from and self.init not in TEACHER_METHODS:
             raise CompressError(f"--init-from cuts the student from another encoder: use it with --init {', '.join(TEACHER_METHODS)}, "
                                 f"not --init {self.init}")
+
+
+def check_extra_data(task: Task, cfg: DistillConfig) -> None:
+    """Refuse augmented or transfer rows where they cannot be made: spans (SQuAD) and tagged words (NER).
+
+    TinyBERT's word replacement would change the words an entity tag belongs to (and transfer
+    text has no words aligned with tags), so a token-classification task is refused rather
+    than given rows whose teacher targets sit on other words.
+    """
+    if not cfg.extra_data.active or not task.behaviour.per_token:
+        return
+    what = "answers are spans" if task.kind == SPAN else "tags belong to words that word replacement would change"
+    raise CompressError(f"--augment/--transfer-text make sentence-task examples; {task.display}'s {what}: "
+                        "pass --augment 0 and no --transfer-text")
 
 
 # ---------------------------------------------------------------------------- loss terms
@@ -255,6 +275,17 @@ def _soft_mse(s, t, mask, temperature: float) -> torch.Tensor:
     return L.logits_mse(s["logits"], t["logits"])  # a score has no temperature
 
 
+@SOFT_LOSSES.register("sigmoid_kl")
+def _soft_sigmoid_kl(s, t, mask, temperature: float) -> torch.Tensor:
+    return L.sigmoid_kd(s["logits"], t["logits"], temperature=temperature)  # one yes/no per label
+
+
+@SOFT_LOSSES.register("token_kl")
+def _soft_token_kl(s, t, mask, temperature: float) -> torch.Tensor:
+    # (batch, seq, labels): every real token, word pieces after a word's first included.
+    return L.token_kd(s["logits"], t["logits"], mask, temperature=temperature)
+
+
 @HARD_LOSSES.register("cross_entropy")
 def _hard_ce(s, batch) -> torch.Tensor:
     return L.hard_label_ce(s["logits"], batch["labels"])
@@ -263,6 +294,16 @@ def _hard_ce(s, batch) -> torch.Tensor:
 @HARD_LOSSES.register("mse")
 def _hard_mse(s, batch) -> torch.Tensor:
     return L.hard_label_mse(s["logits"], batch["labels"])
+
+
+@HARD_LOSSES.register("bce")
+def _hard_bce(s, batch) -> torch.Tensor:
+    return L.hard_label_bce(s["logits"], batch["labels"])
+
+
+@HARD_LOSSES.register("token_cross_entropy")
+def _hard_token_ce(s, batch) -> torch.Tensor:
+    return L.token_ce(s["logits"], batch["labels"])  # gold tags on first pieces only; -100 elsewhere
 
 
 @HARD_LOSSES.register("span_cross_entropy")
@@ -457,8 +498,13 @@ def _cached_outputs(kind: TaskKind, cache, batch, index: torch.Tensor, needs: se
     logits = {}
     for name in kind.outputs:
         values = cache.batch_outputs(index.tolist(), name).to(device)
-        if kind.per_token:  # (batch, longest cached) -> (batch, seq): cut, or pad when the batch is padded further
-            values = torch.nn.functional.pad(values[:, :seq], (0, max(0, seq - values.shape[1])), value=-1e4)
+        if kind.per_token:  # (batch, longest cached[, C]) -> (batch, seq[, C]): cut, or pad when the batch is padded further
+            more = max(0, seq - values.shape[1])
+            values = values[:, :seq]
+            if values.dim() == 3:  # per-token logits: the padding is masked out of every term
+                values = torch.nn.functional.pad(values, (0, 0, 0, more))
+            else:  # start/end logits: padding must lose every softmax
+                values = torch.nn.functional.pad(values, (0, more), value=-1e4)
         logits[name] = values
     result = Outputs(logits=logits)
     if "hidden" in needs:
@@ -588,16 +634,22 @@ class _TaskData:
     max_length: int
     pad: Callable  # pads a list of features into a batch
     extra: dict = field(default_factory=dict)  # how the augmented / transfer rows were made (compression.json "extra_data")
+    test: object = None  # the --test-file examples (datasets.Dataset), scored once the best student is kept
 
     def gold_only(self):
         return self.features.select(range(self.n_train))
 
 
-def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False) -> Path:
-    """Distil ``teacher`` into a ``cfg.student`` on ``cfg.task``; write the best dev student to ``out``."""
-    task = get_task(cfg.task)
+def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False,
+            task: Task | None = None) -> Path:
+    """Distil ``teacher`` into a ``cfg.student`` on its task; write the best dev student to ``out``.
+
+    The task is ``task`` when a caller has resolved it, else what ``cfg.task`` (or the teacher) names.
+    """
     out = check_out(out, cfg, overwrite, teacher)
     teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
+    task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=teacher_dir)
+    check_extra_data(task, cfg)
     teach = open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
     _check_teacher(teach.model, teacher_dir, task)
     student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
@@ -613,7 +665,8 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     if not is_main_process():
         return out
     metrics = _task_metrics(task, data, trained, teacher_dev, cfg)
-    record = distill_record("distill", cfg, teach, student, task=task.name, losses=list(cfg.losses), best=trained.best,
+    metrics += test_records(student.model, teach.tokenizer, task, data.test, cfg.data, data.max_length)
+    record = distill_record("distill", cfg, teach, student, **task_fields(task), losses=list(cfg.losses), best=trained.best,
                      cache=trained.cache, extra_data=data.extra, teacher_check=teacher_dev["check"],
                      teacher_at_chance=teacher_dev["check"]["at_chance"])
     return write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work)
@@ -705,7 +758,7 @@ def _teacher_dev(teacher: Teacher, task, dev: dict, evaluate) -> dict:
 
 def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
     """Refuse a teacher whose outputs are not the task's labels (a classifier of another task)."""
-    if task.behaviour.problem_type is None:  # not a classifier head: no labels to match
+    if task.behaviour.label_type is None:  # a span head: no labels to match
         return
     try:
         output_to_task_labels(teacher_model.config, task)
@@ -722,15 +775,22 @@ def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> 
     n_gold = len(features)
     rows, extra = _extra_rows(task, teacher, train_ds, cfg)
     if rows:
-        # No gold label: -100 (ignored by cross-entropy) or NaN (poisons any MSE that would read it); the
-        # ``gold`` column below is what the hard term actually selects by.
-        label = float("nan") if task.kind == REGRESSION else -100
+        label = _no_gold(task)
         raw = datasets.Dataset.from_list([{**r, "label": label, "idx": -1} for r in rows])
         more = train_features(raw, task, teacher.tokenizer, cfg.data, max_length)
         features = datasets.concatenate_datasets([features, more.cast(features.features)])
     features = features.add_column("cache_index", list(range(len(features))))
     features = features.add_column("gold", [1] * n_gold + [0] * (len(features) - n_gold))
-    return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(teacher.tokenizer), extra)
+    return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(teacher.tokenizer, task), extra,
+                     load_test_split(task, cfg.data))
+
+
+def _no_gold(task: Task):
+    """The label of a row with teacher targets only: -100 (ignored by cross-entropy), NaN (poisons any MSE that
+    would read it) or a row of them (multi-label); the ``gold`` column is what the hard term selects by."""
+    if task.kind == MULTI_LABEL:
+        return [float("nan")] * task.num_labels
+    return float("nan") if task.kind == REGRESSION else -100
 
 
 def _extra_rows(task, teacher: Teacher, train_ds, cfg: DistillConfig) -> tuple[list[dict], dict]:

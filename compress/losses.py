@@ -163,6 +163,59 @@ def hard_label_mse(student_scores: Tensor, labels: Tensor) -> Tensor:
     return F.mse_loss(student_scores.reshape(-1), labels.reshape(-1).to(student_scores.dtype))
 
 
+def sigmoid_kd(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Soft-target KD for multi-label outputs: T² · KL(Bernoulli(σ(t/T)) || Bernoulli(σ(s/T))) per label, mean.
+
+    ``(batch, C)`` logits, one independent yes/no per label (a sigmoid, not a softmax): the
+    binary form of Hinton et al.'s soft targets, scaled by ``T**2`` as :func:`soft_target_kl`.
+    Zero when the student's probabilities equal the teacher's.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} vs teacher {tuple(teacher_logits.shape)}")
+    t = temperature
+    s, p = student_logits / t, torch.sigmoid(teacher_logits.detach() / t)
+    # KL = BCE(s, p) - H(p): the cross-entropy with soft targets less the targets' own entropy.
+    cross = F.binary_cross_entropy_with_logits(s, p, reduction="none")
+    entropy = F.binary_cross_entropy(p, p, reduction="none")
+    return (cross - entropy).mean() * t**2
+
+
+def hard_label_bce(student_logits: Tensor, labels: Tensor) -> Tensor:
+    """Binary cross-entropy with multi-hot gold labels: the hard term of a multi-label task.
+
+    ``student_logits``, ``labels``: ``(batch, C)``; mean over every (example, label).
+    """
+    return F.binary_cross_entropy_with_logits(student_logits, labels.to(student_logits.dtype).reshape(student_logits.shape))
+
+
+def token_kd(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None, temperature: float = 1.0) -> Tensor:
+    """Soft-target KD per token (Hinton et al. 2015 at every position, as in distilled NER taggers).
+
+    ``(batch, seq, C)`` logits; T² · KL(p_t || p_s) over C at each real token (``mask``),
+    averaged over the real tokens of the batch.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} vs teacher {tuple(teacher_logits.shape)}")
+    batch, seq, _ = student_logits.shape
+    keep = _token_mask(mask, batch, seq, student_logits)
+    t = temperature
+    kl = _kl_rows(student_logits / t, teacher_logits.detach() / t)  # (batch, seq)
+    return _masked_mean(kl, keep) * t**2
+
+
+def token_ce(student_logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy per token with the gold tags, over positions whose label is not -100.
+
+    ``student_logits``: ``(batch, seq, C)``; ``labels``: ``(batch, seq)`` (a word's first piece
+    carries its tag, every other position -100).
+    """
+    return _cross_entropy(student_logits, labels)
+
+
 def span_kd(
     student_start: Tensor,
     student_end: Tensor,

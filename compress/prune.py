@@ -39,7 +39,7 @@ from compress.core.artifacts import (
     utc_now,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import TaskData, check_max_length, collate, load_task_data
+from compress.core.data import TaskData, check_max_length, collate, load_task_data, load_test_split
 from compress.core.errors import CompressError
 from compress.core.graph_pruning import prune_ffn_neurons
 from compress.core.importance import (
@@ -55,16 +55,17 @@ from compress.core.importance import (
     model_loss,
 )
 from compress.core.registry import Registry
+from compress.core.resolve import resolve_task, task_fields
 from compress.core.runtime import load_model, load_model_for_task
 from compress.core.sentence import SentenceSpec, finish, pooled, pooled_embeddings, read_spec, staged_sentence_files, tokenize
 from compress.core.structure import heads_per_layer
-from compress.core.tasks import get_task, task_choices
+from compress.core.tasks import get_task, is_kind, task_choices
 from compress.core.train import TrainConfig
 from compress.distill import DistillConfig, check_teacher_fit, dev_labels, distill
 from compress.distill_embedding import EmbeddingDistillConfig, distill_embedding, embedding_scorers, embedding_sentences
 from compress.eval.embeddings import embedding_record
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
-from compress.eval.evaluate import dev_evaluator, split_records
+from compress.eval.evaluate import dev_evaluator, split_records, test_records
 from compress.teacher.finetune import FinetuneConfig, finetune
 from compress.teacher.presets import resolve_model
 
@@ -113,7 +114,8 @@ class PrunePlan:
 @flat_keywords
 @dataclass(frozen=True)
 class PruneConfig(PrunePlan):
-    task: str = option("", "task the model is fine-tuned on (scores use its loss, checks use its dev metric)", choices=task_choices)
+    task: str = option("", "task the model is fine-tuned on (scores use its loss, checks use its dev metric; default: the "
+                       "model's own task)", choices=task_choices)
     recovery: Literal["none", "finetune", "distill"] = option("none", "after pruning: fine-tune on the task, or distil from the unpruned model")
     recovery_teacher: str | None = option(
         None, "with --recovery distill: distil from this fine-tuned model DIR instead of the unpruned one (a pruned "
@@ -124,9 +126,8 @@ class PruneConfig(PrunePlan):
     train: TrainConfig = field(default_factory=_recovery_defaults)
 
     def validate(self) -> None:
-        if not self.task:
-            raise CompressError("no task given; pass --task, e.g. --task sst2")
-        get_task(self.task)
+        if self.task and not is_kind(self.task):
+            get_task(self.task)
         self.validate_plan()
         if self.recovery_teacher and self.recovery != "distill":
             raise CompressError(f"--recovery-teacher is the model a distillation recovery learns from; "
@@ -429,8 +430,8 @@ def _prune_and_recover(model, ctx: PruneContext, recovery: str) -> tuple[Any, di
     return model, after_prune, recovered, summary
 
 
-def _batches(features, tokenizer, batch_size: int = 16) -> list[dict]:
-    pad = collate(tokenizer)
+def _batches(features, tokenizer, task=None, batch_size: int = 16) -> list[dict]:
+    pad = collate(tokenizer, task)
     rows = [features[i] for i in range(len(features))]
     return [pad(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
@@ -450,10 +451,10 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     Units are scored with the task's loss on ``importance_examples`` training examples;
     the check is the task's dev metric.
     """
-    task = get_task(cfg.task)
     out = Path(out)
     check_output(out, overwrite, inputs=(model_dir, cfg))
     model_dir = require_torch_weights(model_dir, "pruning")
+    task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=model_dir)
     if cfg.recovery_teacher:  # a missing teacher fails before any scoring, not after
         cfg = replace(cfg, recovery_teacher=str(require_torch_weights(resolve_model(cfg.recovery_teacher), "--recovery-teacher")))
     tokenizer = load_tokenizer(model_dir)
@@ -462,12 +463,13 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     max_length = cfg.data.resolved_max_length(task, model.config.max_position_embeddings)
     features, dev, _ = load_task_data(task, tokenizer, replace(cfg.data, max_train_examples=cfg.importance_examples),
                                       max_length, seed=cfg.train.seed)
+    test = load_test_split(task, cfg.data)
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
 
     def recover(pruned):
         return _recover_task(pruned, model_dir, tokenizer, task, cfg)
 
-    ctx = PruneContext(cfg, _batches(features, tokenizer), model_loss, evaluate, task.primary_metric,
+    ctx = PruneContext(cfg, _batches(features, tokenizer, task), model_loss, evaluate, task.primary_metric,
                        recover if cfg.recovery != "none" else None, random.Random(cfg.train.seed))
     before = {"params": st.count_parameters(model), "structure": st.describe(model), "dev": evaluate(model)}
     # Said before any pruning: scores and cuts of a model that is not fine-tuned for the task mean nothing.
@@ -479,11 +481,12 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     summary.update(task=task.name, teacher_at_chance=fit["at_chance"], teacher_warning=fit["warning"])
     record = compression_record(
         stage="prune", method=_method(cfg, cfg.recovery), config=cfg, parent=model_dir, seed=cfg.train.seed,
-        extra={"task": task.name, "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"},
+        extra={**task_fields(task), "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"},
                "teacher_check": fit, "teacher_at_chance": fit["at_chance"]},
     )
     records = split_records(task, dev, recovered or after_prune, data=cfg.data.describe(), max_length=max_length,
                             batch_size=cfg.data.eval_batch_size)
+    records += test_records(model, tokenizer, task, test, cfg.data, max_length)
     return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite, metrics=[*records, summary])
 
 
@@ -508,11 +511,12 @@ def _recover_task(model, model_dir: Path, tokenizer, task, cfg: PruneConfig):
     scratch = Path(tempfile.mkdtemp(prefix="compress-prune-"))
     try:
         pruned = _saved_copy(model, tokenizer, scratch / "pruned")
+        data = replace(cfg.data, test_file=None)  # the pruned model is scored on the test file once, at the end
         if cfg.recovery == "finetune":
-            out = finetune(pruned, scratch / "recovered", FinetuneConfig(task=task.name, data=cfg.data, train=cfg.train))
+            out = finetune(pruned, scratch / "recovered", FinetuneConfig(data=data, train=cfg.train), task=task)
         else:
-            dcfg = DistillConfig(task=task.name, init=str(pruned), losses=("kd", "hard"), data=cfg.data, train=cfg.train)
-            out = distill(cfg.recovery_teacher or model_dir, scratch / "recovered", dcfg)
+            dcfg = DistillConfig(init=str(pruned), losses=("kd", "hard"), data=data, train=cfg.train)
+            out = distill(cfg.recovery_teacher or model_dir, scratch / "recovered", dcfg, task=task)
         return load_model_for_task(out, task)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -108,10 +108,11 @@ from compress.core.openvino import (
     save_ir,
 )
 from compress.core.registry import Registry
+from compress.core.resolve import resolve_task, task_fields, task_of_model
 from compress.core.runtime import INPUTS, PT2_FILE, Runner, load_model, quantize_linears, structure_of, write_torch_int8
 from compress.core.sentence import copy_sentence_files
 from compress.core.structure import describe, input_names, layers_path, model_inputs
-from compress.core.tasks import Task, get_task, task_choices
+from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.eval.evaluate import dev_evaluator, format_table, split_records
 from compress.eval.latency import megabytes, size_on_disk
 
@@ -124,6 +125,7 @@ RANDOM_CHECK_LENGTH = 32  # tokens per random check sequence when no task is giv
 # The outputs each head returns, compared between fp32 and int8.
 OUTPUT_NAMES = {
     "sequence-classification": ("logits",),
+    "token-classification": ("logits",),
     "question-answering": ("start_logits", "end_logits"),
     "base": ("last_hidden_state",),
     "masked-lm": ("logits",),
@@ -143,8 +145,8 @@ class QuantizeConfig:
                           choices=lambda: BACKENDS.names())
     scheme: str = option("dynamic", "dynamic (activation ranges per batch), static (calibrated) or qat (quantization-aware training); torch: dynamic, onnxruntime: dynamic/static, inc: static/qat, openvino: static",
                          choices=SCHEMES)
-    task: str = option("", "task whose train split calibrates static ranges and whose dev split scores the result",
-                       choices=task_choices)
+    task: str = option("", "task whose train split calibrates static ranges and whose dev split scores the result "
+                       "(default with --train-file/--dev-file: the model's own task)", choices=task_choices)
     calibration_examples: int = option(128, "training examples for static calibration (a seeded random sample)")
     preset: str = option("auto", "onnxruntime kernels: auto (from the CPU's flags), avx512_vnni, avx2, arm64", choices=PRESETS)
     per_channel: bool = option(True, "one weight scale per output channel (else one per tensor)")
@@ -163,14 +165,15 @@ class QuantizeConfig:
                 f"the {self.backend} backend does not do {self.scheme} quantization; "
                 f"it does {', '.join(backend.schemes)}"
             )
-        if self.scheme in ("static", "qat") and not self.task:
+        if self.scheme in ("static", "qat") and not self.has_task:
             use = "to calibrate on" if self.scheme == "static" else "to train on"
-            raise CompressError(f"{self.scheme} quantization needs a task's training examples {use}; pass --task, e.g. --task sst2")
+            raise CompressError(f"{self.scheme} quantization needs a task's training examples {use}; pass --task, e.g. "
+                                "--task sst2, or your task's --train-file and --dev-file")
         if self.qat_steps < 1 or self.qat_lr <= 0:
             raise CompressError(f"--qat-steps must be at least 1 and --qat-lr positive, got {self.qat_steps} and {self.qat_lr}")
-        if self.max_drop is not None and not self.task:
-            raise CompressError("--max-drop compares dev scores; pass --task too")
-        if self.task:
+        if self.max_drop is not None and not self.has_task:
+            raise CompressError("--max-drop compares dev scores; pass --task too (or your task's --train-file and --dev-file)")
+        if self.task and not is_kind(self.task):
             get_task(self.task)
         if self.calibration_examples < 1:
             raise CompressError(f"--calibration-examples must be at least 1, got {self.calibration_examples}")
@@ -178,6 +181,11 @@ class QuantizeConfig:
             raise CompressError(f"unknown --preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         if self.preset != "auto" and self.backend != "onnxruntime":
             raise CompressError(f"--preset chooses ONNX Runtime kernels; the {self.backend} backend has none (leave it at auto)")
+
+    @property
+    def has_task(self) -> bool:
+        """Whether a task's data is given: a task name, or a user's files (the task is then the model's own)."""
+        return bool(self.task or self.data.train_file)
 
 
 # ---------------------------------------------------------------------------- backends
@@ -580,18 +588,18 @@ def quiet_nncf() -> Iterator[None]:
             nncf_logger.setLevel(level)
 
 
+# The heads the graph backends quantize (not pretraining's two-headed output).
+TASK_HEADS = ("sequence-classification", "token-classification", "question-answering", "base", "masked-lm")
 BACKENDS.register("torch", Backend(("dynamic",), "torch-int8-dynamic", ("torch",), _quantize_torch))
 BACKENDS.register("onnxruntime", Backend(
     ("dynamic", "static"), "onnx", ("torch", "onnx", "onnxruntime"), _quantize_onnxruntime,
-    needs_torch=False, heads=("sequence-classification", "question-answering", "base", "masked-lm"),
+    needs_torch=False, heads=TASK_HEADS,
 ))
 BACKENDS.register("inc", Backend(
-    ("static", "qat"), "inc-pt2e", ("torch", "neural-compressor-pt", "torchao"), _quantize_inc,
-    heads=("sequence-classification", "question-answering", "base", "masked-lm"),
+    ("static", "qat"), "inc-pt2e", ("torch", "neural-compressor-pt", "torchao"), _quantize_inc, heads=TASK_HEADS,
 ))
 BACKENDS.register("openvino", Backend(
-    ("static",), OPENVINO, ("torch", "openvino", "nncf"), _quantize_openvino,
-    needs_torch=False, heads=("sequence-classification", "question-answering", "base", "masked-lm"),
+    ("static",), OPENVINO, ("torch", "openvino", "nncf"), _quantize_openvino, needs_torch=False, heads=TASK_HEADS,
 ))
 
 
@@ -694,8 +702,12 @@ def degenerate(reference, quantized) -> str | None:
     return None
 
 
-def check_outputs(reference, quantized, calibration: Calibration, names: tuple[str, ...], backend: str) -> dict[str, Any]:
-    """Run fp32 and int8 side by side on the check examples; raise on degenerate int8 outputs."""
+def check_outputs(reference, quantized, calibration: Calibration, names: tuple[str, ...], backend: str,
+                  per_row: bool = True) -> dict[str, Any]:
+    """Run fp32 and int8 side by side on the check examples; raise on degenerate int8 outputs.
+
+    ``per_row``: the logits are one row per example (a sequence classifier), so their argmaxes agree or not.
+    """
     batches = calibration.check_batches()
     ref = collect_outputs(reference, batches, names)
     got = collect_outputs(quantized, batches, names)
@@ -711,7 +723,7 @@ def check_outputs(reference, quantized, calibration: Calibration, names: tuple[s
         "max_abs_diff": float(np.abs(got - ref).max()),
         "fp32_max_abs": float(np.abs(ref).max()),
     }
-    if names == ("logits",) and ref.shape[1] > 1:
+    if per_row and names == ("logits",) and ref.shape[1] > 1:
         summary["argmax_agreement"] = float((got.argmax(1) == ref.argmax(1)).mean())
     return summary
 
@@ -728,10 +740,11 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
     if is_quantized(model_dir):
         raise CompressError(f"{model_dir} is already quantized to int8; quantize the fp32 model it was made from instead")
     head = saved_head(model_dir)
-    _check_head(backend, cfg, head, model_dir)
+    task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=model_dir) if cfg.has_task else None
+    _check_head(backend, cfg, head, model_dir, task)
     if backend.needs_torch and artifact_format(model_dir) != "torch":
         raise CompressError(f"the {cfg.backend} backend needs PyTorch weights; {model_dir} holds an {artifact_format(model_dir)} model")
-    task = get_task(cfg.task) if cfg.task else None
+    own = task or task_of_model(model_dir)  # recorded in the int8 folder, which may travel without its parent
     tokenizer = load_tokenizer(model_dir)
     reference = load_model(model_dir)  # the fp32 parent: quantized from (torch backends) and compared with
     max_positions = reference.config.max_position_embeddings
@@ -747,11 +760,13 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
         extra = backend.run(Job(model_dir, tmp, cfg, head, reference, calibration, task, tokenizer, dev, max_length))
         copy_sentence_files(model_dir, tmp)  # a sentence-transformers folder keeps its pooling and normalisation
         record = _record(model_dir, cfg, backend, head, reference, calibration, extra)
+        if own is not None:
+            record.update(task_fields(own))
         write_json_atomic(tmp / COMPRESSION_FILE, record)  # the loader reads format and structure from it
         write_json_atomic(tmp / METRICS_FILE, {"results": []})
         quantized = runtime.load_model(tmp)  # looked up on the module at call time: tests break the runtime
         names = tuple(record["outputs"])
-        record["check"] = check_outputs(reference, quantized, calibration, names, cfg.backend)
+        record["check"] = check_outputs(reference, quantized, calibration, names, cfg.backend, per_row=head == "sequence-classification")
         if task:
             rejection = _accuracy_guard(reference, quantized, task, tokenizer, dev, max_length, cfg, record, tmp)
             if rejection:
@@ -762,11 +777,10 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
     return out
 
 
-def _check_head(backend: Backend, cfg: QuantizeConfig, head: str, model_dir: Path) -> None:
+def _check_head(backend: Backend, cfg: QuantizeConfig, head: str, model_dir: Path, task: Task | None) -> None:
     if backend.heads is not None and head not in backend.heads:
         raise CompressError(f"the {cfg.backend} backend quantizes {', '.join(backend.heads)} models; {model_dir} is a {head} model")
-    if cfg.task:
-        task = get_task(cfg.task)
+    if task is not None:
         wanted = task.behaviour.head
         if head != wanted:
             raise CompressError(f"{model_dir} is a {head} model but {task.display} needs a {wanted} model; fine-tune it on {task.name} first")

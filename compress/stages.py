@@ -158,7 +158,7 @@ def _init_flags(p: argparse.ArgumentParser) -> None:
                    help="a named teacher or student shape, or an explicit one")
     p.add_argument("--tokenizer", required=True, metavar="PATH", help="model directory, tokenizer folder or vocab.txt whose vocabulary sizes the embedding")
     p.add_argument("--task", choices=task_choices(), help="give the model this task's head and label names")
-    p.add_argument("--head", choices=["base", "sequence-classification", "question-answering", "masked-lm", "pretraining"], help="head without a task (default: base)")
+    p.add_argument("--head", choices=["base", "sequence-classification", "token-classification", "question-answering", "masked-lm", "pretraining"], help="head without a task (default: base)")
     p.add_argument("--max-positions", type=int, default=512, help="position embeddings (default: 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
     p.add_argument("--out", required=True, metavar="DIR", help="output model directory")

@@ -55,7 +55,7 @@ class TeacherCache:
     """Cached teacher outputs for the examples of one training set, by example position."""
 
     path: Path
-    outputs: dict[str, np.ndarray]  # "logits": (n, C); "start_logits"/"end_logits": (n, seq_max)
+    outputs: dict[str, np.ndarray]  # "logits": (n, C), per token (n, seq_max, C); "start_logits"/"end_logits": (n, seq_max)
     hidden: np.ndarray | None  # (total_tokens, n_layers, hidden) float16, memory-mapped
     offsets: np.ndarray | None  # (n + 1,) token offsets into `hidden`
     layers: tuple[int, ...]  # teacher hidden-state indices cached, in order
@@ -158,7 +158,12 @@ def _compute(teacher, features, collator, outputs, layers, batch_size, device) -
     arrays = {}
     for name in outputs:
         rows_ = results[name]
-        if rows_[0].ndim == 0 or name == "logits":
+        if rows_[0].ndim == 2:  # a token classifier's logits, (seq, C) each: padded to (n, longest, C) with zeros
+            padded = np.zeros((n, int(lengths.max()), rows_[0].shape[1]), dtype=np.float32)
+            for i, r in enumerate(rows_):
+                padded[i, : lengths[i]] = r[: lengths[i]]
+            arrays[name] = padded
+        elif rows_[0].ndim == 0 or name == "logits":
             arrays[name] = np.stack(rows_).astype(np.float32)  # (n, C)
         else:  # per-token outputs (start/end logits): each row cut to its example's length, padded to the longest
             padded = np.full((n, int(lengths.max())), -1e4, dtype=np.float32)

@@ -24,6 +24,7 @@ MARKER = "<!-- model card written by compress; rewritten when the directory chan
 # Stock classes per saved head (transformers / Optimum names).
 AUTO_CLASSES = {
     "sequence-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
     "question-answering": "AutoModelForQuestionAnswering",
     "base": "AutoModel",
     "masked-lm": "AutoModelForMaskedLM",

@@ -40,6 +40,7 @@ from compress.core.structure import describe, first_token_only, input_names
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # every input an exported graph may take, in order
 OUTPUTS = {
     "sequence-classification": ("logits",),
+    "token-classification": ("logits",),  # (batch, sequence, labels): every position keeps its output
     "question-answering": ("start_logits", "end_logits"),
     "base": ("last_hidden_state",),
     "masked-lm": ("logits",),

@@ -241,6 +241,7 @@ def output_class(head: str):
     """The transformers output dataclass a head's forward returns (``.logits``, ``.start_logits``, ...)."""
     return {
         "sequence-classification": mo.SequenceClassifierOutput,
+        "token-classification": mo.TokenClassifierOutput,
         "question-answering": mo.QuestionAnsweringModelOutput,
         "masked-lm": mo.MaskedLMOutput,
         "base": mo.BaseModelOutput,
