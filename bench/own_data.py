@@ -11,9 +11,16 @@ Each task goes the way a user's would, through the library's entry points:
    train and test). WNUT-17's train/dev/test CoNLL files are read as they are.
 2. ``teachers``: the pretrained MiniLM-L6 (all-MiniLM-L6-v2) fine-tuned on each task
    (``--task text-classification`` / ``token-classification``, labels from the training file).
-3. ``students`` ... ``report``: the recipe ``recipes/own-data.yaml`` per task (students
-   distilled from the teacher, their int8 on ONNX Runtime and OpenVINO, test scores, latency
-   on the real test sentences), then the report with the goals met or not.
+3. ``students``: 3L-384 (and for Banking77 2L-384) students distilled from the teacher's
+   layers with KD + hard labels, no ``--task`` (the teacher's own).
+4. ``int8``: every student (and the teacher) as ONNX Runtime static int8 and OpenVINO + NNCF
+   int8, calibrated on the task's own training rows; the teacher also exported as fp32 ONNX
+   and OpenVINO IR, its other fp32 backends.
+5. ``eval``: every model scored on the test file (``compress eval --data-file test --split test``).
+6. ``latency``: every model at batch 1 on the real test sentences at their own lengths, in
+   turns, 3 runs (``compress latency --lengths FILE --bursts``); speed-ups against the teacher's
+   fastest fp32 backend in the same run.
+7. ``report``: own-data.md with the table, the published reference and the goals met or not.
 
 Stages whose output exists are skipped, so a run resumes.
 """
@@ -37,6 +44,10 @@ from compress.core.errors import CompressError
 from compress.core.hardware import cpu_info, package_versions
 from compress.core.resolve import resolve_task
 from compress.core.train import TrainConfig
+from compress.distill import DistillConfig, distill
+from compress.eval.evaluate import EvalConfig, evaluate
+from compress.export import ExportConfig, export
+from compress.quantize import QuantizeConfig, quantize
 from compress.teacher.finetune import FinetuneConfig, finetune
 
 SEED = 42
@@ -45,19 +56,26 @@ DEV_SHARE = 0.1  # of Banking77's training rows, held out as the dev set
 
 @dataclass(frozen=True)
 class OwnTask:
-    """One of the benchmark's own-data tasks: its kind, columns and teacher recipe."""
+    """One of the benchmark's own-data tasks: its kind, columns, teacher recipe and student shapes."""
 
     name: str
     kind: str
     label_column: str | None
     max_length: int
-    epochs: int
+    epochs: int  # the teacher's
     lr: float
+    students: tuple[str, ...]
+    student_epochs: int
 
 
 TASKS = {
-    "banking77": OwnTask("banking77", "text-classification", "category", 128, 8, 1e-4),
-    "wnut17": OwnTask("wnut17", "token-classification", None, 128, 10, 1e-4),
+    "banking77": OwnTask("banking77", "text-classification", "category", 128, 8, 1e-4, ("3L-384", "2L-384"), 10),
+    "wnut17": OwnTask("wnut17", "token-classification", None, 128, 10, 1e-4, ("3L-384",), 10),
+}
+STUDENT_LR = 1e-4
+INT8 = {  # folder suffix -> quantize options (static ranges from the task's own training rows)
+    "ort-int8": {"backend": "onnxruntime", "scheme": "static", "calibration_examples": 256},
+    "ov-int8": {"backend": "openvino", "scheme": "static", "calibration_examples": 256},
 }
 
 
@@ -150,6 +168,60 @@ def teacher(task: OwnTask, files: dict[str, str], work: Path) -> dict:
             "n_train": training["n_train"], "labels": len(read_compression(out)["task_spec"]["labels"])}
 
 
+def students(task: OwnTask, files: dict[str, str], work: Path) -> dict:
+    """The task's students, distilled from its teacher (no --task: the teacher's own), trained unless they exist."""
+    out = {}
+    for shape in task.students:
+        folder = work / task.name / f"student-{shape}"
+        # augment 0: 9,003 and 3,394 real rows; the default copies (sets of at most 10,000) would be 5x the time,
+        # and word replacement is refused for tags.
+        cfg = DistillConfig(student=shape, losses=("kd", "hard"), augment=0, data=task_data(task, files),
+                            train=TrainConfig(epochs=task.student_epochs, lr=STUDENT_LR, batch_size=32, warmup_ratio=0.1,
+                                              seed=SEED))
+        if not (folder / "config.json").is_file():
+            start = time.monotonic()
+            distill(work / task.name / "teacher", folder, cfg, overwrite=True)
+            print(f"{task.name} {shape}: {time.monotonic() - start:.0f} s", flush=True)
+        training = next(r for r in read_metrics(folder) if r.get("kind") == "training")
+        retention = next(r for r in read_metrics(folder) if r.get("kind") == "retention")
+        out[shape] = {"dir": str(folder), "train_seconds": training["seconds"], "best_step": training["best_step"],
+                      "dev_retention": retention["ratio"], "recipe": {"epochs": task.student_epochs, "lr": STUDENT_LR,
+                                                                     "losses": "kd,hard", "init": "teacher layers"}}
+    return out
+
+
+def int8_models(task: OwnTask, files: dict[str, str], work: Path) -> list[Path]:
+    """Every student's and the teacher's int8 folders, and the teacher's fp32 exports (made unless they exist)."""
+    root = work / task.name
+    sources = [root / "teacher", *(root / f"student-{s}" for s in task.students)]
+    made = []
+    for source in sources:
+        for suffix, options in INT8.items():
+            folder = root / f"{source.name}-{suffix}"
+            if not (folder / "compression.json").is_file():
+                cfg = QuantizeConfig(**options, seed=SEED, data=task_data(task, files))
+                quantize(source, folder, cfg, overwrite=True)
+            made.append(folder)
+    for fmt in ("onnx", "openvino"):
+        folder = root / f"teacher-{fmt}"
+        if not (folder / "compression.json").is_file():
+            export(root / "teacher", folder, ExportConfig(format=fmt), overwrite=True)
+        made.append(folder)
+    return made
+
+
+def test_scores(task: OwnTask, files: dict[str, str], models: list[Path]) -> dict[str, dict]:
+    """Every model's scores on the test file (recorded in its metrics.json; an earlier record is reused)."""
+    scores = {}
+    for folder in models:
+        recorded = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("split") == "test"
+                    and r.get("data") == files["test"] and r.get("metrics")]
+        if not recorded:
+            recorded = evaluate(folder, EvalConfig(data_file=files["test"], split="test"))
+        scores[folder.name] = recorded[-1]["metrics"]
+    return scores
+
+
 def header(argv: list[str] | None) -> dict:
     info = cpu_info()
     return {"date": utc_now(), "cpu": info["cpu"], "cores": info["usable_cores"], "threads": torch.get_num_threads(),
@@ -163,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/own"), help="models and repaired data (kept for a re-run)")
     parser.add_argument("--out", type=Path, required=True, help="results directory (own-data.md, own-data.json)")
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--stages", default="prepare,teachers", help="comma-separated: prepare, teachers")
+    parser.add_argument("--stages", default="prepare,teachers,students,int8,eval",
+                        help="comma-separated: prepare, teachers, students, int8, eval (prepare always runs)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     stages = set(args.stages.split(","))
@@ -176,6 +249,14 @@ def main(argv: list[str] | None = None) -> int:
         files = prepared[name]["files"]
         if "teachers" in stages:
             state.setdefault("teachers", {})[name] = teacher(task, files, args.work)
+        if "students" in stages:
+            state.setdefault("students", {})[name] = students(task, files, args.work)
+        if "int8" in stages:
+            int8_models(task, files, args.work)
+        if "eval" in stages:
+            root = args.work / name
+            models = sorted(p for p in root.iterdir() if (p / "compression.json").is_file())
+            state.setdefault("test", {})[name] = test_scores(task, files, models)
         state["header"] = header(argv)
         write_json_atomic(state_file, state)
     print(json.dumps(state.get("teachers", {}), indent=1)[:3000])

@@ -70,7 +70,8 @@ from compress.core.data import TaskData
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
 from compress.core.structure import Shape
-from compress.core.tasks import get_task, task_choices
+from compress.core.resolve import resolve_task
+from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.core.train import TrainConfig, work_dir_for
 from compress.distill import DistillConfig, distill
 from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk
@@ -110,7 +111,8 @@ def _auto_defaults() -> TrainConfig:
 @flat_keywords
 @dataclass(frozen=True)
 class AutoConfig:
-    task: str = option("", "task to find a model for", choices=task_choices)
+    task: str = option("", "task to find a model for: a benchmark task, or a kind of your own data with --train-file "
+                       "(default: the teacher's own task, from its compression.json or config.json)", choices=task_choices)
     budget: str = option("", "what the model must meet, all of them, separated by ';': p50<=6ms@b1,s128 (also p90, p99, "
                          "mean), throughput>=500/s@b32,s128, size<=20MB, speedup>=10x (over the teacher, measured here)",
                          metavar="BUDGET[;...]")
@@ -148,9 +150,8 @@ class AutoConfig:
     train: TrainConfig = field(default_factory=_auto_defaults)
 
     def validate(self) -> None:
-        if not self.task:
-            raise CompressError("no task given; pass --task, e.g. --task sst2")
-        get_task(self.task)
+        if self.task and not is_kind(self.task):
+            get_task(self.task)
         if not self.budget:
             raise CompressError("no budget given; pass e.g. --budget 'p50<=6ms@b1,s128' (several: separate with ';')")
         parse_budgets(self.budget)
@@ -251,16 +252,21 @@ class _Earlier:
 
 
 def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bool = False, timer: Timer | None = None) -> Path:
-    """Find, train and measure the most accurate student of ``teacher`` on ``cfg.task`` that meets ``cfg.budget``."""
+    """Find, train and measure the most accurate student of ``teacher`` on its task that meets ``cfg.budget``.
+
+    The task is what ``cfg.task`` names (a preset, or a kind with ``--train-file``), else the teacher's own.
+    """
     cfg.validate()
     timer = timer or measured_latency
     started = time.monotonic()
     deadline = started + parse_minutes(cfg.time_limit) * 60
     out = check_output(Path(out), overwrite, inputs=(teacher, cfg), resume=cfg.resume)
     teacher_dir = require_torch_weights(resolve_model(teacher), "compress auto (the teacher)")
+    task = search_task(teacher_dir, cfg)
     budgets = parse_budgets(cfg.budget)
     at = sorted(points(budgets) or {(1, 128)})
-    common = [str(teacher_dir.resolve()), cfg.task]
+    # A preset given as --task is keyed by it as before (earlier searches stay reusable); any other task by its name.
+    common = [str(teacher_dir.resolve()), cfg.task if cfg.task and not task.user else task.name]
     key = json.dumps(common + [[b.text for b in budgets], list(cfg.backends)])
     # What a probe and a trained candidate depend on: another budget with the same keys can reuse them.
     probe_key = json.dumps(common + [list(cfg.backends), at, list(cfg.shapes), cfg.probes, cfg.repeats])
@@ -270,7 +276,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     earlier = _Earlier.read(cfg.reuse, probe_key, train_key)
     shapes = candidate_shapes(load_config(teacher_dir), cfg.shapes)
 
-    probe = search.state["probe"] or earlier.probe or _probe(teacher_dir, shapes, cfg, at, search, timer)
+    probe = search.state["probe"] or earlier.probe or _probe(teacher_dir, task, shapes, cfg, at, search, timer)
     search.state["probe"] = probe
     search.save()
     # The held-out shapes measured the model's error (probe["error"]); the ranking then uses every probe.
@@ -290,7 +296,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     def train(label: str, round_: int, epochs: int) -> float:
         if (label, round_, epochs) in earlier.trained:
             return _adopt(earlier.trained[label, round_, epochs], search)
-        return _train_candidate(teacher_dir, shapes_by_label[label], round_, epochs, cfg, search)
+        return _train_candidate(teacher_dir, task, shapes_by_label[label], round_, epochs, cfg, search)
 
     shapes_by_label = {s.label: s for s in shapes}
     reserve = RESERVE * (deadline - started)
@@ -313,16 +319,16 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
                 train(finalists[0], r, epochs)
     finalists = _with_runner_up(halving.survivors, {k: t["score"] for k, t in _latest(search.state["trained"].values()).items()})
     finalists += _earlier_finalists(earlier, finalists, predicted, search)
-    artifacts = _finalists(teacher_dir, finalists, predicted, cfg, search)
+    artifacts = _finalists(teacher_dir, task, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
     rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts], *compared], at, 2 * cfg.repeats, cfg.final_runs)
     results = _results(rows, teacher_dir, artifacts, budgets)
     chosen = choose(results, budgets, cfg.tie)
     if chosen is None:  # a faster candidate that fits beats nothing
-        results += _second_run(teacher_dir, finalists, predicted, cfg, search, budgets, at, timer)
+        results += _second_run(teacher_dir, task, finalists, predicted, cfg, search, budgets, at, timer)
         chosen = choose(results, budgets, cfg.tie)
-    report = _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
-    report["compared"] = _compared(rows, [teacher_dir, *compared], cfg.task, budgets, at[0])
+    report = _report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
+    report["compared"] = _compared(rows, [teacher_dir, *compared], task, budgets, at[0])
     if chosen is None:
         quickest = fastest(results, at[0])
         _write_report(work_dir_for(out) / "search", report)
@@ -331,6 +337,22 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
             f"{quickest['measurement']['points'][at[0]]['p50_ms']:.2f} ms (p50, batch {at[0][0]}, seq {at[0][1]}); "
             f"the search's report is in {work_dir_for(out) / 'search'}")
     return _write_chosen(Path(chosen["dir"]), out, report, overwrite)
+
+
+def search_task(teacher_dir: Path, cfg: AutoConfig) -> Task:
+    """The task of the search, resolved once (a preset, a kind and its training file, or the teacher's own), and
+    refused now when its data cannot be read later: a user's task is trained on its files, never the hub."""
+    task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=teacher_dir)
+    if task.user and not cfg.data.train_file:
+        raise CompressError(f"{teacher_dir} was made for your own {task.kind} task {task.display}: pass its --train-file and "
+                            "--dev-file, the data the candidates are distilled on")
+    return task
+
+
+def task_option(task: Task) -> str:
+    """The --task a stage the search runs is given: a preset's name, or a user's task's kind (its labels and columns
+    then come from the folder, the files from the same data options)."""
+    return task.kind if task.user else task.name
 
 
 # ---------------------------------------------------------------------------- shapes
@@ -381,7 +403,7 @@ def probe_shapes(shapes: list[Shape], n: int) -> tuple[list[Shape], list[Shape]]
 # ---------------------------------------------------------------------------- step 1: probe
 
 
-def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, max_eval: int | None) -> Path:
+def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, task: Task, max_eval: int | None) -> Path:
     """``source`` (an fp32 student folder) as one backend variant in ``dest`` (made once; reused on resume)."""
     if how is None:
         return source
@@ -391,15 +413,15 @@ def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, max_eval: int 
     if kind == "export":
         return export(source, dest, ExportConfig(format=backend), overwrite=True)
     data = replace(cfg.data, max_eval_examples=max_eval or cfg.data.max_eval_examples)
-    qcfg = QuantizeConfig(backend=backend, scheme=scheme, task=cfg.task, data=data,
+    qcfg = QuantizeConfig(backend=backend, scheme=scheme, task=task_option(task), data=data,
                           max_drop=cfg.max_drop if max_eval is None else None)
     return quantize(source, dest, qcfg, overwrite=True)
 
 
-def _probe(teacher_dir: Path, shapes: list[Shape], cfg: AutoConfig, at, search: _Search, timer: Timer) -> dict:
+def _probe(teacher_dir: Path, task: Task, shapes: list[Shape], cfg: AutoConfig, at, search: _Search, timer: Timer) -> dict:
     """Time random-weight students of spread-out shapes as every variant; the samples the latency model is fitted on."""
     fit, held = probe_shapes(shapes, cfg.probes)
-    teacher = load_model(teacher_dir, head=get_task(cfg.task).behaviour.head)
+    teacher = load_model(teacher_dir, head=task.behaviour.head)
     tokenizer = load_tokenizer(teacher_dir)
     dirs, meta = [], []
     for shape in fit + held:
@@ -409,7 +431,7 @@ def _probe(teacher_dir: Path, shapes: list[Shape], cfg: AutoConfig, at, search: 
             save_model_dir(model, source, tokenizer=tokenizer, overwrite=True,
                            record=compression_record(stage="auto-probe", method="random", parent=teacher_dir, extra={"init": info}))
         for name, how in _variants(cfg):
-            path = _make_variant(source, search.work / "probe" / shape.label / name, how, cfg, max_eval=8)
+            path = _make_variant(source, search.work / "probe" / shape.label / name, how, cfg, task, max_eval=8)
             dirs.append(path)
             meta.append({"variant": name, "shape": shape.__dict__, "held_out": shape in held})
     rows = timer([teacher_dir, *dirs], at, cfg.repeats, PROBE_RUNS)
@@ -499,7 +521,8 @@ def _met_with_margin(budget: Budget, m: dict, margin: float) -> bool:
 # ---------------------------------------------------------------------------- step 3: training
 
 
-def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, cfg: AutoConfig, search: _Search) -> float:
+def _train_candidate(teacher_dir: Path, task: Task, shape: Shape, round_: int, epochs: int, cfg: AutoConfig,
+                     search: _Search) -> float:
     """Distil ``shape`` for ``epochs`` (round 0 from the teacher; later rounds continue the previous round's student)."""
     out = search.work / "candidates" / f"{shape.label}-r{round_}"
     started = time.monotonic()
@@ -511,11 +534,11 @@ def _train_candidate(teacher_dir: Path, shape: Shape, round_: int, epochs: int, 
             init = "teacher" if fits_inside(load_config(teacher_dir), shape) else "random"
     else:
         init = str(search.work / "candidates" / f"{shape.label}-r{round_ - 1}")
-    dcfg = DistillConfig(task=cfg.task, student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads, init=init,
-                         init_from=init_from, losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
+    dcfg = DistillConfig(task=task_option(task), student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads,
+                         init=init, init_from=init_from, losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
                          train=replace(cfg.train, epochs=epochs))
     try:
-        distill(teacher_dir, out, dcfg, overwrite=True)
+        distill(teacher_dir, out, dcfg, overwrite=True, task=task)
     except CompressError as err:
         log.warning("candidate %s (round %d) failed: %s", shape.label, round_, err)
         return math.nan
@@ -601,7 +624,7 @@ def _adopt(entry: dict, search: _Search) -> float:
 # ---------------------------------------------------------------------------- step 4: finalists
 
 
-def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
+def _finalists(teacher_dir: Path, task: Task, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
                add: bool = False) -> list[dict]:
     """Every finalist as each variant predicted to fit it, with its dev score (int8 measured after quantizing);
     recorded in the state as its finalists (``add``: beside those already there)."""
@@ -616,13 +639,13 @@ def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoC
             try:
                 # named by round: a resumed search that trained further never reuses the variant of an older round
                 dest = search.work / "final" / f"{label}-r{last['round']}-{name}"
-                path = _make_variant(source, dest, how, cfg, max_eval=None)
+                path = _make_variant(source, dest, how, cfg, task, max_eval=None)
             except CompressError as err:  # e.g. the accuracy guard refused the int8 model
                 log.warning("%s as %s: %s", label, name, err)
                 continue
             evals = [r for r in read_metrics(path) if r.get("kind") == "eval"]
-            metric = get_task(cfg.task).primary_metric
-            accuracy = evals[-1]["metrics"][metric] if evals and how is not None and how[0] == "quantize" else last["score"]
+            quantized = evals and how is not None and how[0] == "quantize"  # an int8 variant has a dev score of its own
+            accuracy = evals[-1]["metrics"][task.primary_metric] if quantized else last["score"]
             artifacts.append({"label": label, "variant": name, "dir": str(path), "accuracy": float(accuracy),
                               "teacher": last["teacher"], "predicted": predicted[label]["measurements"][name]})
     search.state["finalists"] = (search.state["finalists"] if add else []) + [
@@ -631,8 +654,8 @@ def _finalists(teacher_dir: Path, labels: list[str], predicted: dict, cfg: AutoC
     return artifacts
 
 
-def _second_run(teacher_dir: Path, finalists: list[str], predicted: dict, cfg: AutoConfig, search: _Search, budgets, at,
-                timer: Timer) -> list[dict]:
+def _second_run(teacher_dir: Path, task: Task, finalists: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
+                budgets, at, timer: Timer) -> list[dict]:
     """When every finalist missed a budget: every other trained candidate (most accurate first) as each variant
     predicted to fit, timed in a second final run beside the teacher. Marked ``second_run`` in the report."""
     best = _best_round(search.state["trained"].values())
@@ -641,7 +664,7 @@ def _second_run(teacher_dir: Path, finalists: list[str], predicted: dict, cfg: A
     if not others:
         return []
     log.info("no finalist met %s; timing the other candidates too: %s", "; ".join(b.text for b in budgets), ", ".join(others))
-    artifacts = [{**a, "second_run": True} for a in _finalists(teacher_dir, others, predicted, cfg, search, add=True)]
+    artifacts = [{**a, "second_run": True} for a in _finalists(teacher_dir, task, others, predicted, cfg, search, add=True)]
     rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts]], at, 2 * cfg.repeats, cfg.final_runs)
     return _results(rows, teacher_dir, artifacts, budgets)
 
@@ -658,15 +681,15 @@ def _results(rows: list[dict], teacher_dir: Path, artifacts: list[dict], budgets
     return results
 
 
-def _compared(rows: list[dict], folders: list[Path], task: str, budgets, at: tuple[int, int]) -> list[dict]:
+def _compared(rows: list[dict], folders: list[Path], task: Task, budgets, at: tuple[int, int]) -> list[dict]:
     """The teacher and the ``--compare`` folders as measured in the final run: dev score (their records), p50, budgets met."""
-    metric = get_task(task).primary_metric
+    metric = task.primary_metric
     out = []
     for folder in folders:
         mine = [r for r in rows if str(r["model"]) == str(folder)]
         m = measurement(mine, size_on_disk(folder))
-        evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("task") == task
-                 and metric in r.get("metrics", {})]
+        evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("task") == task.name
+                 and r.get("split") in ("dev", "dev_matched") and metric in r.get("metrics", {})]
         out.append({"name": folder.name, "dir": str(folder), "accuracy": evals[-1]["metrics"][metric] if evals else None,
                     "measured_p50_ms": m["points"][at]["p50_ms"], "size_bytes": m["size_bytes"],
                     "meets": {b.text: b.met(m) for b in budgets}})
@@ -676,10 +699,10 @@ def _compared(rows: list[dict], folders: list[Path], task: str, budgets, at: tup
 # ---------------------------------------------------------------------------- the report and the output
 
 
-def _report_data(cfg, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search) -> dict:
+def _report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search) -> dict:
     at = sorted(points(budgets) or {(1, 128)})[0]
     return {
-        "kind": "auto", "when": utc_now(), "task": cfg.task, "teacher": str(teacher_dir),
+        "kind": "auto", "when": utc_now(), "task": task.name, "teacher": str(teacher_dir),
         "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
         "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"], "final_runs": cfg.final_runs,
         "probe_reused_from": probe.get("reused_from"),

@@ -960,7 +960,7 @@ def _task_metrics(task, data: _TaskData, trained: _Trained, teacher_dev: dict, c
     """metrics.json records of the student: dev scores, retention of the teacher's score, the training log."""
     teacher_metric = teacher_dev["metrics"].get(task.primary_metric)
     best = trained.best or {}
-    records = split_records(task, data.dev, best, data=cfg.data.describe(), max_length=data.max_length,
+    records = split_records(task, data.dev, best, data=cfg.data.describe("dev"), max_length=data.max_length,
                             batch_size=cfg.data.eval_batch_size)
     primary = best.get(task.primary_metric)
     retention = {

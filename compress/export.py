@@ -49,6 +49,7 @@ from compress.core.errors import CompressError
 from compress.core.export import OUTPUTS, export_onnx
 from compress.core.openvino import export_openvino
 from compress.core.registry import Registry
+from compress.core.resolve import task_fields, task_of_model
 from compress.core.runtime import load_model
 from compress.core.structure import model_inputs
 
@@ -140,11 +141,13 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
             )
         before = read_compression(source)
         written = read_compression(tmp)
+        own = task_of_model(source)  # the task travels with the export, which may be copied without its parent
         record = compression_record(
             stage="export", method=cfg.format, config=cfg, parent=source,
             structure=written.get("structure") or before.get("structure"),  # the graph's (a classifier's last layer: first token)
             extra={**{k: before[k] for k in ("head", "task", "precision", "backend", "scheme") if k in before},
                    **{k: written[k] for k in ("format", "backend", "precision", "inference_precision") if k in written},
+                   **(task_fields(own) if own is not None else {}),
                    "format": written.get("format") or fmt, "source_format": fmt, "check": {**check, "tolerance": tolerance}},
         )
         write_json_atomic(tmp / COMPRESSION_FILE, record)

@@ -18,7 +18,8 @@ hash is unchanged and re-runs a changed stage and, through the hashes, everythin
 depends on it. It stores the resolved config too, so an option the toolkit gained since
 a stage ran, left at its default, does not re-run the stage (:func:`stands`; a new
 option's default must therefore do what the toolkit did before it). The leaderboard
-report of every model produced, titled with the recipe's name and listing its stages,
+report of every model produced, titled with the recipe's name and listing its stages (scored
+on the split of the recipe's leaderboard stage, if it has one: dev otherwise),
 lands at the top of the run directory; a model the recipe did not evaluate is listed as
 "not evaluated" (a recipe of one quantize stage still gets its report).
 """
@@ -300,11 +301,14 @@ def run_recipe(
         write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
     models = [run_dir / s.name for s in recipe.stages if STAGES.get(s.kind).produces_model]
     if recipe.report and models:
-        # The table's latency column is read at the point the recipe's own latency stage measured.
+        # The table's latency column is read at the point the recipe's own latency stage measured, its scores on
+        # the split of the recipe's own leaderboard stage (a user's task scored on its test file: test).
         timed = next((s.config for s in recipe.stages if s.kind == "latency"), None)
         point = {"batch": timed.batch[0], "seq": timed.seq[0]} if timed else {}
+        board = next((s.config for s in recipe.stages if s.kind == "leaderboard"), None)
+        split = {"split": board.split} if board else {}
         # Every model the recipe made is listed, measured or not: the report shows what the recipe measured.
-        leaderboard(models, run_dir / "report", LeaderboardConfig(**point), overwrite=True, keep_unmeasured=True,
+        leaderboard(models, run_dir / "report", LeaderboardConfig(**point, **split), overwrite=True, keep_unmeasured=True,
                     title=f"Recipe {recipe.name}", sections=[("Stages", stage_list(recipe, outcome))])
         # A copy at the top of the run; the HTML inlines its images, the Markdown's links now point into report/.
         if (run_dir / "report" / "report.html").is_file():

@@ -484,7 +484,7 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
         extra={**task_fields(task), "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"},
                "teacher_check": fit, "teacher_at_chance": fit["at_chance"]},
     )
-    records = split_records(task, dev, recovered or after_prune, data=cfg.data.describe(), max_length=max_length,
+    records = split_records(task, dev, recovered or after_prune, data=cfg.data.describe("dev"), max_length=max_length,
                             batch_size=cfg.data.eval_batch_size)
     records += test_records(model, tokenizer, task, test, cfg.data, max_length)
     return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite, metrics=[*records, summary])

@@ -837,7 +837,7 @@ def _accuracy_guard(reference, quantized, task: Task, tokenizer, dev, max_length
     drop = before[metric] - after[metric]  # in points: metrics are percentages
     passed = cfg.max_drop is None or drop <= cfg.max_drop
     batch_size = cfg.data.eval_batch_size  # scores of dynamic int8 move with batch composition: recorded
-    for entry in split_records(task, dev, after, data=cfg.data.describe(), max_length=max_length, batch_size=batch_size):
+    for entry in split_records(task, dev, after, data=cfg.data.describe("dev"), max_length=max_length, batch_size=batch_size):
         append_metrics(tmp, entry)
     summary = {
         "kind": "quantize", "task": task.name, "metric": metric, "parent": before[metric], "quantized": after[metric],

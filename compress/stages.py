@@ -20,9 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from compress.core.config import Choices
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.tasks import TASKS, task_choices
+from compress.core.tasks import (
+    CLASSIFICATION,
+    MULTI_LABEL,
+    REGRESSION,
+    TASKS,
+    TOKEN,
+    USER_KINDS,
+    USER_METRICS,
+    is_kind,
+    task_choices,
+    user_task,
+)
 
 SEVERAL = ("models", "runs")  # input names that take several directories; "model", "teacher" take one
 
@@ -140,16 +152,57 @@ def register(entry: Stage | Command) -> Stage | Command:
 # ---------------------------------------------------------------------------- tasks, init
 
 
-def _tasks(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
-    """``compress tasks``: the task registry as a table."""
-    rows = [("task", "kind", "labels (official order)", "metrics", "splits")]
-    for t in TASKS.values():
-        rows.append((t.name, t.kind, t.labels_description, ", ".join(t.metrics[:2]), ", ".join(s.name for s in t.splits)))
+# What a user's own data holds, per kind: the label in a row of its file.
+_LABEL_FORMATS = {
+    CLASSIFICATION: "a label name",
+    MULTI_LABEL: "label names: a JSON list, or --label-sep",
+    REGRESSION: "a number",
+    TOKEN: "a tag per word: O, B-TYPE, I-TYPE",
+}
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as left-aligned columns, the first row the header."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows), []
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-register(Command("tasks", "list the tasks, their splits, labels and metrics", "compress tasks", lambda p: None, _tasks))
+def _reads(kind: str) -> str:
+    """A kind's default columns as ``--task KIND`` reads them: "text, label"."""
+    sample = user_task(kind, "kind", ("O", "B-x") if kind == TOKEN else ("a", "b"))
+    columns = sample.column_map
+    words = [columns[f] for f in sample.text_fields]
+    if kind == TOKEN:  # a CoNLL file has no header: a word and its tag per line
+        return f"{words[0]} (word list), {columns['label']}; or CoNLL"
+    return f"{', '.join(words)}, {columns['label']}"
+
+
+def _tasks(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
+    """``compress tasks``: the kinds of a user's own task, then the registered benchmark tasks, as tables."""
+    own = [("kind", "reads (default columns)", "label", "metrics", "primary")]
+    for kind in USER_KINDS:
+        metrics, primary = USER_METRICS[kind]
+        shown = ", ".join(metrics) + (", f1_<type>" if kind == TOKEN else "")
+        own.append((kind, _reads(kind), _LABEL_FORMATS[kind], shown, primary))
+    presets = [("task", "kind", "labels (official order)", "metrics", "splits")]
+    for t in TASKS.values():
+        presets.append((t.name, t.kind, t.labels_description, ", ".join(t.metrics[:2]), ", ".join(s.name for s in t.splits)))
+    lines = ["Your own data: --task KIND with --train-file and --dev-file (csv, tsv, json, jsonl, parquet, CoNLL or a",
+             "datasets folder). Labels are read from the training file (sorted; tags: O first) unless --labels names",
+             "them; other columns: --text-column, --label-column, and --text-pair-column for a pair's second text.", "",
+             *_table(own), "", "Benchmark tasks (--task NAME; data from the hub, or --data-dir):", "", *_table(presets)]
+    return "\n".join(lines), []
+
+
+register(Command(
+    "tasks", "list the kinds of your own task (columns, labels, metrics) and the benchmark tasks (splits, labels, metrics)",
+    """\
+  compress tasks
+  compress teacher finetune --model bert-base --task text-classification --train-file train.csv --dev-file dev.csv \\
+      --label-column category --out models/intents        # your own data, of a kind listed first
+  compress teacher finetune --model bert-base --task sst2 --out models/sst2   # a benchmark task, listed second""",
+    lambda p: None, _tasks,
+))
 
 
 def _init_flags(p: argparse.ArgumentParser) -> None:
@@ -157,7 +210,9 @@ def _init_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", required=True, metavar="{" + ",".join(dict.fromkeys(shapes)) + "}|LAYERSL-HIDDEN[-FFN]",
                    help="a named teacher or student shape, or an explicit one")
     p.add_argument("--tokenizer", required=True, metavar="PATH", help="model directory, tokenizer folder or vocab.txt whose vocabulary sizes the embedding")
-    p.add_argument("--task", choices=task_choices(), help="give the model this task's head and label names")
+    presets = Choices(list(TASKS), accept=lambda name: name in task_choices() and not is_kind(name))
+    p.add_argument("--task", choices=presets, help="give the model this benchmark task's head and label names (your own "
+                   "task's come from its training file: compress teacher finetune --task KIND)")
     p.add_argument("--head", choices=["base", "sequence-classification", "token-classification", "question-answering", "masked-lm", "pretraining"], help="head without a task (default: base)")
     p.add_argument("--max-positions", type=int, default=512, help="position embeddings (default: 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
@@ -216,7 +271,8 @@ register(Stage(
   compress latency --model models/teacher --batch 1,8 --seq 64,128,256 --threads 2 --out reports/latency
   compress latency --model models/teacher models/student-int8 --repeat-runs 3 \\
       --reference-backends torch,onnxruntime,openvino   # speed-ups vs the teacher's fastest fp32 backend, every run
-  compress latency --model models/teacher models/student --lengths sst2 --data-dir ~/glue_data   # real dev sentences""",
+  compress latency --model models/teacher models/student --lengths sst2 --data-dir ~/glue_data   # real dev sentences
+  compress latency --model models/intents models/intents-3L --lengths data/test.csv   # your task's test file, read as it""",
     "compress.eval.latency:LatencyConfig", "compress.eval.latency:measure_latency",
     (Input("models", "--model", "model directories; the first is the reference of the ratio column"),),
     produces_model=False, report="compress.eval.latency:summarize", said=None,
@@ -286,6 +342,8 @@ register(Stage(
   compress auto --teacher models/sst2 --task sst2 --data-dir ~/glue_data --budget 'p50<=6ms@b1,s128' --out models/sst2-6ms
   compress auto --teacher models/mrpc --task mrpc --budget 'speedup>=8x; size<=30MB' --backends onnxruntime,openvino \\
       --time-limit 45m --out models/mrpc-auto
+  compress auto --teacher models/intents --train-file train.csv --dev-file dev.csv --budget 'p50<=3ms@b1,s64' \\
+      --out models/intents-3ms          # your own task: the teacher's, read from its folder
   compress auto ... --resume        # after a crash: finished probes and candidates are reused""",
     "compress.auto:AutoConfig", "compress.auto:auto",
     (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL"),),
@@ -361,9 +419,10 @@ register(Stage(
     """\
   compress heads --model models/sst2 --task sst2 --data-dir ~/glue_data --out reports/heads-sst2
   compress heads --model models/mrpc --task mrpc --data-dir ~/glue_data --attention-examples 128 --no-curve --out reports/h
-  compress heads --model models/encoder --text sentences.txt --max-length 256 --out reports/heads-encoder""",
+  compress heads --model models/encoder --text sentences.txt --max-length 256 --out reports/heads-encoder
+  compress heads --model models/ner --train-file train.conll --dev-file dev.conll --out reports/heads-ner   # its own task""",
     "compress.eval.heads:HeadsConfig", "compress.eval.heads:analyze_heads",
-    (Input("model", "--model", "model directory (a fine-tuned one with --task)"),),
+    (Input("model", "--model", "model directory (a fine-tuned one with --task, or with its own task's --train-file)"),),
     out_help="output directory: PNG plots, heads.json, summary.md", produces_model=False,
     skip=("max_train_examples",),  # on the command line --importance-examples sizes the sample
     report="compress.eval.heads:summarize", said="wrote {out} (summary.md, heads.json and the plots)",
@@ -409,7 +468,8 @@ register(Stage(
   compress leaderboard --runs models/teacher models/student models/int8 --out report/   # vs each chain's teacher
   compress leaderboard --runs runs/sst2 --compare-with parent --out report/    # vs each model's nearest ancestor
   compress leaderboard --runs models/ --baseline models/distilbert --out report/   # every model vs one baseline
-  compress leaderboard --runs runs/ --reference-model models/bert-base-random --batch 1 --seq 128 --out report/""",
+  compress leaderboard --runs runs/ --reference-model models/bert-base-random --batch 1 --seq 128 --out report/
+  compress leaderboard --runs runs/intents --split test --out report/   # test-file scores, published test results beside""",
     "compress.eval.leaderboard:LeaderboardConfig", "compress.eval.report:leaderboard",
     (Input("runs", "--runs", "model directories, or folders holding them"),),
     out_help="report directory (report.md, report.html, plots, JSON)", produces_model=False,

@@ -10,8 +10,10 @@
   attention distance, and the Jensen-Shannon distance between every pair of heads,
   embedded in 2-D with MDS.
 * How much heads matter, after Michel et al. 2019, "Are Sixteen Heads Really Better than
-  One?": the gate-gradient importance of ``compress.core.importance`` (with ``--task``; with
-  ``--text`` there are no labels, so the weight-magnitude criterion stands in), and the
+  One?": the gate-gradient importance of ``compress.core.importance`` (with a task: ``--task``, or
+  a model of your own task given its ``--train-file``/``--dev-file``; the task's own loss, per
+  token for token classification; with ``--text`` there are no labels, so the weight-magnitude
+  criterion stands in), and the
   pruning curve: the dev metric as a growing fraction of heads is masked (hooks, no
   surgery) in increasing order of importance versus a seeded random order. Importance is
   computed once, before any head is masked.
@@ -53,12 +55,13 @@ from compress.core.artifacts import (
     write_json_atomic,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import TaskData, check_max_length, collate, load_split, load_task_data
+from compress.core.data import TaskData, check_max_length, collate, encode_examples, load_split, load_task_data
 from compress.core.errors import CompressError
 from compress.core.importance import head_importance_gradient, head_importance_magnitude, heads_to_remove, masked_heads
 from compress.core.logs import progress
+from compress.core.resolve import resolve_task
 from compress.core.runtime import load_model, load_model_for_task
-from compress.core.tasks import get_task, task_choices
+from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.eval.evaluate import dev_evaluator
 from compress.eval.plots import _pyplot, save_figure
 
@@ -69,14 +72,14 @@ DEFAULT_TEXT_LENGTH = 128  # tokens per input with --text when --max-length is n
 @flat_keywords
 @dataclass(frozen=True)
 class HeadsConfig:
-    task: str | None = option(None, "task whose dev inputs are analysed; adds gradient importance and the pruning curve",
-                              choices=task_choices)
+    task: str | None = option(None, "task whose dev inputs are analysed; adds gradient importance and the pruning curve "
+                              "(default with --train-file/--dev-file: the model's own task)", choices=task_choices)
     text: str | None = option(None, "instead of --task: a text file, one input per line (a tab separates a sentence pair)", metavar="FILE")
     attention_examples: int = option(256, "inputs used for the attention statistics")
     js_examples: int = option(32, "of those, inputs used for the head-to-head Jensen-Shannon distances")
     attention_batch_size: int = option(16, "sequences per forward pass for the attention statistics and the importance scores")
-    importance_examples: int = option(256, "with --task: training examples used to score head importance")
-    curve: bool = option(True, "with --task: dev metric as heads are masked by importance vs at random (Michel et al.)")
+    importance_examples: int = option(256, "with a task: training examples used to score head importance")
+    curve: bool = option(True, "with a task: dev metric as heads are masked by importance vs at random (Michel et al.)")
     curve_steps: int = option(10, "pruning-curve points: fractions 0, 1/N, ..., (N-1)/N of the heads masked")
     seed: int = option(0, "seed for the random masking order, the importance sample and the MDS layout")
     # --max-length (default 128; 384 for SQuAD), --data-dir, --max-eval-examples (dev set of the curve), ...
@@ -85,9 +88,10 @@ class HeadsConfig:
     def validate(self) -> None:
         if self.task and self.text:
             raise CompressError("pass either --task or --text, not both")
-        if not self.task and not self.text:
-            raise CompressError("nothing to analyse: pass --task TASK (with --data-dir) or --text FILE (one input per line)")
-        if self.task:
+        if not self.has_task and not self.text:
+            raise CompressError("nothing to analyse: pass --task TASK (with --data-dir), your task's --train-file and "
+                                "--dev-file, or --text FILE (one input per line)")
+        if self.task and not is_kind(self.task):
             get_task(self.task)
         if self.text:
             path = Path(self.text)
@@ -105,6 +109,11 @@ class HeadsConfig:
         if self.curve_steps < 2:
             raise CompressError(f"--curve-steps must be at least 2 (fraction 0 plus one masked point), got {self.curve_steps}")
         self.data.validate()
+
+    @property
+    def has_task(self) -> bool:
+        """Whether a task's data is given: a task name, or a user's files (the task is then the model's own)."""
+        return bool(self.task or self.data.train_file)
 
 
 # ---------------------------------------------------------------------------- statistics (pure)
@@ -311,13 +320,16 @@ def encode_inputs(tokenizer, texts: Sequence[tuple[str, ...]], max_length: int) 
     return out
 
 
-def _task_inputs(task, data: TaskData, limit: int) -> tuple[list[tuple[str, ...]], str]:
-    """Texts of the first ``limit`` examples of the task's (first) dev split, and where they came from."""
+def task_encodings(task: Task, tokenizer, data: TaskData, limit: int, max_length: int) -> tuple[list[dict[str, list[int]]], str]:
+    """The first ``limit`` examples of the task's (first) dev split encoded as its model reads them (a tagged
+    sentence as its words, SQuAD's question whole), and where they came from."""
     _, dev_source = data.sources()
     split = task.resolve_splits("dev")[0].name
     ds = load_split(task, split, dev_source, limit)
-    texts = list(zip(*(ds[f] for f in task.text_fields)))
-    return [tuple(str(x) for x in row) for row in texts], f"{task.display} {split} from {data.describe()}"
+    enc = encode_examples(task, tokenizer, ds, max_length)
+    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
+    rows = [{k: list(enc[k][i]) for k in keys} for i in range(len(enc["input_ids"]))]
+    return rows, f"{task.display} {split} from {data.describe()}"
 
 
 # ---------------------------------------------------------------------------- extraction
@@ -448,7 +460,7 @@ def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
 
     data = replace(cfg.data, max_train_examples=cfg.importance_examples)
     features, dev, _ = load_task_data(task, tokenizer, data, max_length, seed=cfg.seed)
-    pad = collate(tokenizer)
+    pad = collate(tokenizer, task)  # per-token labels pad with -100
     rows = [features[i] for i in range(len(features))]
     batches = [pad(rows[i : i + cfg.attention_batch_size]) for i in range(0, len(rows), cfg.attention_batch_size)]
     scores = head_importance_gradient(model, progress(batches, desc="head importance", unit="batch", leave=False))
@@ -472,7 +484,7 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
         raise CompressError(f"{model_dir} is an int8 or exported model, whose attention maps cannot be read; analyse the fp32 "
                             f"model it was made from" + (f" ({parent})" if parent else ""))
     started = time.perf_counter()
-    task = get_task(cfg.task) if cfg.task else None
+    task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=model_dir) if cfg.has_task else None
     tokenizer = load_tokenizer(model_dir)
     model = _load_model(model_dir, task)
     model_max = model.config.max_position_embeddings
@@ -482,10 +494,10 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
         max_length = cfg.data.max_length or min(DEFAULT_TEXT_LENGTH, model_max)
         check_max_length(max_length, model_max)
     if task is not None:
-        texts, source = _task_inputs(task, cfg.data, cfg.attention_examples)
+        encodings, source = task_encodings(task, tokenizer, cfg.data, cfg.attention_examples, max_length)
     else:
-        texts, source = read_text_inputs(Path(cfg.text), cfg.attention_examples), str(cfg.text)
-    encodings = encode_inputs(tokenizer, texts, max_length)
+        text = Path(cfg.text)
+        encodings, source = encode_inputs(tokenizer, read_text_inputs(text, cfg.attention_examples), max_length), str(text)
 
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -503,7 +515,7 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
         curve_note = (f"dev {task.primary_metric} on {len(dev[split])} {task.display} {split} examples; heads masked "
                       f"with hooks (no surgery), importance computed once before masking, random order seed {cfg.seed}")
     elif task is None:
-        curve_note = "no pruning curve: it needs --task (a dev metric)"
+        curve_note = "no pruning curve: it needs a task (a dev metric): --task, or your task's --train-file/--dev-file"
     else:
         curve_note = "no pruning curve (--no-curve)"
 

@@ -66,8 +66,9 @@ from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_info, hardware, package_versions
 from compress.core.logs import progress
+from compress.core.tasks import Task
 from compress.eval.latency_backends import AUTO_BACKENDS, BACKENDS
-from compress.eval.lengths import real_inputs
+from compress.eval.lengths import lengths_task, real_inputs
 from compress.eval.peak import PRECISIONS, cpu_theoretical_peaks, floor_ms, peak_notes, precision_of_backend
 
 log = logging.getLogger(__name__)
@@ -133,10 +134,11 @@ class LatencyConfig:
     reference_backends: tuple[str, ...] = option((), "also time the FIRST model on these fp32 backends (e.g. torch,"
                                                  "onnxruntime,openvino): rows then give speed-ups against its fastest "
                                                  "fp32 backend and against PyTorch eager", metavar="B[,...]")
-    lengths: str | None = option(None, "also time on real inputs at their own lengths: a TASK's dev set (with --data-dir) or a "
-                                 "FILE of texts (.txt lines, .tsv/.jsonl with sentence or sentence1/sentence2): batch 1 one "
-                                 "sentence at a time, and --lengths-batch sorted by length with dynamic padding",
-                                 metavar="TASK|FILE")
+    lengths: str | None = option(None, "also time on real inputs at their own lengths: a TASK's dev set (with --data-dir), a "
+                                 "FILE of texts (.txt lines, .tsv/.jsonl with sentence or sentence1/sentence2), or a data "
+                                 "file of the models' own task (csv/tsv/jsonl/CoNLL..., read through the task their folder "
+                                 "records): batch 1 one sentence at a time, and --lengths-batch sorted by length with "
+                                 "dynamic padding", metavar="TASK|FILE")
     lengths_batch: int = option(32, "the batch size of the sorted, dynamically padded pass of --lengths")
     lengths_passes: int = option(3, "timed passes over the --lengths set (each batch's median is kept)")
     lengths_multiple: int = option(8, "with --openvino-shapes static, OpenVINO pads --lengths inputs to a multiple of this "
@@ -251,8 +253,9 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
     if not model_dirs:
         raise CompressError("no model directory given; pass at least one --model DIR")
     paths = [Path(p) for p in model_dirs]
+    reads = lengths_task(paths, cfg.lengths)  # the user's task whose file --lengths is: every model times its inputs
     for path in paths:
-        precheck(path, cfg)  # every cheap failure before minutes of timing
+        precheck(path, cfg, reads)  # every cheap failure before minutes of timing
     if cfg.out:
         check_writable(cfg.out, "--out", "choose another --out")
     if cfg.record:
@@ -261,7 +264,7 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
     threads = cfg.threads or default_threads()
     names = display_names(paths)
 
-    peaks, results, references = run_all(paths, names, cfg, threads)
+    peaks, results, references = run_all(paths, names, cfg, threads, reads)
     if references and "torch" not in references and results[0][0].get("backend") == "torch":
         references["torch"] = results[0]  # the first model ran in PyTorch eager fp32: it is that reference already
     rows = build_rows(paths, names, results, cfg, peaks, references)
@@ -296,22 +299,24 @@ def measure_latency(model_dirs: list[str | Path], cfg: LatencyConfig) -> dict[st
 
 
 def run_all(
-    paths: list[Path], names: list[str], cfg: LatencyConfig, threads: int
+    paths: list[Path], names: list[str], cfg: LatencyConfig, threads: int, reads: Task | None = None
 ) -> tuple[dict[str, Any] | None, list[list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
     """The GEMM peaks (:func:`best_peaks`, or None), each model's worker result per run, and the reference's per
     fp32 backend per run.
 
     A run is the whole sequence (peak, every model, the reference on each backend), one
     process after another; runs repeat it, so a load change hits every model alike and
-    shows as spread instead of as one model's speed-up.
+    shows as spread instead of as one model's speed-up. ``reads``: the user's task whose data file
+    ``--lengths`` is (:func:`compress.eval.lengths.lengths_task`), sent to every worker.
     """
-    jobs = [(name, {"mode": "model", "model": str(path), "config": worker_config(cfg, threads)})
+    task = {"lengths_task": reads.to_record()} if reads is not None else {}
+    jobs = [(name, {"mode": "model", "model": str(path), "config": worker_config(cfg, threads), **task})
             for path, name in zip(paths, names)]
     # The first model's own job already times it on the backend its format picks: that one is not timed twice.
     own = _own_backend(paths[0], cfg)
     shared = [b for b in cfg.reference_backends if b == own]
     jobs += [(f"{names[0]} [{b}]", {"mode": "model", "model": str(paths[0]),
-                                    "config": {**worker_config(cfg, threads), "backend": b}, "reference": b})
+                                    "config": {**worker_config(cfg, threads), "backend": b}, "reference": b, **task})
              for b in cfg.reference_backends if b not in shared]
     total = cfg.repeat_runs * (len(jobs) * len(cfg.grid()) + (1 if cfg.peak else 0))
     peaks: list[dict[str, Any]] = []
@@ -365,13 +370,13 @@ def best_peaks(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-def precheck(path: Path, cfg: LatencyConfig) -> None:
+def precheck(path: Path, cfg: LatencyConfig, reads: Task | None = None) -> None:
     """Fail before spawning anything on a missing directory or a too-long sequence."""
     require_model_dir(path)
     config = load_config(path)  # config.json only: no torch, no weights
     check_seq(cfg.seq, config.max_position_embeddings, path)
     if cfg.lengths:  # a wrong task, file or data folder is said now, not after minutes of timing
-        real_inputs(cfg.lengths, load_tokenizer(path), data_dir=cfg.data_dir, limit=1)
+        real_inputs(cfg.lengths, load_tokenizer(path), data_dir=cfg.data_dir, limit=1, task=reads)
 
 
 def worker_config(cfg: LatencyConfig, threads: int) -> dict[str, Any]:

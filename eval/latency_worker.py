@@ -26,6 +26,7 @@ from compress.core.artifacts import load_tokenizer
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.structure import flops_per_sequence
+from compress.core.tasks import Task, task_from_record
 from compress.eval.latency import MAX_REAL_LENGTH, MIN_PASSES, PEAK_SECONDS, LatencyConfig, check_seq, real_batches
 from compress.eval.latency_backends import BACKENDS
 from compress.eval.lengths import RealInputs, RealTimer, more_passes, real_inputs
@@ -75,13 +76,14 @@ def worker_main(stdin, proto) -> int:
     try:
         job = json.loads(stdin.readline())  # one line (JSON has no raw newline); a served worker reads requests after it
         set_threads(int(job["threads"]))
+        reads = task_from_record(job["lengths_task"]) if job.get("lengths_task") else None  # --lengths FILE's task
         if job["mode"] == "serve":
-            serve(Path(job["model"]), job["config"], stdin, emit)
+            serve(Path(job["model"]), job["config"], stdin, emit, reads)
         elif job["mode"] == "peak":
             peaks = measure_peaks(int(job["threads"]), tuple(job["sizes"]), job.get("min_seconds", PEAK_SECONDS))
             emit({"done": {"gflops": peaks["fp32"]["gflops"], "peaks": peaks}})
         else:
-            emit({"done": time_model(Path(job["model"]), job["config"], emit)})
+            emit({"done": time_model(Path(job["model"]), job["config"], emit, reads)})
     except CompressError as err:
         emit({"error": str(err)})
         return 2
@@ -103,8 +105,9 @@ def set_threads(threads: int) -> None:
 class Timing:
     """One model loaded with the configured backend, timed point by point: all at once or in bursts."""
 
-    def __init__(self, model_dir: Path, config: dict[str, Any]):
+    def __init__(self, model_dir: Path, config: dict[str, Any], reads: Task | None = None):
         self.model_dir = model_dir
+        self.reads = reads  # the user's task whose data file --lengths is (the same for every model of the run)
         self.cfg = from_dict(LatencyConfig, config, "latency job")
         self.session = BACKENDS.get(self.cfg.backend)(model_dir, self.cfg)
         check_seq(self.cfg.seq, self.session.max_positions, model_dir)
@@ -150,7 +153,7 @@ class Timing:
             self.shaped, self.real_timer = {}, None  # the grid's compiled models, or another batch size's: done with
             if self.inputs is None:
                 self.inputs = real_inputs(cfg.lengths, load_tokenizer(self.model_dir), data_dir=cfg.data_dir,
-                                          max_length=min(session.max_positions, MAX_REAL_LENGTH))
+                                          max_length=min(session.max_positions, MAX_REAL_LENGTH), task=self.reads)
             # With compile_for, one model per padded shape (compiled before timing, dropped after this batch size).
             self.real_timer = RealTimer(
                 session.forward, self.inputs, batch, prepare=session.prepare, warmup=cfg.warmup, passes=cfg.lengths_passes,
@@ -186,18 +189,19 @@ class Timing:
         }
 
 
-def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], None]) -> dict[str, Any]:
+def time_model(model_dir: Path, config: dict[str, Any], emit: Callable[[dict], None],
+               reads: Task | None = None) -> dict[str, Any]:
     """Load one model with the configured backend and time it at every grid point."""
-    timing = Timing(model_dir, config)
+    timing = Timing(model_dir, config, reads)
     for batch, seq in timing.cfg.grid():
         timing.burst(batch, seq, timing.cfg.repeats, timing.cfg.min_seconds)
         emit({"point": {"batch": batch, "seq": seq}})
     return timing.result()
 
 
-def serve(model_dir: Path, config: dict[str, Any], stdin, emit: Callable[[dict], None]) -> None:
+def serve(model_dir: Path, config: dict[str, Any], stdin, emit: Callable[[dict], None], reads: Task | None = None) -> None:
     """Load the model, say so, then answer each request line (a burst, or finish) until finished or stdin ends."""
-    timing = Timing(model_dir, config)
+    timing = Timing(model_dir, config, reads)
     emit({"ready": True})
     for line in stdin:
         request = json.loads(line)

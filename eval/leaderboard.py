@@ -13,14 +13,18 @@ How the numbers are put together:
 
 * metric: per task the primary metric of ``compress.core.tasks`` (CoLA Matthews corr.,
   MRPC F1, STS-B Pearson, SQuAD F1, accuracy elsewhere; MNLI = matched), from the
-  model's latest dev evaluation record.
+  model's latest evaluation record of the table's split (``split``: dev, the default, or
+  test). A user's own task is the one its folder records (``compress.core.resolve.task_of_model``),
+  never looked up in the registry; its column shows its primary metric (entity F1, micro F1, ...)
+  after the benchmark tasks'.
 * GLUE average: the unweighted mean over the GLUE tasks that every model with GLUE
   results was evaluated on, so all averages in one table cover the same tasks. Published
-  rows get the same average only when they publish all of those tasks.
+  rows get the same average only when they publish all of those tasks; a user's tasks
+  never enter it.
 * retention: a model's metric / its teacher's (per task; for the average, the ratio of
   the averages), in percent. The teacher is the teacher of the model's chain: its oldest
-  ancestor (``compression.json`` parent links) among the models shown that has a dev
-  score; with ``compare_with="parent"`` its nearest ancestor shown; with ``baseline``
+  ancestor (``compression.json`` parent links) among the models shown that has a score;
+  with ``compare_with="parent"`` its nearest ancestor shown; with ``baseline``
   that one model for every row; a model with no ancestor shown is compared with the
   first row (rows keep the order of the runs, except that ancestors move up before
   their descendants, so the first row is never a student of another row).
@@ -29,12 +33,12 @@ How the numbers are put together:
   the latest run that measured both is used; a ratio across runs is marked ``*``. A run
   is one ``compress latency`` call, whatever backend each of its models ran on.
 
-Published rows (``compress.eval.references``) are carried separately, flagged ``published``, and
-never enter a measured column, an average of measured rows, or a ratio.
+Published rows (``compress.eval.references``) of the table's split are carried separately, flagged
+``published``, and never enter a measured column, an average of measured rows, or a ratio.
 
-A model with no dev evaluation and no latency is left out (and with no such model at all
-the table is refused), unless ``keep_unmeasured``: then it is listed, "not evaluated" in
-its metric cells. A recipe's own report is built that way, so a recipe without an eval or
+A model with no evaluation of the table's split and no latency is left out (and with no
+such model at all the table is refused), unless ``keep_unmeasured``: then it is listed,
+"not evaluated" in its metric cells. A recipe's own report is built that way, so a recipe without an eval or
 latency stage still gets one, listing its models and stages.
 """
 
@@ -49,17 +53,20 @@ from typing import Any, Literal, Sequence
 from compress.core.artifacts import is_model_dir, lineage, parent_path, read_compression, read_json, read_metrics, utc_now
 from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.tasks import GLUE_TASKS, TASKS, get_task
+from compress.core.resolve import task_of_model
+from compress.core.tasks import GLUE_TASKS, TASKS, Task, get_task
 from compress.eval.latency import display_names, megabytes, size_on_disk
 from compress.eval.plots import _pyplot, label_hlines, place_legend, save_figure
-from compress.eval.references import GLUE_DEV, SQUAD_DEV
+from compress.eval.references import for_split
 
 CROSS_RUN = "*"  # marks a speed-up whose two p50s come from different latency runs
-NOT_EVALUATED = "not evaluated"  # a metric cell of a model kept without a dev score (keep_unmeasured)
-DEV_SPLITS = ("dev", "dev_matched")  # MNLI reports matched as its primary dev split
+NOT_EVALUATED = "not evaluated"  # a metric cell of a model kept without a score (keep_unmeasured)
+# The records each table split reads: MNLI reports matched as its primary dev (and test) split.
+SPLITS = {"dev": ("dev", "dev_matched"), "test": ("test", "test_matched")}
 MAX_ANCESTORS = 64  # parent links followed before giving up (a guard against cycles)
 
-METRIC_LABELS = {"accuracy": "acc", "f1": "F1", "pearson": "Pearson", "matthews_correlation": "MCC"}
+METRIC_LABELS = {"accuracy": "acc", "f1": "F1", "pearson": "Pearson", "matthews_correlation": "MCC",
+                 "entity_f1": "entity F1", "micro_f1": "micro F1"}
 
 
 @dataclass(frozen=True)
@@ -68,22 +75,26 @@ class LeaderboardConfig:
                                   "instead of its teacher", metavar="DIR")
     compare_with: Literal["teacher", "parent"] = option(
         "teacher", "without --baseline, compare each model with the teacher of its chain (its oldest ancestor shown "
-        "that has a dev score) or with its parent (its nearest ancestor shown); a model with neither: the first row")
+        "that has a score) or with its parent (its nearest ancestor shown); a model with neither: the first row")
     speed_reference: str | None = option(None, "model directory for an extra speed-up column, e.g. a BERT-base-shaped model",
                                          flag="--reference-model", metavar="DIR")
     batch: int = option(1, "batch size of the latency point shown in the table")
     seq: int = option(128, "sequence length of the latency point shown in the table")
-    tasks: tuple[str, ...] = option((), "tasks to show (default: every task some model was evaluated on)", metavar="TASK[,...]")
+    tasks: tuple[str, ...] = option((), "tasks to show: benchmark tasks or the names of your own tasks (default: every task "
+                                    "some model was evaluated on)", metavar="TASK[,...]")
     published: bool = option(True, "add the published results of eval/references.py (flagged, never mixed with measured ones)")
+    split: Literal["dev", "test"] = option(
+        "dev", "which evaluation the table shows: each model's latest dev one (MNLI: matched), or its latest test one (your "
+        "own task scored on its --test-file, or by compress eval --split test); published rows of that split only")
 
     def validate(self) -> None:
-        """Refuse a latency point below 1 and unknown task names."""
+        """Refuse a latency point below 1 and an unknown split (task names are checked against the models' tasks)."""
         if self.batch < 1:
             raise CompressError(f"--batch must be at least 1, got {self.batch}")
         if self.seq < 1:
             raise CompressError(f"--seq must be at least 1, got {self.seq}")
-        for name in self.tasks:
-            get_task(name)  # unknown names list the valid ones
+        if self.split not in SPLITS:
+            raise CompressError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
 
 
 # ---------------------------------------------------------------------------- collecting
@@ -114,13 +125,14 @@ class ModelRow:
     size_mb: float | None = None
     scores: dict[str, float] = field(default_factory=dict)  # task -> primary metric (percent)
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> split, n, when, extra metrics
+    tasks: dict[str, Task] = field(default_factory=dict)  # task name -> the task scored (a preset, or the folder's own)
     latency: LatencyPoint | None = None  # the latest run's point at (batch, seq)
     latency_runs: dict[str, LatencyPoint] = field(default_factory=dict)  # run id -> point at (batch, seq)
     latency_points: tuple[tuple[int, int], ...] = ()  # every (batch, seq) ever measured
 
     @property
     def has_metrics(self) -> bool:
-        """Whether the model has a dev evaluation or any latency result."""
+        """Whether the model has an evaluation of the table's split or any latency result."""
         return bool(self.scores or self.latency_points)
 
 
@@ -157,38 +169,47 @@ def _model_dirs_below(folder: Path) -> list[Path]:
 
 
 def collect(model_dirs: Sequence[str | Path], *, batch: int = 1, seq: int = 128,
-            keep_unmeasured: bool = False) -> list[ModelRow]:
-    """One :class:`ModelRow` per model directory found in ``model_dirs`` (see :func:`expand_runs`).
+            keep_unmeasured: bool = False, split: str = "dev") -> list[ModelRow]:
+    """One :class:`ModelRow` per model directory found in ``model_dirs`` (see :func:`expand_runs`), with the
+    scores of its ``split`` evaluations (dev or test).
 
-    Raises a CompressError when no model has a dev evaluation or a latency result, unless
-    ``keep_unmeasured`` (their rows then say "not evaluated").
+    Raises a CompressError when no model has an evaluation of that split or a latency result,
+    unless ``keep_unmeasured`` (their rows then say "not evaluated").
     """
     paths = expand_runs(model_dirs)
-    rows = [read_row(path, name, batch, seq) for path, name in zip(paths, display_names(paths))]
+    rows = [read_row(path, name, batch, seq, split) for path, name in zip(paths, display_names(paths))]
     if not keep_unmeasured and not any(row.has_metrics for row in rows):
         names = ", ".join(str(p) for p in paths)
         raise CompressError(
-            f"no dev evaluation or latency result in metrics.json of {names}; "
-            "run `compress eval` and `compress latency` on the models first"
+            f"no {split} evaluation or latency result in metrics.json of {names}; "
+            f"run `compress eval{' --split test' if split == 'test' else ''}` and `compress latency` on the models first"
         )
     return rows
 
 
-def read_row(path: Path, name: str, batch: int, seq: int) -> ModelRow:
-    """The leaderboard's view of one model directory."""
+def read_row(path: Path, name: str, batch: int, seq: int, split: str = "dev") -> ModelRow:
+    """The leaderboard's view of one model directory, scored on ``split``."""
     records = read_metrics(path)
     comp = read_compression(path)
     runs, points = latency_runs(records, batch, seq)
     latest = max(runs.values(), key=lambda p: p.when, default=None)
     params, source = model_params(path, records, comp)
-    scores, evals = dev_scores(records)
+    scores, evals, tasks = split_scores(records, own_task(path), split)
     parent = parent_path(comp)
     return ModelRow(
         path=path, name=name, stage=comp.get("stage"), method=comp.get("method"),
         parent=Path(parent) if parent else None, ancestors=ancestors(path),
         params=params, params_source=source, size_mb=model_size_mb(path, records),
-        scores=scores, evals=evals, latency=latest, latency_runs=runs, latency_points=points,
+        scores=scores, evals=evals, tasks=tasks, latency=latest, latency_runs=runs, latency_points=points,
     )
+
+
+def own_task(path: Path) -> Task | None:
+    """The task the folder was made for (its records or config), or None; an unreadable record is no task."""
+    try:
+        return task_of_model(path)
+    except CompressError:
+        return None
 
 
 def _order(indexed: tuple[int, dict[str, Any]]) -> tuple[str, int]:
@@ -198,26 +219,42 @@ def _order(indexed: tuple[int, dict[str, Any]]) -> tuple[str, int]:
     return str(record.get("when") or ""), index
 
 
-def dev_scores(records: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
-    """Per task, the primary metric of the latest dev (MNLI: dev_matched) evaluation, and its details."""
+def record_task(record: dict[str, Any], own: Task | None) -> Task | None:
+    """The task an eval record scored: the folder's own when the names agree (a user's task is never in the
+    registry, and one named like a preset is still the user's), else a preset; None for anything else."""
+    name = str(record.get("task"))
+    if own is not None and own.name == name:
+        return own
+    try:
+        return get_task(name)
+    except CompressError:
+        return None  # e.g. the pretraining held-out loss, or another user's task: nothing this table can name
+
+
+def split_scores(records: list[dict[str, Any]], own: Task | None = None, split: str = "dev"
+                 ) -> tuple[dict[str, float], dict[str, dict[str, Any]], dict[str, Task]]:
+    """Per task, the primary metric of the latest ``split`` evaluation (MNLI: matched), its details, and the task."""
     scores: dict[str, float] = {}
     details: dict[str, dict[str, Any]] = {}
+    tasks: dict[str, Task] = {}
+    wanted = SPLITS[split]
     for _, record in sorted(enumerate(records), key=_order):  # oldest first: later ones overwrite
         if record.get("kind") != "eval" or not isinstance(record.get("metrics"), dict):
             continue
-        try:
-            task = get_task(str(record.get("task")))
-        except CompressError:
-            continue  # e.g. the pretraining held-out loss: not a benchmark task
+        task = record_task(record, own)
+        if task is None:
+            continue
         value = record["metrics"].get(task.primary_metric)
-        if record.get("split") == "dev_mismatched" and value is not None:
+        if record.get("split") == f"{split}_mismatched" and value is not None:
             details.setdefault(task.name, {})["mismatched"] = float(value)
-        if record.get("split") not in DEV_SPLITS or value is None:
+        if record.get("split") not in wanted or value is None:
             continue
         scores[task.name] = float(value)
+        tasks[task.name] = task
         details[task.name] = {**details.get(task.name, {}), "split": record["split"], "n": record.get("n"),
                               "when": record.get("when"), "metric": task.primary_metric}
-    return scores, {t: d for t, d in details.items() if t in scores}
+    return scores, {t: d for t, d in details.items() if t in scores}, tasks
+
 
 
 def latency_runs(records: list[dict[str, Any]], batch: int, seq: int) -> tuple[dict[str, LatencyPoint], tuple]:
@@ -319,15 +356,43 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: (points[i][0], -points[i][1], i))
 
 
+def known_tasks(rows: Sequence[ModelRow]) -> dict[str, Task]:
+    """Every task some model was scored on, by name: presets and the folders' own tasks, in first-seen order."""
+    known: dict[str, Task] = {}
+    for row in rows:
+        for name, task in row.tasks.items():
+            known.setdefault(name, task)
+    return known
+
+
 def shown_tasks(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> list[str]:
-    """Tasks in the table, in registry order: cfg.tasks, else every task some model was evaluated on."""
-    wanted = {get_task(t).name for t in cfg.tasks} if cfg.tasks else {t for r in rows for t in r.scores}
-    return [name for name in TASKS if name in wanted]
+    """Tasks in the table: cfg.tasks, else every task some model was evaluated on; the benchmark tasks in
+    registry order, then a user's own tasks in first-seen order."""
+    known = known_tasks(rows)
+    if cfg.tasks:
+        wanted = [_wanted_task(name, known) for name in cfg.tasks]
+    else:
+        wanted = list(known)
+    own = [t for t in dict.fromkeys(wanted) if t in known and known[t].user]
+    return [name for name in TASKS if name in wanted and name not in own] + own
+
+
+def _wanted_task(name: str, known: dict[str, Task]) -> str:
+    """The task a --tasks name means: a user's task some model was scored on, else a preset (or one clear error)."""
+    if name in known:
+        return name
+    try:
+        return get_task(name).name
+    except CompressError:
+        yours = [t for t, task in known.items() if task.user]
+        raise CompressError(f"--tasks {name}: no model was scored on a task of that name and it is no benchmark task; "
+                            f"valid: {', '.join([*yours, *TASKS])}") from None
 
 
 def average_tasks(rows: Sequence[ModelRow], tasks: Sequence[str]) -> list[str]:
-    """The GLUE tasks shown that every model with GLUE results was evaluated on."""
-    glue = [t for t in tasks if t in GLUE_TASKS]
+    """The GLUE tasks shown that every model with GLUE results was evaluated on (a user's task named like one is not)."""
+    users = {name for name, task in known_tasks(rows).items() if task.user}
+    glue = [t for t in tasks if t in GLUE_TASKS and t not in users]
     with_glue = [r for r in rows if any(t in r.scores for t in glue)]
     return [t for t in glue if with_glue and all(t in r.scores for r in with_glue)]
 
@@ -371,7 +436,7 @@ def lineage_order(rows: Sequence[ModelRow]) -> list[ModelRow]:
 
 def teacher_of(row: ModelRow, rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> ModelRow:
     """The model ``row`` is compared with: cfg.baseline; else the teacher of its chain (the oldest ancestor
-    shown with a dev score, else the oldest shown) or, with compare_with="parent", its nearest ancestor shown;
+    shown with a score, else the oldest shown) or, with compare_with="parent", its nearest ancestor shown;
     else the first row."""
     by_path = {r.path: r for r in rows}
     if cfg.baseline:
@@ -390,7 +455,7 @@ def _find(by_path: dict[Path, ModelRow], path: str, flag: str) -> ModelRow:
     row = by_path.get(Path(path).resolve())
     if row is None:
         raise CompressError(
-            f"{flag} {path} is not among the models of the table, or has no dev evaluation or latency "
+            f"{flag} {path} is not among the models of the table, or has no evaluation or latency "
             "in its metrics.json; pass it with --runs and measure it first"
         )
     return row
@@ -399,30 +464,33 @@ def _find(by_path: dict[Path, ModelRow], path: str, flag: str) -> ModelRow:
 def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig, *, keep_unmeasured: bool = False) -> dict[str, Any]:
     """The leaderboard as a JSON-able dict: measured models, published rows, and the notes that explain them.
 
-    ``keep_unmeasured`` lists the models with no dev evaluation or latency too (a recipe's
+    ``keep_unmeasured`` lists the models with no evaluation or latency too (a recipe's
     report: every model it made), instead of leaving them out.
     """
     cfg.validate()
     kept = lineage_order([r for r in rows if keep_unmeasured or r.has_metrics])
     if not kept:
-        raise CompressError("no model has a dev evaluation or a latency result; nothing to put in a leaderboard")
+        raise CompressError(f"no model has a {cfg.split} evaluation or a latency result; nothing to put in a leaderboard")
     tasks = shown_tasks(kept, cfg)
     averaged = average_tasks(kept, tasks)
+    known = {**{t: get_task(t) for t in tasks if t in TASKS}, **known_tasks(kept)}
     reference = _find({r.path: r for r in kept}, cfg.speed_reference, "--reference-model") if cfg.speed_reference else None
     models = [model_entry(r, teacher_of(r, kept, cfg), reference, tasks, averaged) for r in kept]
     table = {
         "kind": "leaderboard",
         "when": utc_now(),
         "point": {"batch": cfg.batch, "seq": cfg.seq},
+        "split": cfg.split,
         "tasks": tasks,
-        "task_names": {t: get_task(t).display for t in tasks},
-        "task_metrics": {t: get_task(t).primary_metric for t in tasks},
+        "task_names": {t: known[t].display for t in tasks},
+        "task_metrics": {t: known[t].primary_metric for t in tasks},
+        "own_tasks": [t for t in tasks if known[t].user],
         "average_tasks": averaged,
         "baseline": str(Path(cfg.baseline).resolve()) if cfg.baseline else None,
         "compared_with": "baseline" if cfg.baseline else cfg.compare_with,
         "speed_reference": reference.name if reference else None,
         "models": models,
-        "published": published_entries(tasks, averaged) if cfg.published else [],
+        "published": published_entries(tasks, averaged, cfg.split, {t: known[t] for t in tasks}) if cfg.published else [],
         "skipped": [{"name": r.name, "path": str(r.path)} for r in rows if not (keep_unmeasured or r.has_metrics)],
         "keep_unmeasured": keep_unmeasured,
         "other_points": other_points(kept, cfg),
@@ -467,11 +535,17 @@ def model_entry(row: ModelRow, teacher: ModelRow, reference: ModelRow | None,
     }
 
 
-def published_entries(tasks: Sequence[str], averaged: Sequence[str]) -> list[dict[str, Any]]:
-    """Published dev rows with a score on a shown task: their params, those scores and the same average."""
+def published_entries(tasks: Sequence[str], averaged: Sequence[str], split: str = "dev",
+                      known: dict[str, Task] | None = None) -> list[dict[str, Any]]:
+    """Published rows of ``split`` with a score on a shown task: their params, those scores and the same average.
+
+    A score counts only for a task of the same metric: a preset's row for the preset (not a user's task that
+    borrows its name), a user's dataset's row (its ``metric`` set) for a local task scored with that metric.
+    """
+    known = known or {}
     entries = []
-    for ref in GLUE_DEV + SQUAD_DEV:
-        scores = {t: ref.scores[t] for t in tasks if t in ref.scores}
+    for ref in for_split(split):
+        scores = {t: ref.scores[t] for t in tasks if t in ref.scores and _comparable(ref.metric, known.get(t))}
         if not scores:
             continue
         entries.append({
@@ -485,6 +559,13 @@ def published_entries(tasks: Sequence[str], averaged: Sequence[str]) -> list[dic
             "notes": ref.notes,
         })
     return entries
+
+
+def _comparable(metric: str | None, task: Task | None) -> bool:
+    """Whether a published score of ``metric`` (None: the preset's primary) can stand beside the local ``task``."""
+    if task is None:
+        return metric is None  # a preset column no model has a score in: its published rows still show
+    return task.primary_metric == metric if metric else not task.user
 
 
 def other_points(rows: Sequence[ModelRow], cfg: LeaderboardConfig) -> list[list[int]]:
@@ -506,9 +587,12 @@ def _task_list(table: dict[str, Any], tasks: Sequence[str]) -> str:
 
 def measured_notes(table: dict[str, Any]) -> list[str]:
     """Footnotes on how the measured table's averages and ratios were computed."""
-    point = table["point"]
-    notes = ["Metrics: the latest dev evaluation in each model's metrics.json, in percent; "
-             "MNLI is reported on the matched dev set."]
+    point, split = table["point"], table.get("split", "dev")
+    mnli = f"; MNLI is reported on the matched {split} set" if "mnli" in table["tasks"] else ""
+    notes = [f"Metrics: the latest {split} evaluation in each model's metrics.json, in percent{mnli}."]
+    if table.get("own_tasks"):
+        notes.append(f"Your own tasks ({', '.join(table['own_tasks'])}): the task each model folder records, scored with "
+                     "its primary metric; they never enter the GLUE avg.")
     if len(table["average_tasks"]) >= 2:
         notes.append(f"GLUE avg: unweighted mean over {_task_list(table, table['average_tasks'])}, the GLUE tasks every "
                      "model with GLUE results was evaluated on (the published convention: CoLA Matthews corr., "
@@ -518,7 +602,7 @@ def measured_notes(table: dict[str, Any]) -> list[str]:
     compared = table["compared_with"]
     whom = {"baseline": "the --baseline model, for every row",
             "teacher": "the teacher of the model's chain (its oldest ancestor in this table by compression.json "
-                       "parent links that has a dev score), else the first row",
+                       f"parent links that has a {split} score), else the first row",
             "parent": "the model's parent (its nearest ancestor in this table by compression.json parent links), "
                       "else the first row"}[compared]
     notes.append(f"retention: the model's metric / its {compared}'s, in percent; for the GLUE avg the ratio of the two "
@@ -536,10 +620,10 @@ def measured_notes(table: dict[str, Any]) -> list[str]:
                      "(choose one with --batch / --seq).")
     if table["skipped"]:
         names = ", ".join(s["name"] for s in table["skipped"])
-        notes.append(f"Not shown (no dev evaluation or latency in metrics.json): {names}.")
+        notes.append(f"Not shown (no {split} evaluation or latency in metrics.json): {names}.")
     unscored = [m["name"] for m in table["models"] if not m["scores"]]
     if table.get("keep_unmeasured") and unscored:
-        notes.append(f"{NOT_EVALUATED}: no dev evaluation in the metrics.json of {', '.join(unscored)}; "
+        notes.append(f"{NOT_EVALUATED}: no {split} evaluation in the metrics.json of {', '.join(unscored)}; "
                      "`compress eval` (in a recipe: an eval stage) gives a score, `compress latency` (a latency stage) a p50.")
     return notes
 
@@ -555,9 +639,10 @@ def _cross_run(table: dict[str, Any]) -> bool:
 
 def published_notes(table: dict[str, Any]) -> list[str]:
     """Footnotes for the published table."""
-    notes = ["Copied from the cited sources (eval/references.py): other people's runs and hardware, GLUE/SQuAD dev "
-             "sets; never measured here and never part of the measured averages or ratios. No published latency "
-             "is comparable with this machine, so these rows appear in the plots as dashed reference lines."]
+    split = table.get("split", "dev")
+    notes = [f"Copied from the cited sources (eval/references.py): other people's runs and hardware, on the {split} sets "
+             "their sources name; never measured here and never part of the measured averages or ratios. No published "
+             "latency is comparable with this machine, so these rows appear in the plots as dashed reference lines."]
     if len(table["average_tasks"]) >= 2:
         notes.append(f"GLUE avg over the same tasks as above ({_task_list(table, table['average_tasks'])}), "
                      "only where the source publishes all of them.")
@@ -615,7 +700,7 @@ def measured_table(table: dict[str, Any]) -> list[str]:
     # Kept without a score (keep_unmeasured): the cell says so; with no task at all, one column does.
     keep = table.get("keep_unmeasured", False)
     missing = NOT_EVALUATED if keep else "n/a"
-    metric_headers = [_metric_header(table, t) for t in table["tasks"]] or (["dev metric"] if keep else [])
+    metric_headers = [_metric_header(table, t) for t in table["tasks"]] or ([f"{table.get('split', 'dev')} metric"] if keep else [])
     header = ["model", "stage / method", "params (M)", "size (MB)",
               *metric_headers, "GLUE avg", retention_header, compared,
               "p50 ms", "backend", f"speed-up vs {compared}"] + ([f"speed-up vs {reference}"] if reference else [])
@@ -663,7 +748,7 @@ def _row(cells: Sequence[Any]) -> str:
 def format_markdown(table: dict[str, Any]) -> str:
     """The measured table, per-task retention, and the published table, each followed by its notes."""
     point = table["point"]
-    lines = [f"## Measured here (dev sets; latency at batch {point['batch']}, seq {point['seq']})", "",
+    lines = [f"## Measured here ({table.get('split', 'dev')} sets; latency at batch {point['batch']}, seq {point['seq']})", "",
              *measured_table(table), "", *(f"- {n}" for n in table["notes"])]
     if len(table["tasks"]) > 1:
         lines += ["", f"### Retention per task (% of the {table['compared_with']}'s metric)", "", *retention_table(table)]
@@ -718,11 +803,12 @@ def pareto_figure(table: dict[str, Any], task: str):
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: "" if math.log10(x).is_integer() else f"{x:g}"))
     ax.set_xlabel(f"p50 latency (ms, log scale), batch {point['batch']}, seq {point['seq']}")
     ax.set_ylabel(_metric_header(table, task))
-    ax.set_title(f"{table['task_names'][task]}: dev metric vs latency (marker area ~ parameters)")
+    split = table.get("split", "dev")
+    ax.set_title(f"{table['task_names'][task]}: {split} metric vs latency (marker area ~ parameters)")
     ax.grid(alpha=0.3, which="both")
     published = [(p["scores"][task], p["model"]) for p in table["published"] if task in p["scores"]]
     if published:  # the legend's key to the dashed lines; each line carries its own label
-        ax.plot([], [], "--", color="dimgrey", linewidth=0.9, label="published (dev set, not timed here)")
+        ax.plot([], [], "--", color="dimgrey", linewidth=0.9, label=f"published ({split} set, not timed here)")
     labels = label_hlines(ax, published, points, sizes, avoid=names)
     place_legend(ax, points, sizes, avoid=[*labels, *names], fontsize=7)
     return fig

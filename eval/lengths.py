@@ -4,10 +4,14 @@
 GLUE sentences are far shorter and vary (SST-2 dev: about 25 tokens). This module
 times a model the way it is served:
 
-    real_inputs(source, tokenizer)   a task's dev split or a text file, tokenised, unpadded
+    real_inputs(source, tokenizer)   a task's dev split, a text file or a user's data file, tokenised, unpadded
         -> batches(inputs, batch)    batch 1: one sentence at its own length, in the set's order;
                                      batch > 1: sorted by length, each chunk padded to its longest
         -> time_real(forward, ...)   warm-up, then timed passes; p50/p99 per batch, sentences/s
+
+A user's own data file (csv, tsv, json, jsonl, parquet, CoNLL) is read through the task a model
+folder records (:func:`lengths_task`), as training and evaluation read it: its text columns, a
+token-classification sentence tokenised as its words.
 
 It knows no backend: ``forward`` takes one batch of numpy arrays and runs the model once
 (``compress.eval.latency_worker`` adapts each backend's session), so this module imports no
@@ -27,10 +31,12 @@ import numpy as np
 from compress.core.data import DataSource, check_max_length, encode_examples, load_split
 from compress.core.errors import CompressError
 from compress.core.files import read_json_records, read_text_file, read_tsv_rows
+from compress.core.resolve import task_of_model
 from compress.core.tasks import TASKS, Task, get_task
 
 # The file sources and how each names its text columns (a pair wins over a single sentence).
 FILE_SUFFIXES = (".txt", ".tsv", ".jsonl")
+TEXT_LINES = ".txt"  # one text per line, whatever task the models have: never read as a data file
 PAIR_COLUMNS = ("sentence1", "sentence2")
 SINGLE_COLUMNS = ("sentence",)
 
@@ -102,13 +108,15 @@ class RealInputs:
 
 
 def real_inputs(source: str, tokenizer, *, data_dir: str | None = None, max_length: int = 128,
-                limit: int | None = None) -> RealInputs:
+                limit: int | None = None, task: Task | None = None) -> RealInputs:
     """Tokenise a task's dev split or a text file at each text's own length (truncated, not padded).
 
     ``source`` is a task name (its first dev split, e.g. MNLI's dev_matched, read from
     ``data_dir`` or the hub through ``compress.core.data``, encoded as training encodes
     it) or a ``.txt`` (one text per line), ``.tsv`` or ``.jsonl`` file (a ``sentence``
-    column, or ``sentence1`` + ``sentence2`` for pairs). ``limit`` keeps the first N.
+    column, or ``sentence1`` + ``sentence2`` for pairs). With ``task``, a user's own task
+    (:func:`lengths_task`), any file but ``.txt`` is that task's data file, read and encoded
+    as the task's model reads it. ``limit`` keeps the first N.
     """
     check_max_length(max_length, None)
     if limit is not None and limit < 1:
@@ -117,17 +125,52 @@ def real_inputs(source: str, tokenizer, *, data_dir: str | None = None, max_leng
     if path.suffix.lower() in FILE_SUFFIXES or path.is_file() or "/" in source:
         if data_dir is not None:
             raise CompressError(f"data_dir {data_dir} is for a task source, not the file {source}; pass one or the other")
+        if reads_data_file(task, path):
+            return _task_file(task, path, tokenizer, max_length, limit)
         texts, where = tuple(column[:limit] for column in _read_file(path)), str(path)
         if not texts[0]:
             raise CompressError(f"{where} has no texts to time; pass a file with at least one non-blank text, or a task name")
         # The same call training makes for sentences: pairs as pairs, the longest text cut first.
         encoded = tokenizer(*[list(column) for column in texts], truncation=True, max_length=max_length)
     else:
-        task = _task(source)
-        split = task.resolve_splits("dev")[0]  # MNLI: dev_matched
-        ds = load_split(task, split.name, DataSource(data_dir=data_dir), limit)
-        where = f"{task.display} {split.name} ({data_dir or 'the Hugging Face hub'})"
-        encoded = encode_examples(task, tokenizer, ds, max_length)
+        named = _task(source)
+        split = named.resolve_splits("dev")[0]  # MNLI: dev_matched
+        ds = load_split(named, split.name, DataSource(data_dir=data_dir), limit)
+        where = f"{named.display} {split.name} ({data_dir or 'the Hugging Face hub'})"
+        encoded = encode_examples(named, tokenizer, ds, max_length)
+    return _inputs(encoded, where, max_length)
+
+
+def reads_data_file(task: Task | None, path: Path) -> bool:
+    """Whether ``path`` is read as ``task``'s data file: a user's own task, any file but one text per line."""
+    return task is not None and task.user and path.suffix.lower() != TEXT_LINES
+
+
+def lengths_task(model_dirs, source: str | None) -> Task | None:
+    """The task that reads a ``--lengths`` file for every model of a run: the first folder's own task that is a
+    user's (its columns and kind), so every model times the same inputs; None for a preset name, a ``.txt`` file
+    or models of no user task."""
+    if not source or Path(source).suffix.lower() == TEXT_LINES or not (Path(source).is_file() or Path(source).is_dir()):
+        return None
+    for model in model_dirs:
+        try:
+            task = task_of_model(model)
+        except CompressError:
+            continue  # an unreadable record: the model has no task to offer
+        if task is not None and task.user:
+            return task
+    return None
+
+
+def _task_file(task: Task, path: Path, tokenizer, max_length: int, limit: int | None) -> RealInputs:
+    """A user's data file as its task reads the test split (labels may be missing), encoded as its model reads it."""
+    ds = load_split(task, "test", DataSource(data_file=str(path)), limit)
+    encoded = encode_examples(task, tokenizer, ds, max_length)
+    return _inputs(encoded, f"{task.display} {path}", max_length)
+
+
+def _inputs(encoded, where: str, max_length: int) -> RealInputs:
+    """:class:`RealInputs` of a tokenizer's output (one unpadded row per example)."""
     ids = tuple(np.asarray(row, dtype=np.int64) for row in encoded["input_ids"])
     # A tokenizer without segments (e.g. RoBERTa's) gives none: every token is segment 0.
     types = encoded.get("token_type_ids") or [[0] * len(row) for row in ids]
@@ -160,7 +203,8 @@ def _read_file(path: Path) -> tuple[list[str], ...]:
         header = [str(k) for k in records[0]] if records else []
         body, first_line = [[str(r.get(k, "")) for k in header] for r in records], 1
     else:
-        raise CompressError(f"input file {path}: unsupported extension {path.suffix!r}; use {', '.join(FILE_SUFFIXES)}")
+        raise CompressError(f"input file {path}: unsupported extension {path.suffix!r}; use {', '.join(FILE_SUFFIXES)}, "
+                            "or time models of your own task (a data file is read through the task their folder records)")
     names = [h.strip().lstrip("\ufeff") for h in header]
     wanted = next((cols for cols in (PAIR_COLUMNS, SINGLE_COLUMNS) if all(c in names for c in cols)), None)
     if wanted is None:

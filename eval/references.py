@@ -2,7 +2,13 @@
 
 Numbers are as printed by the cited papers and official repositories (percent), on GLUE
 dev unless the table says otherwise. They are facts about other people's runs: reports
-always mark them "published", never "measured".
+always mark them "published", never "measured", and show a row only beside local results
+of the same split (a user's task is often scored on its test file).
+
+Rows of tasks that are not presets (Banking77, WNUT-17) are keyed by the name a user's own
+task gets from its folder (``banking77/train.csv`` -> ``banking77``, as ``bench/own_data.py``
+names them) and carry their ``metric``: a local task of that name is compared with them only
+when its primary metric is the same one.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ class Published:
     shape: str | None = None  # layers-hidden, for matching a local model's shape
     notes: str = ""
     extra: dict[str, float] = field(default_factory=dict)
+    metric: str | None = None  # the metric of every score, for tasks that are not presets (None: the preset's primary)
 
 
 _HF_DISTIL = "huggingface/transformers examples/research_projects/distillation/README.md"
@@ -69,6 +76,30 @@ SQUAD_DEV: tuple[Published, ...] = (
     Published("MiniLM-L12-H384", 33, {"squad_v2": 81.7}, _MINILM, shape="12L-384"),
     Published("MiniLM-L6-H384", 22, {"squad_v2": 75.6}, _MINILM, shape="6L-384"),
 )
+
+
+# A user's own tasks of public datasets, test sets (the splits their papers report). The test files are the
+# official ones: Banking77's 3,080 queries (PolyAI-LDN/task-specific-datasets), WNUT-17's emerging.test.annotated.
+OWN_TEST: tuple[Published, ...] = (
+    Published("BERT-base", 110, {"banking77": 93.02},
+              "Mehri et al. 2020, DialoGLUE (arXiv 2009.13570), Table 1 (full data)", split="test", shape="12L-768",
+              metric="accuracy", notes="trained on DialoGLUE's train split, its validation split held out; the figure as a "
+              "public README quotes the paper's table (the PDF was not at hand offline)"),
+    Published("BERT-Large, fine-tuned ('BERT-Tuned')", 340, {"banking77": 93.66},
+              "Casanueva et al. 2020, Efficient Intent Detection with Dual Sentence Encoders (arXiv 2003.04807), Table 3",
+              split="test", shape="24L-1024", metric="accuracy", notes="all 10,003 training examples; the figure as a "
+              "public README quotes the paper's table (the PDF was not at hand offline)"),
+    Published("bert-large-cased", 340, {"wnut17": 47.44},
+              "huggingface/transformers examples/legacy/token-classification/README.md (WNUT'17, test eval_f1 0.4744)",
+              split="test", shape="24L-1024", metric="entity_f1", notes="3 epochs, max length 128, seed 1"),
+)
+
+ALL: tuple[Published, ...] = GLUE_DEV + SQUAD_DEV + GLUE_TEST + OWN_TEST
+
+
+def for_split(split: str) -> tuple[Published, ...]:
+    """The published rows of one split (dev or test), to show beside local results of that split only."""
+    return tuple(p for p in ALL if p.split == split)
 
 
 def published(model: str, table: tuple[Published, ...] = GLUE_DEV + SQUAD_DEV) -> list[Published]:

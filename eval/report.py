@@ -193,7 +193,7 @@ def leaderboard(run_dirs: Sequence[str | Path], out: str | Path, cfg: Leaderboar
     reference = [Path(cfg.speed_reference).resolve()] if cfg.speed_reference else []
     # A baseline not among the runs leads the table; a speed reference not among them closes it.
     ordered = list(dict.fromkeys([*(p for p in baseline if p not in paths), *paths, *reference]))
-    rows = collect(ordered, batch=cfg.batch, seq=cfg.seq, keep_unmeasured=keep_unmeasured)
+    rows = collect(ordered, batch=cfg.batch, seq=cfg.seq, keep_unmeasured=keep_unmeasured, split=cfg.split)
     table = build_table(rows, cfg, keep_unmeasured=keep_unmeasured)
     table["warnings"] = teacher_warnings(table["models"])
     return write_report(table, out, title=title, extra_sections=sections, overwrite=overwrite)

@@ -16,7 +16,7 @@ from compress.core.artifacts import HEAD_CLASSES, check_output, check_tokenizer,
 from compress.core.compat import wordpiece_tokenizer
 from compress.core.errors import CompressError
 from compress.core.structure import Shape, make_config
-from compress.core.tasks import get_task
+from compress.core.tasks import get_task, is_kind
 
 
 def load_any_tokenizer(source: str | Path):
@@ -52,6 +52,9 @@ def create_model(
         raise CompressError(f"--max-positions {max_positions} is too small; a model needs at least 8 positions (BERT: 512)")
     tok = load_any_tokenizer(tokenizer)
     extra = {}
+    if task and is_kind(task):  # a user's task has no labels until a training file names them
+        raise CompressError(f"--task {task} is a kind of your own task, whose labels come from its training file; create the "
+                            "model without --task, then: compress teacher finetune --model DIR --task KIND --train-file ...")
     if task:
         t = get_task(task)
         head = head or t.behaviour.head

@@ -92,7 +92,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
         return out  # rank 0 writes the output
     if result.best_weights is not None:
         load_weights(net, result.best_weights)  # keep the best epoch, not the last one
-    records = split_records(task, dev, result.best or {}, data=cfg.data.describe(), max_length=max_length)
+    records = split_records(task, dev, result.best or {}, data=cfg.data.describe("dev"), max_length=max_length)
     records += test_records(net, tokenizer, task, test, cfg.data, max_length)
     training = {
         "kind": "training", "stage": "finetune", "task": task.name, "steps": result.steps,

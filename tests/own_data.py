@@ -103,6 +103,24 @@ def write_conll(path: Path, sentences: list[tuple[list[str], list[str]]], sep: s
     return path
 
 
+def read_conll_file(path: Path) -> list[tuple[list[str], list[str]]]:
+    """(words, tags) of each sentence of a CoNLL file, read by hand: a line's first and last field, a sentence ended
+    by an empty or whitespace-only line (the reference the toolkit's reader and its prediction files are checked by)."""
+    sentences, words, tags = [], [], []
+    for line in path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n"):
+        if not line.strip():
+            if words:
+                sentences.append((words, tags))
+            words, tags = [], []
+            continue
+        fields = line.split("\t") if "\t" in line else line.split()
+        words.append(fields[0].strip())
+        tags.append(fields[-1].strip())
+    if words:
+        sentences.append((words, tags))
+    return sentences
+
+
 def own_task_files(root: Path, n_train: int = 160, n_dev: int = 48) -> dict[str, dict[str, Path]]:
     """Train / dev / test files of each kind under ``root``: {kind: {"train": path, "dev": path, "test": path}}."""
     files: dict[str, dict[str, Path]] = {}

@@ -434,3 +434,49 @@ def test_the_default_timer_takes_turns_in_bursts_unless_it_times_dozens(monkeypa
     auto_module.measured_latency([tmp_path] * 40, [(1, 128)], repeats=20, runs=1)
     auto_module.measured_latency([tmp_path] * 2, [(1, 128)], repeats=3, runs=1)
     assert seen == [(6, auto_module.BURSTS, 3), (40, 1, 1), (2, 3, 1)]  # never more bursts than passes
+
+
+# ---------------------------------------------------------------------------- a user's own task
+
+
+@pytest.fixture(scope="module")
+def ner_teacher(tmp_path_factory):
+    """A tiny tagger fine-tuned on generated CoNLL files (token classification: the task travels in its folder)."""
+    from compress.teacher.finetune import FinetuneConfig, finetune
+    from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
+    from tests.own_data import own_task_files
+
+    root = tmp_path_factory.mktemp("auto-ner")
+    files = own_task_files(root / "data")["token-classification"]
+    base = save_tiny(make_tiny_model(head="base"), make_tokenizer(root / "tok"), root / "base")
+    cfg = from_dict(FinetuneConfig, {"task": "token-classification", "task_name": "ner", "train_file": str(files["train"]),
+                                     "dev_file": str(files["dev"]), "epochs": 3, "lr": 1e-3, "max_length": 32})
+    return finetune(base, root / "teacher", cfg), files
+
+
+def test_a_search_on_the_teachers_own_task_needs_no_task_name(ner_teacher, tmp_path):
+    from compress.core.artifacts import read_compression, read_metrics, saved_head
+
+    teacher_dir, files = ner_teacher
+    cfg = from_dict(AutoConfig, {"budget": "p50<=1.15ms@b1,s32", "backends": ["torch"], "train_file": str(files["train"]),
+                                 "dev_file": str(files["dev"]), "max_length": 32, "probes": 3, "candidates": 2, "rounds": 1,
+                                 "epochs": 1, "lr": 1e-3, "repeats": 2, "max_drop": None, "final_runs": 1})
+    out = auto(teacher_dir, tmp_path / "out", cfg, timer=fake_timer())
+    report = json.loads((out / "search" / "search.json").read_text())
+    assert report["task"] == "ner" and report["chosen"] and "compress auto: ner," in (out / "search" / "report.md").read_text()
+    chosen = next(r for r in report["results"] if r["name"] == report["chosen"]["name"])
+    assert chosen["measured_p50_ms"] <= 1.15 and all(chosen["meets"].values())
+    # The chosen folder is a tagger of the teacher's task; every candidate was distilled and scored on it (entity F1).
+    assert saved_head(out) == "token-classification" and read_compression(out)["task_spec"]["name"] == "ner"
+    for trained in report["trained"]:
+        dev = next(r for r in read_metrics(Path(trained["dir"])) if r["kind"] == "eval" and r["split"] == "dev")
+        assert dev["task"] == "ner" and "entity_f1" in dev["metrics"]
+    int8 = [r for r in report["results"] if r["variant"] == "torch-int8"]
+    assert int8 and all(r["accuracy"] == next(e for e in read_metrics(Path(r["dir"])) if e["kind"] == "eval")["metrics"]["entity_f1"]
+                        for r in int8)  # an int8 variant's score is its own, measured on the task's dev file
+    teacher_row = report["compared"][0]
+    assert teacher_row["accuracy"] == next(r for r in read_metrics(teacher_dir) if r["kind"] == "eval")["metrics"]["entity_f1"]
+    # Without the task's files the search stops before any work: a user's task is trained on its files.
+    with pytest.raises(CompressError, match="your own token-classification task ner: pass its --train-file"):
+        auto(teacher_dir, tmp_path / "nowhere", from_dict(AutoConfig, {"budget": "size<=20MB"}), timer=fake_timer())
+    assert not (tmp_path / "nowhere").exists()

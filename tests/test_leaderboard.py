@@ -357,12 +357,16 @@ def test_clear_errors_for_runs_without_models_or_metrics(tmp_path):
         collect([tmp_path / "bare"])
 
 
-def test_config_is_validated():
-    with pytest.raises(CompressError, match="unknown task"):
-        from_dict(LeaderboardConfig, {"tasks": "sst2,nope"})
+def test_config_is_validated(runs):
+    # Task names are checked against the models' own tasks and the presets, once the models are read.
+    with pytest.raises(CompressError, match="--tasks nope: no model was scored on a task of that name.*valid: cola"):
+        table_for([runs], tasks="sst2,nope")
     with pytest.raises(CompressError, match="--batch must be at least 1"):
         from_dict(LeaderboardConfig, {"batch": 0})
+    with pytest.raises(CompressError, match="split"):
+        from_dict(LeaderboardConfig, {"split": "train"})
     assert from_dict(LeaderboardConfig, {"tasks": "SST-2"}).tasks == ("SST-2",)
+    assert table_for([runs], tasks="SST-2")["tasks"] == ["sst2"]
 
 
 # ---------------------------------------------------------------------------- report files

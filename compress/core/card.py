@@ -32,6 +32,13 @@ AUTO_CLASSES = {
 }
 
 
+# The transformers pipeline a classifier folder loads in, by head.
+PIPELINES = {
+    "sequence-classification": '"text-classification"',
+    "token-classification": '"token-classification", aggregation_strategy="simple"',
+}
+
+
 def stock_loader(record: dict[str, Any], config: dict[str, Any]) -> tuple[bool, str]:
     """(loads with stock transformers, why) for a directory's records; pure."""
     fmt = record.get("format") or "torch"
@@ -71,6 +78,7 @@ def model_card(name: str, record: dict[str, Any], config: dict[str, Any], result
     precision = record.get("precision") or ("int8" if fmt in ("torch-int8-dynamic", "inc-pt2e") else "fp32")
     lines.append(f"Format: {fmt}, {precision}" + (f" ({record['backend']} {record.get('scheme', '')})".rstrip() + ")"
                                                     if record.get("backend") and precision == "int8" else "") + ".")
+    lines += _task_lines(record.get("task_spec"))
     lines += ["", "## Structure", ""]
     lines += _structure_lines(record.get("structure") or {}, config)
     lines += ["", "## Measured", ""]
@@ -78,6 +86,23 @@ def model_card(name: str, record: dict[str, Any], config: dict[str, Any], result
     lines += ["", "## Loading", ""]
     lines += _loading_lines(name, fmt, head, record, config, sentence)
     return "\n".join(lines) + "\n"
+
+
+def _task_lines(spec: dict[str, Any] | None) -> list[str]:
+    """The user's own task the model was made for (compression.json's "task_spec"): kind, labels, columns."""
+    if not isinstance(spec, dict):
+        return []
+    labels = [str(x) for x in spec.get("labels") or []]
+    shown = ", ".join(labels[:12]) + (f", ... ({len(labels)} in all)" if len(labels) > 12 else "")
+    lines = ["", "## Task", "", f"- {spec.get('name')}: {spec.get('kind')}, scored by {spec.get('metric')}"]
+    if labels:
+        lines.append(f"- labels in output order (config.json id2label): {shown}")
+    columns = spec.get("columns") or {}
+    if columns:
+        lines.append("- read from the columns " + ", ".join(f"{field} <- `{col}`" for field, col in columns.items()))
+    if spec.get("threshold") is not None:
+        lines.append(f"- a label is predicted when its sigmoid is at least {spec['threshold']:g}")
+    return lines
 
 
 def _structure_lines(structure: dict[str, Any], config: dict[str, Any]) -> list[str]:
@@ -117,6 +142,9 @@ def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], confi
              "`compress.core.runtime.load_model(\"DIR\")`.", ""]
     if fmt == "torch" and ok:
         lines.append(f"Without it: `transformers.{auto}.from_pretrained(\"DIR\")` reproduces these outputs ({why}).")
+        if head in PIPELINES:
+            lines.append(f"As a pipeline: `transformers.pipeline({PIPELINES[head]}, model=\"DIR\")` names the labels as "
+                         "config.json's id2label does.")
         if sentence:
             lines.append("`sentence_transformers.SentenceTransformer(\"DIR\")` encodes with the same pooling.")
     elif fmt == "torch":

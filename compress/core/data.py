@@ -173,8 +173,9 @@ class TaskData:
             return None
         return DataSource(data_file=self.test_file, columns=self.sources()[1].columns)
 
-    def describe(self) -> str:
-        return self.data_dir or self.train_file or "the Hugging Face hub"
+    def describe(self, split: str = "train") -> str:
+        """Where ``split``'s data comes from, as records name it: its file, the data folder, or the hub."""
+        return self.data_dir or {"dev": self.dev_file, "test": self.test_file}.get(split) or self.train_file or "the Hugging Face hub"
 
     def resolved_max_length(self, task: Task, model_max: int) -> int:
         length = self.max_length if self.max_length is not None else min(task.behaviour.max_length, model_max)
@@ -491,9 +492,9 @@ def label_names_in(kind: str, path: Path, mapping: dict[str, str], label_sep: st
             names = raw.split() if isinstance(raw, str) else [str(t) for t in (raw or [])]
         else:
             names = [] if raw is None or str(raw).strip() == "" else [str(raw).strip()]
-        for name in names:
+        for i, name in enumerate(names):
             if kind == TOKEN and not BIO.match(name):
-                raise CompressError(f"{record.where}: tag {name!r} is not in BIO form (O, B-TYPE, I-TYPE); "
+                raise CompressError(f"{record.token_where(i)}: tag {name!r} is not in BIO form (O, B-TYPE, I-TYPE); "
                                     "convert the tags to IOB2")
             seen.setdefault(name.strip(), None)
     return list(seen)
@@ -779,7 +780,11 @@ def _token_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
     """A token-classification split: CoNLL, or a table whose rows hold a word list and a tag list."""
     mapping = _mapping(task, columns)
     words_col, tags_col = mapping["tokens"], mapping[LABEL]
-    records = read_conll(path, words_col, tags_col) if is_conll(path) and path.is_file() else read_table(path, split.name)
+    conll = is_conll(path) and path.is_file()
+    records = read_conll(path, words_col, tags_col) if conll else read_table(path, split.name)
+    if conll and records and tags_col not in records[0].values and split.name != "test":
+        raise CompressError(f"{path}: no line has a tag; a CoNLL {split.name} file holds token<TAB>tag on each line "
+                            "(only a test file may hold tokens alone)")
     labelled = _check_columns(task, split, records, mapping, path)
     words: list[list[str]] = []
     tags: list[list[int]] = []
@@ -801,7 +806,7 @@ def _token_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
             if not isinstance(raw, (list, tuple)) or len(raw) != len(sentence):
                 n = len(raw) if isinstance(raw, (list, tuple)) else "no list of"
                 raise CompressError(f"{where}: {len(sentence)} words but {n} tags; give each word one tag")
-            tags.append([_parse_tag(task, t, where) for t in raw])
+            tags.append([_parse_tag(task, t, record.token_where(i)) for i, t in enumerate(raw)])  # a bad tag: its own line
         words.append(sentence)
     return _make_dataset(task, {"tokens": words}, tags, None)
 

@@ -40,6 +40,14 @@ class Record:
 
     where: str
     values: dict[str, Any]
+    token_lines: tuple[int, ...] = ()  # a CoNLL sentence: each token's own line, so a bad tag names the line it is on
+
+    def token_where(self, i: int) -> str:
+        """Where token ``i`` of the record is: its own ``file:line`` in a CoNLL file, else the record's place."""
+        if i < len(self.token_lines):
+            # A CoNLL record's ``where`` is ``file:first line``: the file part is everything before the last colon.
+            return f"{self.where.rsplit(':', 1)[0]}:{self.token_lines[i]}"
+        return self.where
 
 
 def read_text_file(path: Path) -> str:
@@ -223,24 +231,28 @@ def read_conll(path: Path, tokens: str = "tokens", tags: str = "tags") -> list[R
     """One record per sentence ``{tokens: [...], tags: [...]}``, located at the sentence's first line.
 
     A line holds a token and its tag: ``token<TAB>tag``, or fields separated by spaces (the
-    token first, the tag last, columns between ignored). A line with one field has no tag.
+    token first, the tag last, columns between ignored). A line with one field has no tag: it
+    is refused, unless no line of the file has one (an unlabelled test file: records without ``tags``).
     """
+    text = read_text_file(path)
+    tagged = any(len(ln.split("\t") if "\t" in ln else ln.split()) > 1 for ln in text.split("\n") if ln.strip())
     records: list[Record] = []
     words: list[str] = []
     labels: list[str] = []
+    lines: list[int] = []
     start = 0
-    for n, raw in enumerate(read_text_file(path).split("\n"), start=1):
+    for n, raw in enumerate(text.split("\n"), start=1):
         line = raw.rstrip("\r")
         if not line.strip():  # an empty or whitespace-only line ends a sentence
             if words:
-                records.append(Record(f"{path}:{start}", {tokens: words, tags: labels}))
-            words, labels = [], []
+                records.append(_sentence(path, start, tokens, words, tags if tagged else None, labels, lines))
+            words, labels, lines = [], [], []
             continue
         fields = line.split("\t") if "\t" in line else line.split()
         fields = [f.strip() for f in fields if f.strip()]
         if fields[0] == DOCSTART:
             continue
-        if len(fields) < 2:
+        if len(fields) < 2 and tagged:
             raise CompressError(
                 f"{path}:{n}: {line.strip()!r} has no tag; a CoNLL line holds a token and its tag (token<TAB>tag), "
                 "and sentences are separated by an empty line"
@@ -249,9 +261,17 @@ def read_conll(path: Path, tokens: str = "tokens", tags: str = "tags") -> list[R
             start = n
         words.append(fields[0])
         labels.append(fields[-1])
+        lines.append(n)
     if words:
-        records.append(Record(f"{path}:{start}", {tokens: words, tags: labels}))
+        records.append(_sentence(path, start, tokens, words, tags if tagged else None, labels, lines))
     return records
+
+
+def _sentence(path: Path, start: int, tokens: str, words: list[str], tags: str | None, labels: list[str],
+              lines: list[int]) -> Record:
+    """One CoNLL sentence as a record: its words, and its tags unless the file has none (``tags`` None)."""
+    values = {tokens: words, **({tags: labels} if tags else {})}
+    return Record(f"{path}:{start}", values, tuple(lines))
 
 
 def is_conll(path: Path) -> bool:
