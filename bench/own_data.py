@@ -46,6 +46,8 @@ from compress.core.resolve import resolve_task
 from compress.core.train import TrainConfig
 from compress.distill import DistillConfig, distill
 from compress.eval.evaluate import EvalConfig, evaluate
+from compress.eval.latency import LatencyConfig, measure_latency, megabytes, size_on_disk
+from compress.eval.references import OWN_TEST
 from compress.export import ExportConfig, export
 from compress.quantize import QuantizeConfig, quantize
 from compress.teacher.finetune import FinetuneConfig, finetune
@@ -222,9 +224,126 @@ def test_scores(task: OwnTask, files: dict[str, str], models: list[Path]) -> dic
     return scores
 
 
+REFERENCE_BACKENDS = ("torch", "onnxruntime", "openvino")  # the teacher's fp32 backends; the fastest is the reference
+
+
+def latency_models(task: OwnTask, work: Path) -> list[Path]:
+    """The models timed: the teacher first (the reference), its int8, then each student and its int8."""
+    root = work / task.name
+    order = ["teacher", *(f"student-{s}" for s in task.students)]
+    return [root / f"{name}{suffix}" for name in order for suffix in ("", *(f"-{k}" for k in INT8))]
+
+
+def latency(task: OwnTask, files: dict[str, str], work: Path, out: Path, runs: int) -> dict:
+    """Every model at batch 1 on the test sentences at their own lengths, in turns (``runs`` runs), and at 128 tokens;
+    the teacher also on each fp32 backend, so every row has its speed-up over the teacher's fastest fp32 one."""
+    cfg = LatencyConfig(batch=(1,), seq=(128,), warmup=5, repeats=20, bursts=4, repeat_runs=runs,
+                        reference_backends=REFERENCE_BACKENDS, lengths=files["test"], lengths_batch=1, lengths_passes=1,
+                        record=False, out=str(out / f"latency-{task.name}"))
+    return measure_latency([str(p) for p in latency_models(task, work)], cfg)
+
+
+# ---------------------------------------------------------------------------- report
+
+GOALS = {  # task -> (least share of the teacher's test score kept, least speed-up over the teacher's fastest fp32)
+    "banking77": (0.98, 3.0),
+    "wnut17": (0.95, 2.0),
+}
+INT8_COST = 1.0  # points of the test metric int8 may cost against its fp32 model
+
+
+def model_rows(name: str, state: dict, work: Path) -> list[dict]:
+    """One row per timed model: its test score, retention of the teacher's, size, batch-1 real-sentence speed."""
+    task = TASKS[name]
+    metric = "accuracy" if task.kind == "text-classification" else "entity_f1"
+    scores = state["test"][name]
+    teacher_score = scores["teacher"][metric]
+    real = {Path(r["model"]).name: r for r in state["latency"][name]["real_rows"] if r["batch"] == 1}
+    rows = []
+    for folder in latency_models(task, work):
+        r = real.get(folder.name, {})
+        score = scores[folder.name][metric]
+        parent = folder.name.rsplit("-", 2)[0] if folder.name.endswith("-int8") else None
+        rows.append({"model": folder.name, "metric": metric, "score": score, "retention": score / teacher_score,
+                     "int8_cost": scores[parent][metric] - score if parent else None,
+                     "size_mb": megabytes(size_on_disk(folder)), "p50_ms": r.get("p50_ms"),
+                     "sentences_per_s": r.get("sentences_per_s"), "speedup": r.get("speedup_vs_best_fp32"),
+                     "speedup_worst": r.get("speedup_vs_best_fp32_min"), "reference": r.get("best_fp32_backend")})
+    return rows
+
+
+def goals(name: str, rows: list[dict]) -> list[str]:
+    """Each goal of ``name`` met or not, with its numbers: students' retention and speed, int8's cost."""
+    keep, faster = GOALS[name]
+    lines = []
+    for shape in TASKS[name].students:
+        mine = [r for r in rows if r["model"].startswith(f"student-{shape}") and r["speedup"]]
+        best = max(mine, key=lambda r: r["speedup"])  # the student's fastest backend
+        ok = best["retention"] >= keep and best["speedup"] >= faster
+        lines.append(f"- {shape} keeps >= {100 * keep:.0f}% of the teacher's test {best['metric']} at >= {faster:g}x its "
+                     f"speed (fastest backends on both sides): {'met' if ok else 'not met'} — {best['model']} keeps "
+                     f"{100 * best['retention']:.1f}% ({best['score']:.2f}) at {best['speedup']:.2f}x "
+                     f"(worst run {best['speedup_worst']:.2f}x)")
+    costs = [r for r in rows if r["int8_cost"] is not None]
+    worst = max(costs, key=lambda r: r["int8_cost"])
+    lines.append(f"- int8 costs <= {INT8_COST:g} point: {'met' if worst['int8_cost'] <= INT8_COST else 'not met'} — "
+                 f"the largest cost is {worst['int8_cost']:.2f} ({worst['model']}); "
+                 + ", ".join(f"{r['model']} {r['int8_cost']:+.2f}" for r in costs).replace("+-", "-"))
+    return lines
+
+
+def render(state: dict, work: Path) -> str:
+    head = state["header"]
+    lines = ["# Your own data: Banking77 (77 intents) and WNUT-17 (named entities), MiniLM-L6 teacher", "",
+             f"- date: {head['date']}; hardware: {head['cpu']} ({head['cores']} cores, no GPU; flags: "
+             f"{', '.join(head.get('flags', [])) or 'see latency-*/latency.md'}); torch threads: {head['threads']}",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in head['packages'].items())}",
+             f"- command: `{head['command']}`", ""]
+    b77 = state["prepare"]["banking77"]
+    lines += ["## Data", "",
+              f"- Banking77 train.csv as published is refused by the toolkit: `{b77['raw_train_refused']}`. Its "
+              f"{len(b77['joined'])} texts broken over lines were joined with their labels (lines "
+              f"{', '.join('-'.join(map(str, j['lines'][::len(j['lines']) - 1 or 1])) for j in b77['joined'])}), giving "
+              f"{b77['rows']:,} rows; a seeded {100 * DEV_SHARE:.0f}% ({b77['dev']:,}) is the dev set, {b77['train']:,} train. "
+              "test.csv (3,080) as published.",
+              "- WNUT-17: train/dev/test.conll as published (3,394 / 1,009 / 1,287 sentences).", ""]
+    for name in state.get("latency", {}):
+        task = TASKS[name]
+        rows = model_rows(name, state, work)
+        teacher = state["teachers"][name]
+        students = state["students"][name]
+        lines += [f"## {name} ({task.kind})", "",
+                  f"- teacher: all-MiniLM-L6-v2 fine-tuned, {teacher['recipe']['epochs']} epochs at lr "
+                  f"{teacher['recipe']['lr']:g}, batch 32, max length {task.max_length}, seed {SEED}, best dev epoch kept "
+                  f"({teacher['train_seconds'] / 60:.0f} min); {teacher['labels']} labels read from the training file.",
+                  "- students: " + "; ".join(f"{k} from the teacher's layers, KD (T=2) + hard, {v['recipe']['epochs']} "
+                                              f"epochs at lr {v['recipe']['lr']:g}, no augmentation "
+                                              f"({v['train_seconds'] / 60:.0f} min)" for k, v in students.items()),
+                  "- int8: ONNX Runtime static (QDQ, preset from the CPU's flags) and OpenVINO + NNCF, both calibrated "
+                  "on 256 of the task's own training rows.",
+                  "- speed: batch 1 on the test file's sentences at their own lengths, the models taking turns, "
+                  f"{state['latency'][name]['config'].get('repeat_runs')} runs (medians; worst run in brackets); the "
+                  "reference is the teacher on its fastest fp32 backend (PyTorch, ONNX Runtime or OpenVINO) in the same run.",
+                  "",
+                  f"| model | test {rows[0]['metric']} | of teacher | int8 cost | weights MB | p50 ms / sentence | "
+                  "sentences/s | speed-up vs teacher's fastest fp32 |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|"]
+        for r in rows:
+            speed = f"{r['speedup']:.2f}x ({r['speedup_worst']:.2f}x)" if r["speedup"] else "—"
+            cost = f"{r['int8_cost']:+.2f}" if r["int8_cost"] is not None else ""
+            lines.append(f"| {r['model']} | {r['score']:.2f} | {100 * r['retention']:.1f}% | {cost} | {r['size_mb']:.1f} | "
+                         f"{r['p50_ms']:.2f} | {r['sentences_per_s']:.0f} | {speed} |")
+        for pub in OWN_TEST:
+            if name in pub.scores:
+                lines.append(f"| published: {pub.model} ({pub.source}) | {pub.scores[name]:.2f} | | | | | | |")
+        lines += ["", "### Goals", "", *goals(name, rows), ""]
+    return "\n".join(lines) + "\n"
+
+
 def header(argv: list[str] | None) -> dict:
     info = cpu_info()
     return {"date": utc_now(), "cpu": info["cpu"], "cores": info["usable_cores"], "threads": torch.get_num_threads(),
+            "flags": sorted(f for f in info.get("flags", []) if f.startswith(("avx", "amx", "fma"))),
             "packages": package_versions(),
             "command": "python -m bench.own_data " + " ".join(sys.argv[1:] if argv is None else argv)}
 
@@ -235,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/own"), help="models and repaired data (kept for a re-run)")
     parser.add_argument("--out", type=Path, required=True, help="results directory (own-data.md, own-data.json)")
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--stages", default="prepare,teachers,students,int8,eval",
-                        help="comma-separated: prepare, teachers, students, int8, eval (prepare always runs)")
+    parser.add_argument("--stages", default="prepare,teachers,students,int8,eval,latency,report",
+                        help="comma-separated: prepare, teachers, students, int8, eval, latency, report (prepare always runs)")
+    parser.add_argument("--runs", type=int, default=3, help="latency runs (each model in its own process, taking turns)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     stages = set(args.stages.split(","))
@@ -257,9 +377,13 @@ def main(argv: list[str] | None = None) -> int:
             root = args.work / name
             models = sorted(p for p in root.iterdir() if (p / "compression.json").is_file())
             state.setdefault("test", {})[name] = test_scores(task, files, models)
+        if "latency" in stages:
+            state.setdefault("latency", {})[name] = latency(task, files, args.work, args.out, args.runs)
         state["header"] = header(argv)
         write_json_atomic(state_file, state)
-    print(json.dumps(state.get("teachers", {}), indent=1)[:3000])
+    if "report" in stages:
+        (args.out / "own-data.md").write_text(render(state, args.work), encoding="utf-8")
+        print((args.out / "own-data.md").read_text())
     return 0
 
 

@@ -23,6 +23,8 @@ from typing import Any, Union
 
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
+from seqeval.metrics import classification_report, precision_score, recall_score
+from seqeval.metrics import f1_score as seq_f1
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from compress.core.errors import CompressError
@@ -112,9 +114,6 @@ def entity_metrics(predictions: list[list[str]], references: list[list[str]]) ->
     Both sides are lists of sentences, each a list of BIO tags; in percent, plus ``n``
     (sentences). Types absent from both sides are not reported.
     """
-    # deferred: seqeval pulls in scikit-learn's report machinery; paid only where entities are scored
-    from seqeval.metrics import classification_report, f1_score as seq_f1, precision_score, recall_score
-
     if len(predictions) != len(references) or any(len(p) != len(r) for p, r in zip(predictions, references)):
         raise CompressError("entity scores need one predicted tag per gold tag in every sentence")
     if not references:

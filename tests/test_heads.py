@@ -183,7 +183,7 @@ def test_analyze_heads_with_text_and_cli(sst2, tmp_path, capsys):
     assert TEXT_IMAGES | {"heads.json", "summary.md"} <= {p.name for p in out.iterdir()}
     result = json.loads((out / "heads.json").read_text())
     assert result["inputs"]["n"] == 3 and result["inputs"]["mean_tokens"] <= 64
-    assert result["curve"]["points"] is None and "needs --task" in result["curve"]["note"]
+    assert result["curve"]["points"] is None and "it needs a task (a dev metric): --task" in result["curve"]["note"]
     assert "magnitude" in result["importance"]["criterion"]
     # an existing non-empty --out is refused, with one line and status 2, and left alone
     assert main(["heads", "--model", str(sst2["model"]), "--text", str(sst2["text"]), "--out", str(out)]) == 2

@@ -147,7 +147,7 @@ def _choice_set(help_text: str, flag: str) -> set[str]:
 
 
 def test_fixed_sets_are_shown_as_choices_from_their_registries(capsys):
-    from compress.core.tasks import TASKS
+    from compress.core.tasks import TASKS, USER_KINDS
     from compress.eval.latency_backends import BACKENDS as LATENCY_BACKENDS
     from compress.quantize import BACKENDS, PRESETS, SCHEMES
     from compress.students.presets import STUDENT_SHAPES
@@ -160,12 +160,12 @@ def test_fixed_sets_are_shown_as_choices_from_their_registries(capsys):
     text = help_of("quantize")
     assert _choice_set(text, "--backend") == set(BACKENDS.names())
     assert _choice_set(text, "--scheme") == set(SCHEMES) and _choice_set(text, "--preset") == set(PRESETS)
-    assert _choice_set(text, "--task") == set(TASKS)
+    assert _choice_set(text, "--task") == set(TASKS) | set(USER_KINDS)  # a user's kinds of task, then the presets
     assert _choice_set(help_of("latency"), "--backend") == set(LATENCY_BACKENDS.names())
     for command in ("distill", "distill-general", "distill-embedding"):
         assert _choice_set(help_of(command), "--student") == set(STUDENT_SHAPES.names())  # open: or LAYERSL-HIDDEN
     for command in ("eval", "prune", "heads", "teacher finetune"):
-        assert _choice_set(help_of(*command.split()), "--task") == set(TASKS)
+        assert _choice_set(help_of(*command.split()), "--task") == set(TASKS) | set(USER_KINDS)
 
 
 def test_a_value_outside_the_choices_is_refused_in_one_line_and_aliases_pass(tmp_path, capsys):

@@ -150,9 +150,19 @@ def test_int8_is_stored_and_run_as_int8(env, tmp_path):
     fp32 = export_openvino(env.parent, tmp_path / "fp32")
     # ... so the weights file is ~4x smaller than the fp32 IR's (measured 3.9x).
     assert (env.int8 / OPENVINO_WEIGHTS).stat().st_size < 0.3 * (fp32 / OPENVINO_WEIGHTS).stat().st_size
-    # ... and run as int8: every matrix multiplication of the layers, in the plugin's own words; the head's two in f32.
-    ran = layer_precisions(load_model(env.int8).compiled)
-    assert ran.get("u8", 0) + ran.get("i8", 0) >= 12 and ran.get("f32") == 2 and ran == record["layer_precisions"]
+    # ... and run as int8: every Linear of the layers, in the plugin's own words; the head's two in f32. The attention's
+    # own products (Q.K^T, P.V) are the plugin's choice per CPU: fused away on AVX-512 machines, i8 and f32 MatMuls on
+    # an AVX2-only one; they are not weights and are not counted here.
+    compiled = load_model(env.int8).compiled
+    linear = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if info["layerType"].astype(str) == "FullyConnected":
+            linear[op.get_friendly_name()] = info["runtimePrecision"].astype(str).lower()
+    layers = [p for name, p in linear.items() if ".encoder.layer." in name]
+    head = [p for name, p in linear.items() if ".pooler." in name or ".classifier" in name]
+    assert len(layers) == 12 and all(p in ("u8", "i8") for p in layers) and head == ["f32", "f32"]
+    assert layer_precisions(compiled) == record["layer_precisions"]
 
 
 def test_the_pooler_and_task_head_stay_fp32(env):
