@@ -12,6 +12,9 @@ DATA   ?= ../shared/data
 # make bench: where its models go (re-used by the next run: unchanged stages are skipped) and its report.
 BENCH_WORK ?= runs/bench
 BENCH_OUT  ?= bench/results/$(shell date -u +%F)/headline
+# make bench: retention.json files (comma-separated) whose per-task students join the report, e.g.
+# RETENTION=bench/results/2026-11-29/retention-3l-g4000/retention.json; none: the report has no per-task section.
+RETENTION ?=
 
 .PHONY: help venv test test-transformers4 test-all demo bench clean
 
@@ -21,7 +24,8 @@ help:
 	@echo "make test-transformers4  the fast suite on the transformers 4.57 set (.venv-transformers4)"
 	@echo "make test-all            the fast suite plus slow checks on real data in DATA=$(DATA)"
 	@echo "make bench               the headline benchmark on real data (needs DATA=$(DATA)); models in"
-	@echo "                         BENCH_WORK=$(BENCH_WORK) (kept: a re-run skips unchanged stages), report in BENCH_OUT"
+	@echo "                         BENCH_WORK=$(BENCH_WORK) (kept: a re-run skips unchanged stages), report in BENCH_OUT;"
+	@echo "                         RETENTION=FILE[,...] adds the per-task students of those retention.json files"
 
 venv: $(VENV)/.installed
 
@@ -44,7 +48,7 @@ demo: venv
 	$(BIN)/compress demo --out runs/demo --overwrite
 
 bench: venv
-	$(BIN)/python -m bench --data $(DATA) --work $(BENCH_WORK) --out $(BENCH_OUT)
+	$(BIN)/python -m bench --data $(DATA) --work $(BENCH_WORK) --out $(BENCH_OUT) $(if $(RETENTION),--retention $(RETENTION))
 
 clean:
 	rm -rf $(VENV) .venv-transformers4 runs build *.egg-info

@@ -2,7 +2,7 @@
 
     python -m bench --data ../shared/data                       # or: make bench DATA=../shared/data
     python -m bench --data ../shared/data --work runs/bench --out bench/results/$(date +%F) \
-        --auto runs/auto/sst2-b8 --retention bench/results/DATE/retention/retention.json
+        --auto runs/auto/sst2-b8 --retention bench/results/DATE/retention/retention.json,OTHER/retention.json
 
 The model-producing stages run as a recipe (``compress run``): re-running skips every
 stage whose inputs and config are unchanged. Reduced settings for a 2-core CPU (so that
@@ -13,7 +13,7 @@ near the Pareto front); only the final models of the pruning chains get int8 ver
 Only the teachers the targets use are trained (SST-2, and MRPC and STS-B for the int8
 drops), and the 3L-384 on MRPC and STS-B too (no augmentation), so that target 2 judges a
 student's int8 on three tasks as well as the teacher's; the other tasks' teachers and students are the retention
-benchmark's (every retention.json committed under bench/results/, or ``--retention``). The
+benchmark's: the retention.json files given with ``--retention`` (none given, no per-task section). The
 last stage is ``compress auto`` under a budget relative to the teacher (speed-up >= 8x at
 batch 1, 20-minute limit); its choice joins the table beside the hand-made students (and
 any ``--auto`` folders). Every SST-2 model is timed in PyTorch, as ONNX and as OpenVINO IR
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,6 @@ from bench.headline import TASKS, build_results, write_results
 from bench.teachers import SST2_TRAIN, TEACHER_RECIPE, minilm_path
 from compress.pipeline import run_recipe
 
-RESULTS = Path(__file__).parent / "results"
 # The auto-chosen row: `compress auto` under a budget relative to the teacher (so it means the same on a faster or
 # slower machine), on the students' SST-2 sample, within a time limit: its share of `make bench`'s time.
 AUTO_STAGE = "auto-sst2"
@@ -112,9 +110,9 @@ def recipe(minilm: Path, glue: Path) -> dict:
     return {"name": "headline-benchmark", "report": False, "stages": stages}
 
 
-def committed_retention() -> list[Path]:
-    """The retention benchmark's committed results (every run, against every teacher it trained): the per-task rows."""
-    return [Path(os.path.relpath(p)) for p in sorted(RESULTS.glob("*/retention*/retention.json"))]
+def retention_files(values: list[str]) -> list[Path]:
+    """The retention.json files of ``--retention`` (each value FILE or FILE,FILE,...; the option may repeat), in order."""
+    return [Path(p) for value in values for p in value.split(",") if p]
 
 
 def main(argv=None) -> int:
@@ -125,13 +123,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=20, help="timed passes per model and point, in each run")
     parser.add_argument("--runs", type=int, default=3, help="interleaved latency runs (medians of run medians)")
     parser.add_argument("--auto", default="", help="auto-chosen model folders to measure beside the others (DIR,...)")
-    parser.add_argument("--retention", type=Path, action="append", default=None,
-                        help="the retention benchmark's retention.json (repeat for runs against re-trained teachers): the "
-                             "best row per task, against its strongest teacher, goes in the report (default: every one "
-                             "committed under bench/results/)")
+    parser.add_argument("--retention", action="append", default=[], metavar="FILE[,FILE...]",
+                        help="the retention benchmark's retention.json files (comma-separated or repeated, e.g. runs "
+                             "against re-trained teachers): the best row per task, against its strongest teacher, goes "
+                             "in the report's per-task section (default: none, no such section)")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
+    retention = retention_files(args.retention)
+    missing = [p for p in retention if not p.is_file()]
+    if missing:  # before the recipe's hours, not after them
+        print(f"bench: --retention {missing[0]} is not a file; pass the retention benchmark's retention.json", file=sys.stderr)
+        return 2
     out = args.out or Path("bench/results") / dt.datetime.now(dt.timezone.utc).date().isoformat() / "headline"
     glue = (args.data / "glue").absolute()
     if not (glue / "SST-2" / "train.tsv").is_file():
@@ -144,7 +147,6 @@ def main(argv=None) -> int:
         print(f"bench: {missing[0]} is not a model folder (no config.json); pass auto-chosen models with --auto", file=sys.stderr)
         return 2
     auto.insert(0, args.work / AUTO_STAGE)  # the recipe's own search (run_recipe stops on a failed stage)
-    retention = committed_retention() if args.retention is None else args.retention
     results = build_results(args.work, glue, repeats=args.repeats, runs=args.runs, auto=auto, retention=retention)
     manifest = json.loads((args.work / "manifest.json").read_text())["stages"]
     results["adopted"] = {k: v["adopted_from"] for k, v in manifest.items() if "adopted_from" in v}

@@ -59,7 +59,7 @@ def hand_made(root: Path | None, task: str) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith(f"{task}-") and is_model_dir(p) and dev_score(p, task) is not None)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--teachers", type=Path, default=Path("runs/retention"))
@@ -82,7 +82,11 @@ def main(argv=None) -> int:
                              "compress auto's final runs and the fresh runs time it) instead of a p50 fixed from a first "
                              "teacher run; a model meets the budget only if it holds in every run")
     parser.add_argument("--options", default="{}", help="extra AutoConfig options as JSON (reduced settings, say so)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     args.hand_made = args.hand_made or args.teachers / "students"
     glue = args.glue or args.data / "glue"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -99,22 +103,8 @@ def main(argv=None) -> int:
         write_json_atomic(store, {"header": header, "rows": results})
         (args.out / "auto.md").write_text(render(results, header), encoding="utf-8")
 
-    def keep_report(out: Path) -> None:
-        """The search's own report (every candidate, the finalists, the Pareto plot) beside the summary."""
-        keep = args.out / out.name
-        keep.mkdir(exist_ok=True)
-        for name in ("report.md", "search.json", "pareto.png"):
-            if (out / "search" / name).is_file():
-                shutil.copyfile(out / "search" / name, keep / name)
-
     if args.retime:
-        for key, row in results.items():
-            if row["task"] in args.tasks.split(",") and str(row["fraction"]) in args.fractions.split(",") and "chosen" in row:
-                teacher = args.teachers / f"teacher-{row['task']}"
-                check = fresh_check(teacher, args.models / f"{row['task']}-1of{row['fraction']}", hand_made(args.hand_made, row["task"]),
-                                    row["teacher_ms"], row["fraction"], row["task"], relative=row.get("relative", False))
-                row["retimed"] = {"when": utc_now(), **check}
-                save()
+        retime(args, results, save)
         print((args.out / "auto.md").read_text())
         return 0
 
@@ -129,48 +119,76 @@ def main(argv=None) -> int:
             resume = args.resume and key in results and "options" in results[key]
             if key in results and not resume:
                 continue
-            # A resumed search keeps its budget (the teacher's latency of its first run) and its minutes so far.
-            relative = results[key].get("relative", False) if resume else args.relative
-            budget = results[key]["budget"] if resume else (
-                f"speedup>={fraction}x@b1,s128" if relative else f"p50<={teacher_ms / fraction:.2f}ms@b1,s128")
-            spent = results[key]["minutes"] if resume else 0.0
             out = args.models / f"{task}-1of{fraction}"
-            # The task's earlier searches (other budgets) lend their probe and the candidates trained alike.
-            earlier = [str(args.models / f"{task}-1of{f}") for f in fractions[: fractions.index(fraction)]
-                       if (work_dir_for(args.models / f"{task}-1of{f}") / "state.json").is_file()]
-            options = {"task": task, "budget": budget, "data_dir": str(glue), "max_train_examples": args.max_train,
-                       "time_limit": args.time_limit, "reuse": earlier, **json.loads(args.options)}
-            if resume:
-                options = {**results[key]["options"], "time_limit": args.time_limit, "resume": True}
-            started = time.monotonic()
-            row = {"task": task, "fraction": fraction, "teacher_ms": results[key]["teacher_ms"] if resume else teacher_ms,
-                   "budget": budget, "relative": relative, "options": options}
-            try:
-                auto(teacher, out, from_dict(AutoConfig, options), overwrite=True)
-                search = json.loads((out / "search" / "search.json").read_text())
-                row["chosen"] = search["chosen"]
-                error = search.get("latency_model_error") or {}
-                row["latency_model_error"] = {k: error.get(k) for k in ("median", "worst")} if error else None
-            except CompressError as err:
-                row["error"] = str(err)
-            row["minutes"] = round(spent + (time.monotonic() - started) / 60, 1)
-            if resume:
-                row["resumed"] = results[key].get("resumed", 0) + 1
-            # Judged with the searches it reused: what the budget would have cost searched alone, at most.
-            row["reused"] = options.get("reuse", [])
-            row["minutes_with_reused"] = round(row["minutes"] + sum(
-                r["minutes"] for r in results.values() if str(args.models / f"{r['task']}-1of{r['fraction']}") in row["reused"]), 1)
-            row.update(fresh_check(teacher, out if "chosen" in row else None, hand_made(args.hand_made, task),
-                                   row["teacher_ms"], fraction, task, relative=relative))
-            if "chosen" in row:
-                row["chosen"].update(row.pop("chosen_fresh"), retention=row["chosen"]["accuracy"] / dev_score(teacher, task))
-            results[key] = row
+            results[key] = row = search_budget(args, task, fraction, fractions, teacher_ms, glue, results, resume)
             if "chosen" in row:  # a failed search leaves the folder's earlier report, which is not this one's
-                keep_report(out)
+                keep_report(out, args.out / out.name)
             save()
     save()
     print((args.out / "auto.md").read_text())
     return 0
+
+
+def retime(args, results: dict, save) -> None:
+    """``--retime``: the chosen model of every row of ``--tasks`` and ``--fractions`` timed again in a fresh run."""
+    for key, row in results.items():
+        if row["task"] in args.tasks.split(",") and str(row["fraction"]) in args.fractions.split(",") and "chosen" in row:
+            teacher = args.teachers / f"teacher-{row['task']}"
+            check = fresh_check(teacher, args.models / f"{row['task']}-1of{row['fraction']}", hand_made(args.hand_made, row["task"]),
+                                row["teacher_ms"], row["fraction"], row["task"], relative=row.get("relative", False))
+            row["retimed"] = {"when": utc_now(), **check}
+            save()
+
+
+def search_budget(args, task: str, fraction: int, fractions: list[int], teacher_ms: float, glue: Path, results: dict,
+                  resume: bool) -> dict:
+    """One budget's search (``compress auto``; resumed when ``resume``) and its fresh check: the row of 1/``fraction``."""
+    key = f"{task}/1/{fraction}"
+    teacher = args.teachers / f"teacher-{task}"
+    # A resumed search keeps its budget (the teacher's latency of its first run) and its minutes so far.
+    relative = results[key].get("relative", False) if resume else args.relative
+    budget = results[key]["budget"] if resume else (
+        f"speedup>={fraction}x@b1,s128" if relative else f"p50<={teacher_ms / fraction:.2f}ms@b1,s128")
+    spent = results[key]["minutes"] if resume else 0.0
+    out = args.models / f"{task}-1of{fraction}"
+    # The task's earlier searches (other budgets) lend their probe and the candidates trained alike.
+    earlier = [str(args.models / f"{task}-1of{f}") for f in fractions[: fractions.index(fraction)]
+               if (work_dir_for(args.models / f"{task}-1of{f}") / "state.json").is_file()]
+    options = {"task": task, "budget": budget, "data_dir": str(glue), "max_train_examples": args.max_train,
+               "time_limit": args.time_limit, "reuse": earlier, **json.loads(args.options)}
+    if resume:
+        options = {**results[key]["options"], "time_limit": args.time_limit, "resume": True}
+    started = time.monotonic()
+    row = {"task": task, "fraction": fraction, "teacher_ms": results[key]["teacher_ms"] if resume else teacher_ms,
+           "budget": budget, "relative": relative, "options": options}
+    try:
+        auto(teacher, out, from_dict(AutoConfig, options), overwrite=True)
+        report = json.loads((out / "search" / "search.json").read_text())
+        row["chosen"] = report["chosen"]
+        error = report.get("latency_model_error") or {}
+        row["latency_model_error"] = {k: error.get(k) for k in ("median", "worst")} if error else None
+    except CompressError as err:
+        row["error"] = str(err)
+    row["minutes"] = round(spent + (time.monotonic() - started) / 60, 1)
+    if resume:
+        row["resumed"] = results[key].get("resumed", 0) + 1
+    # Judged with the searches it reused: what the budget would have cost searched alone, at most.
+    row["reused"] = options.get("reuse", [])
+    row["minutes_with_reused"] = round(row["minutes"] + sum(
+        r["minutes"] for r in results.values() if str(args.models / f"{r['task']}-1of{r['fraction']}") in row["reused"]), 1)
+    row.update(fresh_check(teacher, out if "chosen" in row else None, hand_made(args.hand_made, task),
+                           row["teacher_ms"], fraction, task, relative=relative))
+    if "chosen" in row:
+        row["chosen"].update(row.pop("chosen_fresh"), retention=row["chosen"]["accuracy"] / dev_score(teacher, task))
+    return row
+
+
+def keep_report(out: Path, keep: Path) -> None:
+    """The search's own report (every candidate, the finalists, the Pareto plot) beside the summary."""
+    keep.mkdir(exist_ok=True)
+    for name in ("report.md", "search.json", "pareto.png"):
+        if (out / "search" / name).is_file():
+            shutil.copyfile(out / "search" / name, keep / name)
 
 
 def fresh_check(teacher: Path, chosen: Path | None, others: list[Path], teacher_ms: float, fraction: int, task: str,

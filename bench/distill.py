@@ -68,7 +68,7 @@ def general_run(teacher: Path, out: Path, data: Path, minutes: float, cache_seco
             "heldout_last": evals[-1]["eval"]["heldout_loss"] if evals else None}
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--teachers", type=Path, default=Path("runs/bench"),
@@ -80,7 +80,11 @@ def main(argv=None) -> int:
     parser.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
     parser.add_argument("--ablation-sst2-train", type=int, default=SST2_TRAIN,
                         help="SST-2 training sentences in the ablation (below 20,000 its KD row is trained afresh)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
 
     skip = set(filter(None, args.skip.split(",")))
     args.models.mkdir(parents=True, exist_ok=True)
@@ -126,22 +130,7 @@ def main(argv=None) -> int:
 
     # 3. Ablation: hard labels vs KD vs KD + intermediate layers, 3L-384 from teacher layers.
     if "ablation" not in skip:
-        for task in ("sst2", "mrpc"):
-            teacher = args.teachers / f"teacher-{task}"
-            epochs = 3 if task == "sst2" else 4
-            for label, losses in (("hard labels only", ("hard",)), ("KD", ("kd", "hard")),
-                                  ("KD + hidden + attention", ("kd", "hard", "hidden", "attention"))):
-                reuse = results["students"].get("3L-384 kd (teacher layers 1,3,5)")
-                if task == "sst2" and losses == ("kd", "hard") and reuse and args.ablation_sst2_train == SST2_TRAIN:
-                    results["ablation"].setdefault(task, {})[label] = reuse
-                    continue
-                print(f"== ablation {task}: {label}", flush=True)
-                n = args.ablation_sst2_train
-                out = m / (f"ablation-{task}-{'-'.join(losses)}" + (f"-n{n}" if task == "sst2" and n != SST2_TRAIN else ""))
-                results["ablation"].setdefault(task, {})[label] = student_run(
-                    teacher, out, task, args.data, student="3L-384", init="teacher-layers", init_layers=(1, 3, 5),
-                    losses=losses, epochs=epochs, lr=1e-4, cache_dir=cache, sst2_train=n)
-                save()
+        ablation(args, results, cache, save)
 
     # 4. Latency: teacher and students, batch 1 and 32, sequence 128, one run.
     if "latency" not in skip and results["students"]:
@@ -151,6 +140,27 @@ def main(argv=None) -> int:
         save()
     print((args.out / "distill.md").read_text())
     return 0
+
+
+def ablation(args, results: dict, cache: Path, save) -> None:
+    """Hard labels vs KD vs KD + intermediate layers, a 3L-384 from teacher layers 1,3,5, on SST-2 and MRPC (the SST-2 KD
+    row is the headline student of part 1 when it trained on the same sample)."""
+    for task in ("sst2", "mrpc"):
+        teacher = args.teachers / f"teacher-{task}"
+        epochs = 3 if task == "sst2" else 4
+        for label, losses in (("hard labels only", ("hard",)), ("KD", ("kd", "hard")),
+                              ("KD + hidden + attention", ("kd", "hard", "hidden", "attention"))):
+            reuse = results["students"].get("3L-384 kd (teacher layers 1,3,5)")
+            if task == "sst2" and losses == ("kd", "hard") and reuse and args.ablation_sst2_train == SST2_TRAIN:
+                results["ablation"].setdefault(task, {})[label] = reuse
+                continue
+            print(f"== ablation {task}: {label}", flush=True)
+            n = args.ablation_sst2_train
+            out = args.models / (f"ablation-{task}-{'-'.join(losses)}" + (f"-n{n}" if task == "sst2" and n != SST2_TRAIN else ""))
+            results["ablation"].setdefault(task, {})[label] = student_run(
+                teacher, out, task, args.data, student="3L-384", init="teacher-layers", init_layers=(1, 3, 5),
+                losses=losses, epochs=epochs, lr=1e-4, cache_dir=cache, sst2_train=n)
+            save()
 
 
 def render(results: dict, header: dict) -> str:

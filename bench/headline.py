@@ -295,26 +295,32 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
     ``<folder>-int8-ov`` or ``<folder>-int8``, whichever backend is the group's fastest int8 at b1).
     """
     b1, b32 = _rows_at(latency, 1), _rows_at(latency, 32)
-    out: dict[str, Any] = {}
+    return {"speed": _speed_target(models, b1), "int8": _int8_target(models, b1, b32, drops, task_models),
+            "peak": _peak_target(latency, b1, b32, base), "floor": _floor_target(models, b1, b32),
+            "real": _real_target(latency, models, b1, real)}
 
-    # 1. The fastest compressed model at the retention bar, against BERT-base on its fastest fp32 backend.
+
+def _speed_target(models: list[dict], b1: dict[str, dict]) -> dict[str, Any]:
+    """Target 1: the fastest compressed model at the retention bar, against BERT-base on its fastest fp32 backend."""
     keeping = [m for m in models if m["group"] != "teacher" and (m.get("retention") or 0) >= TARGET_RETENTION
                and m["dir"] in b1]
     best = max(keeping, key=lambda m: b1[m["dir"]]["speedup_vs_best_fp32"], default=None)
-    out["speed"] = {"target": f">= {TARGET_SPEEDUP_VS_BASE:g}x faster than BERT-base-shape fp32 on its fastest fp32 backend "
-                              f"(b1, s128; every run) at >= {TARGET_RETENTION:.0%} of the teacher's SST-2 accuracy"}
+    out = {"target": f">= {TARGET_SPEEDUP_VS_BASE:g}x faster than BERT-base-shape fp32 on its fastest fp32 backend "
+                     f"(b1, s128; every run) at >= {TARGET_RETENTION:.0%} of the teacher's SST-2 accuracy"}
     if best:
         row = b1[best["dir"]]
-        out["speed"].update(model=best["dir"], label=best["label"], retention=best["retention"],
-                            speedup=row["speedup_vs_best_fp32"], speedup_min=row["speedup_vs_best_fp32_min"],
-                            reference=row["best_fp32_backend"], speedup_vs_torch=row.get("speedup_vs_torch"),
-                            met=row["speedup_vs_best_fp32_min"] >= TARGET_SPEEDUP_VS_BASE)
+        out.update(model=best["dir"], label=best["label"], retention=best["retention"],
+                   speedup=row["speedup_vs_best_fp32"], speedup_min=row["speedup_vs_best_fp32_min"],
+                   reference=row["best_fp32_backend"], speedup_vs_torch=row.get("speedup_vs_torch"),
+                   met=row["speedup_vs_best_fp32_min"] >= TARGET_SPEEDUP_VS_BASE)
     else:
-        out["speed"]["met"] = False
+        out["met"] = False
+    return out
 
-    # 2. int8 against the same model's fastest fp32 variant, run by run; met by any model trained on all three tasks
-    #    whose fastest int8 keeps the speed-up in every run and drops at most TARGET_INT8_DROP on each.
-    pairs = {}
+
+def _int8_pairs(models: list[dict], b1: dict[str, dict], b32: dict[str, dict]) -> dict[str, dict]:
+    """Per model group and batch: its fastest int8 row against its fastest fp32 variant, run by run."""
+    pairs: dict[str, dict] = {}
     for name in {m["group"] for m in models}:
         members = [m for m in models if m["group"] == name]
         for batch, rows in ((1, b1), (32, b32)):
@@ -330,6 +336,14 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
                 "fp32": min(fp32, key=lambda r: r["p50_ms"])["backend"],
                 "speedup": float(np.median(best_fp32)) / fast["p50_ms"], "speedup_min": _per_run_min(best_fp32, fast["runs_p50_ms"]),
             }
+    return pairs
+
+
+def _int8_target(models: list[dict], b1: dict[str, dict], b32: dict[str, dict], drops: dict,
+                 task_models: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """Target 2: int8 against the same model's fastest fp32 variant, run by run; met by any model trained on all three
+    tasks whose fastest int8 keeps the speed-up in every run and drops at most TARGET_INT8_DROP on each."""
+    pairs = _int8_pairs(models, b1, b32)
     judged = {}
     for name, folders in task_models.items():
         speed = pairs.get(name, {})
@@ -341,13 +355,15 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
             "met": len(speed) == 2 and all(p["speedup_min"] >= TARGET_INT8_SPEEDUP for p in speed.values())
                    and len(task_drops) == len(folders) and all(d <= TARGET_INT8_DROP for d in task_drops.values()),
         }
-    out["int8"] = {
+    return {
         "target": f"int8 on its fastest backend >= {TARGET_INT8_SPEEDUP:g}x the same model on its fastest fp32 backend "
                   f"(b1 and b32, every run), <= {TARGET_INT8_DROP} point drop on SST-2, MRPC, STS-B",
         "pairs": pairs, "judged": judged, "met": any(j["met"] for j in judged.values()),
     }
 
-    # 3. BERT-base shape on its fastest fp32 backend, as a share of the measured fp32 peak.
+
+def _peak_target(latency: dict, b1: dict[str, dict], b32: dict[str, dict], base: str) -> dict[str, Any]:
+    """Target 3: the BERT-base shape on its fastest fp32 backend, as a share of the measured fp32 peak."""
     peak = (latency.get("peaks") or {}).get("fp32", {}).get("gflops")
     ref = (latency.get("reference") or {}).get("p50_ms", {})
     share = {}
@@ -360,38 +376,45 @@ def compute_targets(latency: dict, models: list[dict], drops: dict, base: str,
             gflops = ((latency.get("reference") or {}).get("gflops_per_seq") or {}).get(fastest, {}).get("128")
             share[batch] = {"backend": fastest, "p50_ms": times[fastest],
                             "pct": 100 * (gflops or base_row["gflops_per_seq"]) * batch / (times[fastest] / 1e3) / peak}
-    out["peak"] = {"target": f"BERT-base-shape fp32 on its fastest backend >= {TARGET_PEAK:.0%} of the measured fp32 peak at b1 and b32",
-                   "peak_gflops": peak, "share": share,
-                   "met": len(share) == 2 and all(v["pct"] >= 100 * TARGET_PEAK for v in share.values())}
+    out = {"target": f"BERT-base-shape fp32 on its fastest backend >= {TARGET_PEAK:.0%} of the measured fp32 peak at b1 and b32",
+           "peak_gflops": peak, "share": share,
+           "met": len(share) == 2 and all(v["pct"] >= 100 * TARGET_PEAK for v in share.values())}
     faster = [(f"BERT-base shape b{b} ({v['backend']})", 100 / v["pct"]) for b, v in share.items() if 100 / v["pct"] < BELOW_FLOOR]
-    _not_judged_if_peak_short(out["peak"], "fp32", faster + _below_floor((b1, b32), "fp32"))
+    _not_judged_if_peak_short(out, "fp32", faster + _below_floor((b1, b32), "fp32"))
+    return out
 
-    # 4. The best small int8 model (not the teacher) at b1: its distance to the int8 floor.
+
+def _floor_target(models: list[dict], b1: dict[str, dict], b32: dict[str, dict]) -> dict[str, Any]:
+    """Target 4: the best small int8 model (not the teacher) at b1, its distance to the int8 floor."""
     small = [b1[m["dir"]] for m in models if m["group"] != "teacher" and m["dir"] in b1
              and b1[m["dir"]]["precision"] == "int8" and b1[m["dir"]].get("x_floor")]
     closest = min(small, key=lambda r: r["p50_ms"], default=None)
-    out["floor"] = {"target": f"the fastest small int8 model within {TARGET_FLOOR:g}x of its int8 floor (b1, s128)",
-                    **({"model": closest["model"], "backend": closest["backend"], "p50_ms": closest["p50_ms"],
-                        "floor_ms": closest["floor_ms"], "x_floor": closest["x_floor"]} if closest else {}),
-                    "met": bool(closest) and closest["x_floor"] <= TARGET_FLOOR}
-    _not_judged_if_peak_short(out["floor"], "int8", _below_floor((b1, b32), "int8"))
+    out = {"target": f"the fastest small int8 model within {TARGET_FLOOR:g}x of its int8 floor (b1, s128)",
+           **({"model": closest["model"], "backend": closest["backend"], "p50_ms": closest["p50_ms"],
+               "floor_ms": closest["floor_ms"], "x_floor": closest["x_floor"]} if closest else {}),
+           "met": bool(closest) and closest["x_floor"] <= TARGET_FLOOR}
+    _not_judged_if_peak_short(out, "int8", _below_floor((b1, b32), "int8"))
+    return out
 
-    # 5. Real SST-2 dev sentences at batch 1: the fastest student at the retention bar vs the teacher's fastest fp32.
+
+def _real_target(latency: dict, models: list[dict], b1: dict[str, dict], real: dict | None) -> dict[str, Any]:
+    """Target 5: real SST-2 dev sentences at batch 1, the fastest student at the retention bar against the teacher's
+    fastest fp32 backend, run by run (on ``real``'s rows when given, else the table's)."""
     turns = real is not None
     teacher_fp32, students = _real_sides((real if turns else latency).get("real_rows", []), b1, models)
-    out["real"] = {"target": f"real SST-2 dev sentences at batch 1: the fastest student at >= {TARGET_RETENTION:.0%} retention "
-                             f">= {TARGET_REAL_SPEEDUP:g}x the teacher on its fastest fp32 backend (every run"
-                             + ("; timed again with the models taking turns" if turns else "") + ")", "met": False}
+    out = {"target": f"real SST-2 dev sentences at batch 1: the fastest student at >= {TARGET_RETENTION:.0%} retention "
+                     f">= {TARGET_REAL_SPEEDUP:g}x the teacher on its fastest fp32 backend (every run"
+                     + ("; timed again with the models taking turns" if turns else "") + ")", "met": False}
     if teacher_fp32 and students:
         n = len(teacher_fp32[0]["runs_sentences_per_s"])
         best_teacher = [max(r["runs_sentences_per_s"][i] for r in teacher_fp32) for i in range(n)]
         fastest = students[0]
         speedup_min = _per_run_min(fastest["runs_sentences_per_s"], best_teacher)
-        out["real"].update(model=fastest["model"], backend=fastest["backend"], sentences_per_s=fastest["sentences_per_s"],
-                           teacher_sentences_per_s=float(np.median(best_teacher)),
-                           teacher_backend=max(teacher_fp32, key=lambda r: r["sentences_per_s"])["backend"],
-                           speedup=fastest["sentences_per_s"] / float(np.median(best_teacher)), speedup_min=speedup_min,
-                           met=speedup_min >= TARGET_REAL_SPEEDUP)
+        out.update(model=fastest["model"], backend=fastest["backend"], sentences_per_s=fastest["sentences_per_s"],
+                   teacher_sentences_per_s=float(np.median(best_teacher)),
+                   teacher_backend=max(teacher_fp32, key=lambda r: r["sentences_per_s"])["backend"],
+                   speedup=fastest["sentences_per_s"] / float(np.median(best_teacher)), speedup_min=speedup_min,
+                   met=speedup_min >= TARGET_REAL_SPEEDUP)
     return out
 
 
@@ -495,11 +518,17 @@ def _verdict(met: bool, target: dict | None = None) -> str:
 
 
 def render(results: dict[str, Any]) -> str:
-    hw, pk, lat, t = results["hardware"], results["packages"], results["latency"], results["targets"]
-    b1, b32 = _rows_at(lat, 1), _rows_at(lat, 32)
-    real = {(r["model"], r["batch"]): r for r in lat.get("real_rows", [])}
+    """report.md: the settings, the table, the targets, then each section the results have."""
+    lines = [*_header_lines(results), *_table_lines(results), *_target_lines(results), *_int8_lines(results),
+             *_retention_lines(results), *_auto_lines(results), *_profile_lines(results), *_settings_lines(results)]
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(results: dict[str, Any]) -> list[str]:
+    """The title and the run's settings: date, hardware, versions, training and latency settings."""
+    hw, pk, lat = results["hardware"], results["packages"], results["latency"]
     inputs = lat.get("real_inputs") or {}
-    lines = [
+    return [
         "# Headline benchmark: accuracy vs speed of compressed MiniLM-L6 students",
         "",
         f"- date: {results['date']}; total time {results.get('seconds', 0) / 60:.0f} min; command `{results.get('command', 'python -m bench')}`",
@@ -540,6 +569,15 @@ def render(results: dict[str, Any]) -> str:
         "its fastest fp32 backend of " + ", ".join(REFERENCE_BACKENDS) + " in the same run; 'vs eager' is against it in "
         "PyTorch eager. Floors: FLOPs at the measured peak of the precision each model ran in.",
         "",
+    ]
+
+
+def _table_lines(results: dict[str, Any]) -> list[str]:
+    """The table of every model measured, the teachers' scores, the plot and the peaks."""
+    lat = results["latency"]
+    b1, b32 = _rows_at(lat, 1), _rows_at(lat, 32)
+    real = {(r["model"], r["batch"]): r for r in lat.get("real_rows", [])}
+    lines = [
         "## Measured here",
         "",
         "| model | precision | SST-2 | retention | params | MB | b1 ms | b32 ms | x floor b1 | vs BERT-base b1 | vs eager b1 "
@@ -572,7 +610,13 @@ def render(results: dict[str, Any]) -> str:
             f"{p} {v['gflops']:.0f} {v.get('unit', 'GFLOP/s')} ({v.get('best')})" for p, v in peaks.items()
             if isinstance(v, dict) and v.get("gflops")) + ".")
         lines.append("")
-    lines += ["## Targets", ""]
+    return lines
+
+
+def _target_lines(results: dict[str, Any]) -> list[str]:
+    """The five targets, met or not, with their numbers; target 5's measurement in turns."""
+    t = results["targets"]
+    lines = ["## Targets", ""]
     sp = t["speed"]
     if sp.get("model"):
         lines.append(f"1. {_verdict(sp['met'])} — {sp['target']}: the fastest is {sp['label']} at {sp['speedup']:.1f}x "
@@ -607,10 +651,21 @@ def render(results: dict[str, Any]) -> str:
                     f"{rl['teacher_sentences_per_s']:.0f} ({rl['teacher_backend']}): {rl['speedup']:.2f}x, worst run "  # 9.96 is not 10.0
                     f"{rl['speedup_min']:.2f}x." if rl.get("model") else "not measured."))
     lines += _turns_lines(results)
-    lines += ["", "## int8 accuracy (dev, against the fp32 parent, measured by the quantize stage)", "",
-              "| int8 model | task | metric | fp32 | int8 | drop |", "|---|---|---|--:|--:|--:|"]
+    return lines
+
+
+def _int8_lines(results: dict[str, Any]) -> list[str]:
+    """Each int8 model's dev score against its fp32 parent."""
+    lines = ["", "## int8 accuracy (dev, against the fp32 parent, measured by the quantize stage)", "",
+             "| int8 model | task | metric | fp32 | int8 | drop |", "|---|---|---|--:|--:|--:|"]
     for name, d in results["int8"].items():
         lines.append(f"| {name} | {get_task(d['task']).display} | {d['metric']} | {d['parent']:.2f} | {d['quantized']:.2f} | {d['drop']:+.2f} |")
+    return lines
+
+
+def _retention_lines(results: dict[str, Any]) -> list[str]:
+    """The retention benchmark's best row per task, from the files given (none: no section)."""
+    lines: list[str] = []
     if results.get("retention"):
         lines += ["", "## Per-task students (the retention benchmark's best row per task; same shapes, so the same speed as above)", "",
                   "| student | task | row | dev | teacher | retention | seeds |", "|---|---|---|--:|--:|--:|--:|"]
@@ -620,6 +675,12 @@ def render(results: dict[str, Any]) -> str:
         if results.get("retention_files"):
             lines += ["", f"From {len(results['retention_files'])} retention.json files: "
                       + ", ".join(f"`{f}`" for f in results["retention_files"]) + "."]
+    return lines
+
+
+def _auto_lines(results: dict[str, Any]) -> list[str]:
+    """What compress auto searched and chose (none: no section)."""
+    lines: list[str] = []
     if results.get("auto"):
         lines += ["", "## compress auto (the most accurate model under a budget, searched and re-measured here)", "",
                   "| budget | chosen | SST-2 | search min | candidates trained | successive halving stopped |",
@@ -627,6 +688,12 @@ def render(results: dict[str, Any]) -> str:
         for a in results["auto"]:
             lines.append(f"| {'; '.join(a['budgets'])} | {a['chosen']} | {_fmt(a['accuracy'], '.2f')} | {a['minutes']:.1f} | "
                          f"{a['trained']} | {a['halving_stopped']} |")
+    return lines
+
+
+def _profile_lines(results: dict[str, Any]) -> list[str]:
+    """Where the fastest model's time goes (none profiled: no section)."""
+    lines: list[str] = []
     prof = results.get("profile")
     if prof and (prof.get("ov_profile") or prof.get("torch_fp32")):
         lines += ["", f"## Profile of the fastest model at the retention bar ({prof['model']})", ""]
@@ -646,7 +713,12 @@ def render(results: dict[str, Any]) -> str:
             op = prof["ort_int8_profile"]
             lines.append(f"- int8 in ONNX Runtime: {op['total_ms']:.2f} ms of kernel time, {100 * op['matmul_share']:.0f}% in (quantized) "
                          "matrix products; top: " + ", ".join(f"{o['op']} {o['ms']:.2f}" for o in op["top"][:6]) + ".")
-    lines += ["", "## Training cost per stage", "", "| model | training examples | seconds |", "|---|--:|--:|"]
+    return lines
+
+
+def _settings_lines(results: dict[str, Any]) -> list[str]:
+    """Training examples and seconds of every stage."""
+    lines = ["", "## Training cost per stage", "", "| model | training examples | seconds |", "|---|--:|--:|"]
     for name, s in results["settings"].items():
         lines.append(f"| {name} | {s['n_train'] if s['n_train'] is not None else '—'} | {_fmt(s['seconds'], '.0f')} |")
-    return "\n".join(lines) + "\n"
+    return lines

@@ -197,7 +197,7 @@ def int8_run(student_dir: Path, out: Path, task: str, data: Path) -> dict:
     return {"model_dir": str(out), "value": evals[-1]["metrics"][metric] if evals else None}
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--teachers", type=Path, default=Path("runs/retention"))
@@ -232,6 +232,11 @@ def main(argv=None) -> int:
                         help="another run's retention.json whose rows also count in the Goal (e.g. a task re-run against "
                              "a re-trained teacher); a task is judged against its strongest teacher")
     parser.add_argument("--render", action="store_true", help="only re-write retention.md from --out's retention.json")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     args.cache = args.cache or args.models / "cache"
     args.models.mkdir(parents=True, exist_ok=True)
@@ -263,40 +268,52 @@ def main(argv=None) -> int:
         for task in args.tasks.split(","):
             teacher = args.teachers / f"teacher-{task}"
             for row in args.rows.split(","):
-                general, general_cost, encoder = None, {}, None
-                if row == "j":
-                    if args.task_init is None:
-                        parser.error("row j needs --task-init DIR: a student distilled on another task")
-                    encoder = encoder_of(args.task_init, args.models / f"encoder-of-{args.task_init.name}")
-                if row in FROM_GENERAL:
-                    steps = args.general_steps or max(50, int(args.general_minutes * 60 / 2.0))
-                    general, general_cost = general_run(args.models / f"general-{student}", student, args.data, steps,
-                                                        args.general_from, args.general_precision)
-                for seed in seeds:
-                    key = f"{task}/{student}/{row}/{seed}"
-                    if key in results:
-                        continue
-                    print(f"== {key}", flush=True)
-                    cfg = row_config(row, task, student, args, seed, general, encoder)
-                    results[key] = {"task": task, "student": student, "row": row, "seed": seed,
-                                    **student_run(teacher, args.models / key.replace("/", "-"), cfg),
-                                    **({"general": general_cost} if general_cost else {})}
-                    mine.add(key)
-                    save()
+                if row == "j" and args.task_init is None:
+                    parser.error("row j needs --task-init DIR: a student distilled on another task")
+                run_row(args, teacher, task, student, row, seeds, results, mine, save)
             if student == "3L-384" and not args.no_int8:
-                done = [r for k, r in results.items() if k.startswith(f"{task}/{student}/") and r["row"] != "int8"]
-                best = max(done, key=lambda r: r["value"] if r.get("value") is not None else -1e9)
-                key = f"{task}/{student}/int8"
-                if results.get(key, {}).get("of") != best["model_dir"]:
-                    print(f"== {key}", flush=True)
-                    q = int8_run(Path(best["model_dir"]), Path(best["model_dir"] + "-int8"), task, args.data)
-                    results[key] = {"task": task, "student": student, "row": "int8", "of": best["model_dir"],
-                                    "of_row": best["row"], "fp32": best["value"], "teacher": best["teacher"], **q}
-                    mine.add(key)
-                    save()
+                int8_row(args, task, student, results, mine, save)
     save()
     print((args.out / "retention.md").read_text())
     return 0
+
+
+def run_row(args, teacher: Path, task: str, student: str, row: str, seeds: list[int], results: dict, mine: set[str],
+            save) -> None:
+    """Every seed of one row not yet in ``results``, after its starting point (row j's encoder, rows d and i's general
+    stage), each saved as it ends."""
+    general, general_cost, encoder = None, {}, None
+    if row == "j":
+        encoder = encoder_of(args.task_init, args.models / f"encoder-of-{args.task_init.name}")
+    if row in FROM_GENERAL:
+        steps = args.general_steps or max(50, int(args.general_minutes * 60 / 2.0))
+        general, general_cost = general_run(args.models / f"general-{student}", student, args.data, steps,
+                                            args.general_from, args.general_precision)
+    for seed in seeds:
+        key = f"{task}/{student}/{row}/{seed}"
+        if key in results:
+            continue
+        print(f"== {key}", flush=True)
+        cfg = row_config(row, task, student, args, seed, general, encoder)
+        results[key] = {"task": task, "student": student, "row": row, "seed": seed,
+                        **student_run(teacher, args.models / key.replace("/", "-"), cfg),
+                        **({"general": general_cost} if general_cost else {})}
+        mine.add(key)
+        save()
+
+
+def int8_row(args, task: str, student: str, results: dict, mine: set[str], save) -> None:
+    """The best row of ``task`` and ``student`` quantized and scored, unless that row's int8 is in ``results``."""
+    done = [r for k, r in results.items() if k.startswith(f"{task}/{student}/") and r["row"] != "int8"]
+    best = max(done, key=lambda r: r["value"] if r.get("value") is not None else -1e9)
+    key = f"{task}/{student}/int8"
+    if results.get(key, {}).get("of") != best["model_dir"]:
+        print(f"== {key}", flush=True)
+        q = int8_run(Path(best["model_dir"]), Path(best["model_dir"] + "-int8"), task, args.data)
+        results[key] = {"task": task, "student": student, "row": "int8", "of": best["model_dir"],
+                        "of_row": best["row"], "fp32": best["value"], "teacher": best["teacher"], **q}
+        mine.add(key)
+        save()
 
 
 def _mean_std(values: list[float]) -> str:

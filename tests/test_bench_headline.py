@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.headline import compute_targets, render
@@ -156,19 +158,58 @@ def test_the_auto_chosen_model_is_labelled_and_reported_from_its_search(tmp_path
     assert "| speedup>=8x@b1,s128 | 2L-384 openvino-int8 | 85.10 | 23.5 | 4 | time |" in render(results).splitlines()
 
 
-def test_the_recipe_ends_with_compress_auto_on_the_sst2_teacher_and_every_committed_retention_run_is_read():
+def test_the_recipe_ends_with_compress_auto_on_the_sst2_teacher():
     from pathlib import Path
 
-    from bench.__main__ import AUTO_STAGE, committed_retention, recipe
+    from bench.__main__ import AUTO_STAGE, recipe
     from compress.pipeline import load_recipe
 
     stages = load_recipe(recipe(Path("minilm"), Path("glue"))).stages
     last = stages[-1]  # last: its final measurement times models, nothing may train beside it
     assert (last.name, last.kind, last.inputs["teacher"]) == (AUTO_STAGE, "auto", "${teacher-sst2}")
     assert last.config.budget == "speedup>=8x@b1,s128" and last.config.data.max_train_examples == 20000
-    files = committed_retention()
-    assert any(f.as_posix().endswith("bench/results/2026-11-25/retention/retention.json") for f in files)
-    assert all(f.name == "retention.json" and f.is_file() for f in files)
+
+
+def retention_file(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"header": {}, "rows": {
+        f"{t}/{s}/{r}/{seed}": {"task": t, "student": s, "row": r, "seed": seed, "value": v, "teacher": teacher,
+                                "retention": v / teacher} for t, s, r, seed, v, teacher in rows}}))
+    return path
+
+
+def test_the_retention_files_given_are_read_and_none_is_looked_up(tmp_path, monkeypatch):
+    import bench.__main__ as headline_main
+
+    first = retention_file(tmp_path / "a" / "retention.json", [("rte", "3L-384", "d", 42, 57.0, 60.0)])
+    second = retention_file(tmp_path / "b" / "retention.json", [("rte", "3L-384", "d", 1, 55.0, 58.0)])
+    third = retention_file(tmp_path / "c" / "retention.json", [("sst2", "3L-384", "f", 42, 85.0, 86.0)])
+    glue = tmp_path / "data" / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    (glue / "train.tsv").write_text("sentence\tlabel\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "manifest.json").write_text(json.dumps({"stages": {}}))
+    seen = {}
+    monkeypatch.setattr(headline_main, "minilm_path", lambda: tmp_path / "minilm")
+    monkeypatch.setattr(headline_main, "run_recipe", lambda recipe, work, say: seen.setdefault("recipe", True))
+    monkeypatch.setattr(headline_main, "build_results", lambda work, glue, **kw: seen.update(kw) or {})
+    monkeypatch.setattr(headline_main, "write_results", lambda results, out: (out.mkdir(parents=True, exist_ok=True),
+                                                                              (out / "report.md").write_text("report")))
+    args = ["--data", str(tmp_path / "data"), "--work", str(work), "--out", str(tmp_path / "out")]
+    assert headline_main.main(args + ["--retention", f"{first},{second}", "--retention", str(third)]) == 0
+    assert seen["retention"] == [first, second, third]
+    assert headline_main.main(args) == 0 and seen["retention"] == []  # none given: none read
+    # A file that is not there is refused before the recipe's hours.
+    seen.clear()
+    assert headline_main.main(args + ["--retention", str(tmp_path / "missing.json")]) == 2 and seen == {}
+
+    # The per-task rows: each task's best row, against its strongest teacher across the files given.
+    from bench.headline import _retention_rows
+
+    rows = _retention_rows([first, second, third])
+    assert [(r["task"], r["row"], r["seeds"], r["teacher"]) for r in rows] == [("rte", "d", 2, 60.0), ("sst2", "f", 1, 86.0)]
+    assert rows[0]["retention"] == pytest.approx((57.0 + 55.0) / 2 / 60.0)
 
 
 def test_a_model_faster_than_its_floor_means_a_slowed_peak_and_targets_3_and_4_are_not_judged():
