@@ -66,7 +66,7 @@ AUTO_MAX_EXAMPLES = 10_000
 class AugmentConfig:
     augment: int | None = option(None, "augmented copies per training example, labelled by the teacher only (TinyBERT: 20; "
                                  f"0: none; default: {AUTO_COPIES} for a sentence task of at most {AUTO_MAX_EXAMPLES:,} "
-                                 "training examples, else 0: on small GLUE sets they kept 0-7 points more of the teacher's score)", metavar="N")
+                                 "training examples, else 0)", metavar="N")
     augment_prob: float = option(0.4, "probability that a word of an augmented copy is replaced (TinyBERT: p = 0.4)")
     augment_candidates: int = option(15, "candidate words per word (TinyBERT: K = 15)")
     augment_mlm: str | None = option(None, "masked-LM model DIR whose predictions are the candidates (default: the teacher's MLM "

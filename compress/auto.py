@@ -77,8 +77,8 @@ from compress.distill import DistillConfig, distill
 from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk
 from compress.export import ExportConfig, export
 from compress.quantize import QuantizeConfig, quantize
-from compress.search import Budget, Sample, choose, fastest, fit_latency_model, held_out_error, measurement, parse_budgets
-from compress.search import pareto_front, points, round_seconds, successive_halving
+from compress.search import Budget, Sample, budget_option, choose, fastest, fit_latency_model, held_out_error, measurement
+from compress.search import parse_budgets, pareto_front, points, round_seconds, successive_halving
 from compress.students.init import init_student
 from compress.students.slices import fits_inside
 from compress.students.presets import resolve_shape
@@ -135,8 +135,8 @@ class AutoConfig:
     init_from: str | None = option(None, "cut the candidates that fit inside it from this encoder DIR instead of the teacher "
                                    "(see compress distill --init-from)", metavar="DIR")
     tie: float = option(0.4, "dev points within which finalists count as equally accurate; among them the one with the most "
-                        "room under the timed budgets is chosen (int8 variants of one MRPC student differed by 0.1-0.4 "
-                        "point; one chosen for 0.26 point more had fit 16x by a hair and missed it in the next run)")
+                        "room under the timed budgets is chosen, as one that fits by a hair may miss in the next run "
+                        "(0: the most accurate)")
     max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points")
     resume: bool = option(False, "continue an interrupted search: finished probes and candidates are reused")
     compare: tuple[str, ...] = option((), "model folders to measure in the final run beside the finalists and show in the "
@@ -152,9 +152,7 @@ class AutoConfig:
     def validate(self) -> None:
         if self.task and not is_kind(self.task):
             get_task(self.task)
-        if not self.budget:
-            raise CompressError("no budget given; pass e.g. --budget 'p50<=6ms@b1,s128' (several: separate with ';')")
-        parse_budgets(self.budget)
+        budget_option(self.budget)
         for name in self.backends:
             if name not in VARIANTS:
                 raise CompressError(f"unknown backend {name!r} in --backends; valid: {', '.join(VARIANTS)}")

@@ -6,11 +6,13 @@ call and prints what the stage reports. Every command also takes ``--quiet`` and
 ``--log-level`` (:mod:`compress.core.logs`): progress goes to stderr as log lines (and
 bars on a terminal), the result to stdout and its closing notes to stderr, which
 ``--quiet`` keeps. Libraries are imported only when a command runs, so ``compress
---help`` is instant. A :class:`CompressError` becomes one line on stderr and its exit
-status; any other exception one line naming its type and message, exit status 1 (with
-``--debug`` or ``COMPRESS_DEBUG=1`` it propagates, traceback and all); a group or
-``compress`` without its command prints its help and one error line, exit status 2;
-Ctrl-C exits with 130; a closed stdout ends the command quietly.
+--help`` is instant, and a stage's cheap checks (:mod:`compress.core.preflight`: a missing
+model folder or data file, an unknown task, a malformed budget, an occupied ``--out``)
+come before its module is imported. A :class:`CompressError` becomes one line on stderr
+and its exit status; any other exception one line naming its type and message, exit
+status 1 (with ``--debug`` or ``COMPRESS_DEBUG=1`` it propagates, traceback and all); a
+group or ``compress`` without its command prints its help and one error line, exit status
+2; Ctrl-C exits with 130; a closed stdout ends the command quietly.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import sys
 import textwrap
 
 from compress import __version__
-from compress.core import logs
+from compress.core import logs, preflight
 from compress.core.config import add_arguments, from_args
 from compress.core.errors import CompressError
+from compress.core.tasks import task_choices
 from compress.stages import COMMANDS, SEVERAL, Command, Stage
 
 PROG = "compress"
@@ -115,6 +118,56 @@ def stage_arguments(p: argparse.ArgumentParser, stage: Stage) -> None:
     add_arguments(p, stage.config_class(), skip=stage.skip)
 
 
+def early_check(stage: Stage, argv: list[str]) -> None:
+    """Refuse now what ``stage`` would refuse first, before the parser imports its module (torch): compress.core.preflight.
+
+    ``argv`` is what follows the command's name. Only the flags the checks read are parsed,
+    by their exact names; a check fed by a flag that another word could abbreviate (argparse
+    would take it so) is left to the stage, as is everything when --help is asked for.
+    """
+    if any(_asks_for_help(word) for word in argv):
+        return
+    parser, actions = _early_parser(stage)
+    args, rest = parser.parse_known_args(argv)
+    given = {word.split("=", 1)[0] for word in rest if word.startswith("--") and len(word) > 2}
+    unsure = {a.dest for a in actions for flag in a.option_strings if any(flag.startswith(g) for g in given)}
+    if "config" in unsure:  # the file's options are unknown
+        return
+    options = preflight.file_options(args.config, stage.early) if args.config else {}
+    options = {name: getattr(args, name) if getattr(args, name) is not None else options.get(name)
+               for name in stage.early if name not in unsure}
+    models = [(i.check, getattr(args, i.name)) for i in stage.inputs
+              if i.check and getattr(args, i.name) is not None and i.name not in unsure]
+    out = args.out if stage.out_help and not unsure & {"out", "overwrite", "resume"} else None
+    preflight.check_command(options, models, out, overwrite=bool(getattr(args, "overwrite", False)))
+
+
+def _asks_for_help(word: str) -> bool:
+    """--help or a prefix argparse takes for it, -h, or short flags that include it (-qh): the help comes first."""
+    if word.startswith("--"):
+        return len(word) > 2 and "--help".startswith(word)
+    return word.startswith("-") and "h" in word
+
+
+def _early_parser(stage: Stage) -> tuple[Parser, list[argparse.Action]]:
+    """A parser of the flags :func:`early_check` reads, declared as the full parser declares them but none required."""
+    p = Parser(prog=f"{PROG} {stage.command}", add_help=False, allow_abbrev=False)
+    actions = []
+    for i in stage.inputs:
+        several = i.name in SEVERAL
+        actions.append(p.add_argument(i.flag, dest=i.name, nargs="+" if several else None,
+                                      action="extend" if several else "store"))
+    if stage.out_help:
+        actions += [p.add_argument("--out"), p.add_argument("--overwrite", action="store_true")]
+    actions.append(p.add_argument("--config"))
+    for name in stage.early:  # --task's choices refuse an unknown task in argparse's words, as the full parser does
+        kwargs: dict = {"choices": task_choices()} if name == "task" else {}
+        if name == "resume":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        actions.append(p.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs))
+    return p, actions
+
+
 def run_stage(stage: Stage, args: argparse.Namespace) -> tuple[str, list[str]]:
     """Config from --config and the flags, one call of the stage's entry; what the stage reports."""
     cfg = from_args(stage.config_class(), args, args.config)
@@ -138,11 +191,17 @@ def run_command(entry: Stage | Command, args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- main
 
 
-def selected_command(argv: list[str]) -> str | None:
-    """The command named by the leading words of ``argv`` (e.g. "teacher finetune"), after --quiet / --log-level X / --debug."""
+def _command_start(argv: list[str]) -> int:
+    """Where the command's name starts in ``argv``: after --quiet / --log-level X / --debug."""
     start = 0
     while start < len(argv) and argv[start].startswith("-"):
         start += 2 if argv[start] == "--log-level" else 1
+    return start
+
+
+def selected_command(argv: list[str]) -> str | None:
+    """The command named by the leading words of ``argv`` (e.g. "teacher finetune"), after --quiet / --log-level X / --debug."""
+    start = _command_start(argv)
     words = [w for w in argv[start : start + 2] if not w.startswith("-")]
     return next((" ".join(words[:n]) for n in (2, 1) if " ".join(words[:n]) in COMMANDS), None)
 
@@ -234,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     selected = selected_command(argv)
     args: argparse.Namespace | None = None
     try:
+        entry = COMMANDS.get(selected) if selected else None
+        if isinstance(entry, Stage):  # a wrong path or name is said in a blink, not after the stage's imports
+            early_check(entry, argv[_command_start(argv) + len(entry.command.split()):])
         parser = build_parser(selected or "")
         args = parser.parse_args(argv)
         if not getattr(args, "entry", None):

@@ -144,9 +144,8 @@ def _distill_defaults() -> TrainConfig:
 
 
 # --init of every distillation stage (task, general, embedding)
-INIT_HELP = ("student initialisation: teacher (its layers, cut to a narrower student's width: 4L-312 from MiniLM-L6 scores "
-             "STS-B 74.1 zero-shot where random weights score 54.2), teacher-layers, teacher-slices, random, or a pretrained "
-             "model DIR")
+INIT_HELP = ("student initialisation: teacher (its layers, cut to a narrower student's width), teacher-layers, teacher-slices, "
+             "random (for a student wider than its teacher), or a pretrained model DIR")
 
 
 @flat_keywords
@@ -159,19 +158,17 @@ class DistillConfig:
     layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
     hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
     ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", INIT_HELP + " (a distill-general student, with --two-stage and hidden,attention: "
-                       "98.2-100.2% of the teacher on MRPC, SST-2 and STS-B for a 3L-384, 0.3-1.8 points over the same "
-                       "recipe from its teacher's layers)")
+    init: str = option("teacher", INIT_HELP + " (a distill-general student of the same shape: TinyBERT's path, with "
+                       "--two-stage and --losses kd,hard,hidden,attention)")
     init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
     init_from: str | None = option(None, "cut the student from this encoder DIR instead of the teacher (--init teacher, "
-                                   "teacher-layers or teacher-slices); its task head starts new (a 2L-384 cut from a "
-                                   "general-distilled 3L-384 scored 2.2 SST-2 points under one cut from the teacher)",
-                                   metavar="DIR")
-    losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: kd, hard, hidden, embedding, attention, cosine, minilm (default "
-                                     "kd,hard: adding hidden,attention gained 0.6 point on STS-B for 3x the time)", metavar="TERM[,...]")
+                                   "teacher-layers or teacher-slices); its task head starts new", metavar="DIR")
+    losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: the prediction terms kd, hard and the intermediate terms "
+                                     "hidden, embedding, attention, cosine, minilm (they match the teacher's hidden states, "
+                                     "attention or embeddings, at a cost in training time)", metavar="TERM[,...]")
     loss: LossWeights = field(default_factory=LossWeights)
-    two_stage: bool = option(False, "TinyBERT order: intermediate terms first, then the prediction terms (off by default: "
-                             "with augmentation it moved retention by -3.1 to +1.6 points across tasks, for twice the time)")
+    two_stage: bool = option(False, "TinyBERT's order: train on the intermediate terms first (--intermediate-epochs), then on "
+                             "the prediction terms; --losses needs some of each")
     intermediate_epochs: int | None = option(None, "epochs of the intermediate stage (default: --epochs)")
     cache: bool = option(True, "cache teacher outputs on disk when the terms allow (teacher runs once)")
     cache_hidden: bool = option(False, "also cache the mapped teacher hidden states (float16 on disk)")

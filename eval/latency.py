@@ -120,8 +120,8 @@ class LatencyConfig:
                           choices=lambda: [name for name, _ in BACKENDS.items()])
     openvino_shapes: str = option("static", "OpenVINO rows: static compiles the model once more for each grid point's "
                                   "fixed [batch, seq] and, with --lengths, for each padded shape of the real inputs (see "
-                                  "--lengths-multiple), as a deployment padding to a few lengths would (faster for small "
-                                  "models); dynamic compiles it once for any shape", choices=OPENVINO_SHAPES)
+                                  "--lengths-multiple), as a deployment padding to a few lengths would; dynamic compiles "
+                                  "it once for any shape", choices=OPENVINO_SHAPES)
     peak: bool = option(True, "also measure the fp32 GEMM peak and report each model's % of it")
     repeat_runs: int = option(1, "repeat the whole measurement (every model in turn) K times: rows give the median of the "
                               "runs' medians, their spread, and the speed-up of the worst run (a speed-up holds only if it "

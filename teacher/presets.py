@@ -1,12 +1,13 @@
-"""Teacher shapes, from a laptop-sized BERT to BERT-large, and hub aliases of released BERTs."""
+"""Teacher shapes, from a laptop-sized BERT to BERT-large, and the model a directory, hub alias or hub id names."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from compress.core.artifacts import require_model_dir
-from compress.core.errors import CompressError
 from compress.core.hub import download_model
+# The hub aliases (HUB_ALIASES, which compress.pipeline imports from here) live beside the command line's early checks.
+from compress.core.preflight import HUB_ALIASES, model_repo  # noqa: F401
 from compress.core.registry import Registry
 from compress.core.structure import Shape
 
@@ -22,16 +23,6 @@ for _name, _shape in {
 }.items():
     TEACHER_SHAPES.register(_name, _shape)
 
-# Short names for released checkpoints on the Hugging Face hub.
-HUB_ALIASES = {
-    "bert-base": "google-bert/bert-base-uncased",
-    "bert-base-uncased": "google-bert/bert-base-uncased",
-    "bert-base-cased": "google-bert/bert-base-cased",
-    "bert-large": "google-bert/bert-large-uncased",
-    "bert-large-uncased": "google-bert/bert-large-uncased",
-    "bert-large-cased": "google-bert/bert-large-cased",
-}
-
 
 def resolve_model(name: str | Path) -> Path:
     """A local model directory for ``name``: a directory, an alias (``bert-base``) or a hub id.
@@ -39,16 +30,7 @@ def resolve_model(name: str | Path) -> Path:
     Hub models are downloaded into the Hugging Face cache (safetensors only); offline,
     this fails at once with a one-line message.
     """
-    text = str(name)
-    path = Path(text).expanduser()
+    path = Path(name).expanduser()
     if path.exists():
         return require_model_dir(path)
-    repo = HUB_ALIASES.get(text.lower())
-    if repo is None and text.count("/") == 1 and not text.startswith((".", "/", "~")):
-        repo = text  # looks like "org/name"
-    if repo is None:
-        raise CompressError(
-            f"model {text!r} is neither a directory nor a known hub model; pass a model directory, "
-            f"one of {', '.join(sorted(HUB_ALIASES))}, or a hub id such as google-bert/bert-base-uncased"
-        )
-    return require_model_dir(download_model(repo))
+    return require_model_dir(download_model(model_repo(name)))

@@ -169,6 +169,7 @@ def test_fixed_sets_are_shown_as_choices_from_their_registries(capsys):
 
 
 def test_a_value_outside_the_choices_is_refused_in_one_line_and_aliases_pass(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")  # a model folder, as the early check of --model wants
     with pytest.raises(SystemExit) as exit_info:
         main(["quantize", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--backend", "tensorrt"])
     err = capsys.readouterr().err.strip()

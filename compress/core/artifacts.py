@@ -41,6 +41,9 @@ from compress.core import structure as st
 from compress.core.errors import CompressError
 from compress.core.families import class_names, family_of, get_family
 from compress.core.hardware import git_revision, hardware, package_versions
+# check_output and require_model_dir live in compress.core.preflight, which the command line runs before it imports
+# torch; the stages import them from here.
+from compress.core.preflight import _nearest_existing, _writable, check_output, require_model_dir  # noqa: F401
 from compress.core.structure import apply_structure
 
 try:
@@ -206,38 +209,6 @@ def read_json(path: Path) -> Any:
 # ---------------------------------------------------------------------------- output directories
 
 
-def check_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), resume: bool = False) -> Path:
-    """Whether ``out`` may be written: the one decision every command, recipe stage and benchmark goes through.
-
-    Refused, before any work and whatever ``overwrite`` says: an ``out`` that is one of the
-    ``inputs`` or contains one (paths, or configs whose string fields name existing paths;
-    symlinks followed), an existing file, a place that cannot be written. Refused unless
-    ``overwrite``: a non-empty directory (``--resume`` included: a run continues from its
-    own work directory beside ``out``, never over a folder that already holds something).
-    The temporary folders an earlier, killed run left beside ``out`` are removed.
-    """
-    out = Path(out).expanduser()
-    target = out.resolve()
-    for source in input_paths(inputs):
-        real = source.resolve()
-        if real == target or target in real.parents:
-            what = "is" if real == target else "contains"
-            raise CompressError(f"--out {out} {what} the input {source}; writing there would destroy it. Choose another --out")
-    if out.exists() and not out.is_dir():
-        raise CompressError(f"output {out} exists and is not a directory; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        if resume:
-            raise CompressError(f"output directory {out} is not empty, so there is no interrupted run of its own to resume "
-                                f"(that lives in {out.absolute().parent / ('.' + out.name + '.work')} until the output is written); "
-                                "pass --overwrite to replace it or choose another --out")
-        raise CompressError(f"output directory {out} is not empty; pass --overwrite to replace it or choose another --out")
-    place = _nearest_existing(out.absolute().parent)
-    if not _writable(place):
-        raise CompressError(f"cannot write --out {out}: {place} is not writable; choose another --out or fix its permissions")
-    _remove_leftovers(out)
-    return out
-
-
 def check_writable(folder: Path | str, what: str, hint: str) -> Path:
     """Before long work: ``folder`` (which may not exist yet) can receive files; else one line naming it and ``hint``."""
     folder = Path(folder).expanduser()
@@ -247,60 +218,6 @@ def check_writable(folder: Path | str, what: str, hint: str) -> Path:
     if not _writable(place):
         raise CompressError(f"cannot write {what} into {folder}: {place} is not writable; {hint}")
     return folder
-
-
-def _nearest_existing(path: Path) -> Path:
-    """``path`` itself or its nearest ancestor that exists: where a new folder would be created."""
-    return next(p for p in (path, *path.parents) if p.exists())
-
-
-def _writable(folder: Path) -> bool:
-    """Whether a folder can be written, by trying (``os.access`` says yes to root on read-only mounts and sysfs)."""
-    if not folder.is_dir():
-        return False
-    try:
-        probe = tempfile.mkdtemp(prefix=".compress-probe-", dir=folder)
-    except OSError:
-        return False
-    os.rmdir(probe)
-    return True
-
-
-def input_paths(inputs: Any) -> list[Path]:
-    """The existing paths among ``inputs``: paths and strings, lists of them, and every string field of (nested) configs."""
-    found: list[Path] = []
-
-    def walk(value: Any, name: str = "") -> None:
-        if name == "out":  # a config's own output field (latency's --out) is not an input
-            return
-        if isinstance(value, (str, Path)):
-            text = str(value)
-            if text and "\n" not in text and len(text) < 4096:
-                path = Path(text).expanduser()
-                try:
-                    if path.exists():
-                        found.append(path)
-                except OSError:
-                    pass
-        elif isinstance(value, (list, tuple, set)):
-            for item in value:
-                walk(item)
-        elif is_dataclass(value) and not isinstance(value, type):
-            for key, item in vars(value).items():
-                walk(item, key)
-
-    walk(inputs)
-    return found
-
-
-def _remove_leftovers(out: Path) -> None:
-    """Staging folders of an earlier run into ``out`` that was killed (``.OUT.tmp-*``, ``.OUT.old-*``): ours by name."""
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        return
-    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
-        for left in parent.glob(pattern):
-            shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -542,20 +459,6 @@ def clear_tokenizer_state(directory: Path) -> None:
 def is_model_dir(path: Path | str) -> bool:
     path = Path(path)
     return path.is_dir() and (path / "config.json").is_file()
-
-
-def require_model_dir(path: Path | str) -> Path:
-    path = Path(path)
-    if not path.exists():
-        raise CompressError(f"model directory {path} does not exist")
-    if not path.is_dir():
-        raise CompressError(f"{path} is a file, not a model directory; pass the folder that holds config.json")
-    if not (path / "config.json").is_file():
-        raise CompressError(
-            f"{path} is not a model directory (no config.json); pass a folder written by compress "
-            "or a Hugging Face model folder"
-        )
-    return path
 
 
 def model_format(path: Path | str) -> str:
