@@ -36,7 +36,7 @@ from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from compress.core.errors import CompressError
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 
 # ---------------------------------------------------------------------------- budgets
 
