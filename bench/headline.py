@@ -27,7 +27,7 @@ from compress.core.tasks import get_task
 from compress.eval.latency import BELOW_FLOOR, MIN_PASSES, REAL_SLICE_S, LatencyConfig, measure_latency
 from compress.eval.plots import _pyplot, save_figure
 from compress.eval.references import published_score
-from compress.students.presets import resolve_shape
+from compress.core.shapes import resolve_shape
 from compress.teacher.create import create_model
 
 # Table rows: (label, model directory name under the work dir, the model it is: fp32 variants and int8 share it).

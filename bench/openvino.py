@@ -50,12 +50,12 @@ from compress.core.export import export_onnx
 from compress.core.hardware import cpu_info, package_versions
 from compress.core.openvino import export_openvino
 from compress.core.runtime import load_model_for_task
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 from compress.core.tasks import get_task
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
 from compress.quantize import QuantizeConfig, quantize
 from compress.students.init import init_student
-from compress.students.presets import resolve_shape
+from compress.core.shapes import resolve_shape
 
 STUDENT_LAYERS = [1, 3, 5]  # teacher layers the 3L-384 student is made of
 RUNTIMES = ("torch", "onnxruntime", "openvino")

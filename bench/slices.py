@@ -28,7 +28,8 @@ from bench.teachers import minilm_path
 from compress.core.artifacts import load_tokenizer, utc_now, write_json_atomic
 from compress.core.hardware import cpu_info, package_versions
 from compress.core.runtime import load_model
-from compress.core.structure import Shape, count_parameters
+from compress.core.shapes import Shape
+from compress.core.structure import count_parameters
 from compress.students import slices
 from compress.students.init import init_student
 

@@ -69,7 +69,8 @@ from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
+from compress.core.structure import config_sizes
 from compress.core.resolve import resolve_task
 from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.core.train import TrainConfig, work_dir_for
@@ -81,7 +82,7 @@ from compress.search import Budget, Sample, budget_option, choose, fastest, fit_
 from compress.search import parse_budgets, pareto_front, points, round_seconds, successive_halving
 from compress.students.init import init_student
 from compress.students.slices import fits_inside
-from compress.students.presets import resolve_shape
+from compress.core.shapes import resolve_shape
 from compress.teacher.presets import resolve_model
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,9 @@ class _Earlier:
 def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bool = False, timer: Timer | None = None) -> Path:
     """Find, train and measure the most accurate student of ``teacher`` on its task that meets ``cfg.budget``.
 
-    The task is what ``cfg.task`` names (a preset, or a kind with ``--train-file``), else the teacher's own.
+    The task is what ``cfg.task`` names (a preset, or a kind with ``--train-file``), else the teacher's own. A linear
+    sequence of steps: open the search, probe and shortlist the shapes, train them by successive halving, measure the
+    finalists and write the chosen one.
     """
     cfg.validate()
     timer = timer or measured_latency
@@ -263,59 +266,14 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     task = search_task(teacher_dir, cfg)
     budgets = parse_budgets(cfg.budget)
     at = sorted(points(budgets) or {(1, 128)})
-    # A preset given as --task is keyed by it as before (earlier searches stay reusable); any other task by its name.
-    common = [str(teacher_dir.resolve()), cfg.task if cfg.task and not task.user else task.name]
-    key = json.dumps(common + [[b.text for b in budgets], list(cfg.backends)])
-    # What a probe and a trained candidate depend on: another budget with the same keys can reuse them.
-    probe_key = json.dumps(common + [list(cfg.backends), at, list(cfg.shapes), cfg.probes, cfg.repeats])
-    train_key = json.dumps(common + [list(cfg.losses), asdict(cfg.extra_data), asdict(cfg.data), asdict(cfg.train)]
-                           + ([dir_hash(Path(cfg.init_from))] if cfg.init_from else []), default=str)
-    search = _Search.open(work_dir_for(out), cfg.resume, key, probe_key, train_key)
-    earlier = _Earlier.read(cfg.reuse, probe_key, train_key)
+    search, earlier = _open_search(out, teacher_dir, task, cfg, budgets, at)
     shapes = candidate_shapes(load_config(teacher_dir), cfg.shapes)
-
     probe = search.state["probe"] or earlier.probe or _probe(teacher_dir, task, shapes, cfg, at, search, timer)
     search.state["probe"] = probe
     search.save()
-    # The held-out shapes measured the model's error (probe["error"]); the ranking then uses every probe.
-    model = fit_latency_model([Sample(s["variant"], s["batch"], s["seq"], Shape(**s["shape"]), s["ms"]) for s in probe["samples"]])
-    sizes = _size_model(probe)
-    predicted = {shape.label: _predict(model, sizes, shape, probe, budgets, cfg.margin) for shape in shapes}
-    fitting = [s for s in shapes if predicted[s.label]["variants"]]
-    if not fitting:
-        best = min(probe["rows"], key=lambda r: r["p50_ms"] if (r["batch"], r["seq"]) == at[0] else math.inf)
-        raise CompressError(
-            f"no student shape is predicted to meet {'; '.join(b.text for b in budgets)}: the fastest model probed was "
-            f"{best['name']} at {best['p50_ms']:.2f} ms (p50, batch {best['batch']}, seq {best['seq']}); relax the budget "
-            "or add a faster backend (--backends)")
-    shortlist = rank_by_prior(fitting, load_config(teacher_dir))[: cfg.candidates]
-    log.info("%d of %d shapes predicted to fit; training %s", len(fitting), len(shapes), ", ".join(s.label for s in shortlist))
-
-    def train(label: str, round_: int, epochs: int) -> float:
-        if (label, round_, epochs) in earlier.trained:
-            return _adopt(earlier.trained[label, round_, epochs], search)
-        return _train_candidate(teacher_dir, task, shapes_by_label[label], round_, epochs, cfg, search)
-
-    shapes_by_label = {s.label: s for s in shapes}
-    reserve = RESERVE * (deadline - started)
-    halving = successive_halving(
-        [s.label for s in shortlist], train, rounds=cfg.rounds, eta=cfg.eta, units=lambda r: cfg.train.epochs * cfg.eta**r,
-        keep_min=min(2, len(shortlist)),  # two finalists at least, so one failing to quantize leaves a choice
-        time_left=lambda r, plan: _affordable(r, plan, search, earlier, deadline - reserve, shapes_by_label),
-        done={(t["label"], t["round"]): t["score"] for t in search.state["trained"].values()},
-    )
-    finalists = list(halving.survivors[-1]) if halving.survivors else []
-    if not finalists:
-        raise CompressError("every candidate's training failed; see the log above")
-    if halving.stopped == "one left":  # the others failed early: the survivor still gets every round's training
-        done = {(t["label"], t["round"]) for t in search.state["trained"].values()}
-        for r in range(len(halving.survivors), cfg.rounds):
-            epochs = cfg.train.epochs * cfg.eta**r
-            if (finalists[0], r) not in done:
-                if not _affordable(r, [(finalists[0], epochs)], search, earlier, deadline - reserve, shapes_by_label):
-                    break
-                train(finalists[0], r, epochs)
-    finalists = _with_runner_up(halving.survivors, {k: t["score"] for k, t in _latest(search.state["trained"].values()).items()})
+    model, predicted, shortlist = _shortlist(probe, shapes, budgets, at, cfg, load_config(teacher_dir))
+    halving, finalists = _halve(teacher_dir, task, shapes, shortlist, cfg, search, earlier,
+                                deadline - RESERVE * (deadline - started))
     finalists += _earlier_finalists(earlier, finalists, predicted, search)
     artifacts = _finalists(teacher_dir, task, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
@@ -328,13 +286,83 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     report = _report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
     report["compared"] = _compared(rows, [teacher_dir, *compared], task, budgets, at[0])
     if chosen is None:
-        quickest = fastest(results, at[0])
-        _write_report(work_dir_for(out) / "search", report)
-        raise CompressError(
-            f"nothing measured meets {'; '.join(b.text for b in budgets)}: the fastest was {quickest['name']} at "
-            f"{quickest['measurement']['points'][at[0]]['p50_ms']:.2f} ms (p50, batch {at[0][0]}, seq {at[0][1]}); "
-            f"the search's report is in {work_dir_for(out) / 'search'}")
+        _refuse_nothing_fits(out, report, results, budgets, at)
     return _write_chosen(Path(chosen["dir"]), out, report, overwrite)
+
+
+def _open_search(out: Path, teacher_dir: Path, task: Task, cfg: AutoConfig, budgets, at) -> tuple["_Search", "_Earlier"]:
+    """The search's state in the output's work folder (new, or resumed) and what ``--reuse`` lends it."""
+    # A preset given as --task is keyed by it as before (earlier searches stay reusable); any other task by its name.
+    common = [str(teacher_dir.resolve()), cfg.task if cfg.task and not task.user else task.name]
+    key = json.dumps(common + [[b.text for b in budgets], list(cfg.backends)])
+    # What a probe and a trained candidate depend on: another budget with the same keys can reuse them.
+    probe_key = json.dumps(common + [list(cfg.backends), at, list(cfg.shapes), cfg.probes, cfg.repeats])
+    train_key = json.dumps(common + [list(cfg.losses), asdict(cfg.extra_data), asdict(cfg.data), asdict(cfg.train)]
+                           + ([dir_hash(Path(cfg.init_from))] if cfg.init_from else []), default=str)
+    return _Search.open(work_dir_for(out), cfg.resume, key, probe_key, train_key), _Earlier.read(cfg.reuse, probe_key, train_key)
+
+
+def _shortlist(probe: dict, shapes: list[Shape], budgets, at, cfg: AutoConfig, teacher_config):
+    """The latency model fitted on the probe, each shape's prediction, and the most promising shapes predicted to fit."""
+    # The held-out shapes measured the model's error (probe["error"]); the ranking then uses every probe.
+    model = fit_latency_model([Sample(s["variant"], s["batch"], s["seq"], Shape(**s["shape"]), s["ms"]) for s in probe["samples"]])
+    sizes = _size_model(probe)
+    predicted = {shape.label: _predict(model, sizes, shape, probe, budgets, cfg.margin) for shape in shapes}
+    fitting = [s for s in shapes if predicted[s.label]["variants"]]
+    if not fitting:
+        best = min(probe["rows"], key=lambda r: r["p50_ms"] if (r["batch"], r["seq"]) == at[0] else math.inf)
+        raise CompressError(
+            f"no student shape is predicted to meet {'; '.join(b.text for b in budgets)}: the fastest model probed was "
+            f"{best['name']} at {best['p50_ms']:.2f} ms (p50, batch {best['batch']}, seq {best['seq']}); relax the budget "
+            "or add a faster backend (--backends)")
+    shortlist = rank_by_prior(fitting, teacher_config)[: cfg.candidates]
+    log.info("%d of %d shapes predicted to fit; training %s", len(fitting), len(shapes), ", ".join(s.label for s in shortlist))
+    return model, predicted, shortlist
+
+
+def _halve(teacher_dir: Path, task: Task, shapes: list[Shape], shortlist: list[Shape], cfg: AutoConfig, search: "_Search",
+           earlier: "_Earlier", training_deadline: float):
+    """Successive halving over the shortlist (each round's training only where it ends before the deadline); the halving
+    record and the finalists (the last round's survivors and a runner-up)."""
+    shapes_by_label = {s.label: s for s in shapes}
+
+    def train(label: str, round_: int, epochs: int) -> float:
+        if (label, round_, epochs) in earlier.trained:
+            return _adopt(earlier.trained[label, round_, epochs], search)
+        return _train_candidate(teacher_dir, task, shapes_by_label[label], round_, epochs, cfg, search)
+
+    def affordable(r, plan) -> bool:
+        return _affordable(r, plan, search, earlier, training_deadline, shapes_by_label)
+
+    halving = successive_halving(
+        [s.label for s in shortlist], train, rounds=cfg.rounds, eta=cfg.eta, units=lambda r: cfg.train.epochs * cfg.eta**r,
+        keep_min=min(2, len(shortlist)),  # two finalists at least, so one failing to quantize leaves a choice
+        time_left=affordable,
+        done={(t["label"], t["round"]): t["score"] for t in search.state["trained"].values()},
+    )
+    finalists = list(halving.survivors[-1]) if halving.survivors else []
+    if not finalists:
+        raise CompressError("every candidate's training failed; see the log above")
+    if halving.stopped == "one left":  # the others failed early: the survivor still gets every round's training
+        done = {(t["label"], t["round"]) for t in search.state["trained"].values()}
+        for r in range(len(halving.survivors), cfg.rounds):
+            epochs = cfg.train.epochs * cfg.eta**r
+            if (finalists[0], r) not in done:
+                if not affordable(r, [(finalists[0], epochs)]):
+                    break
+                train(finalists[0], r, epochs)
+    scores = {k: t["score"] for k, t in _latest(search.state["trained"].values()).items()}
+    return halving, _with_runner_up(halving.survivors, scores)
+
+
+def _refuse_nothing_fits(out: Path, report: dict, results: list[dict], budgets, at) -> None:
+    """Write the search's report beside the output and stop: no model measured meets the budget."""
+    quickest = fastest(results, at[0])
+    _write_report(work_dir_for(out) / "search", report)
+    raise CompressError(
+        f"nothing measured meets {'; '.join(b.text for b in budgets)}: the fastest was {quickest['name']} at "
+        f"{quickest['measurement']['points'][at[0]]['p50_ms']:.2f} ms (p50, batch {at[0][0]}, seq {at[0][1]}); "
+        f"the search's report is in {work_dir_for(out) / 'search'}")
 
 
 def search_task(teacher_dir: Path, cfg: AutoConfig) -> Task:
@@ -360,12 +388,12 @@ def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]
     """The shapes to search: ``names``, or depths 1..teacher x widths teacher, 3/4, 1/2, 1/3 (heads of the teacher's width)
     x FFN the teacher's ratio to its width, or half of it (at one depth, halving the FFN removes a third of a BERT layer's
     matmul FLOPs but keeps every attention head: 3L-384-768 costs what 2L-384 does)."""
-    h, heads, layers = teacher_config.hidden_size, teacher_config.num_attention_heads, teacher_config.num_hidden_layers
-    head_dim = h // heads
+    sizes = config_sizes(teacher_config)
+    h, layers, head_dim = sizes.hidden, sizes.layers, sizes.head_size
     if names:  # heads as wide as the teacher's (so a student of its width takes its layers), where the width allows
         shapes = [resolve_shape(n) for n in names]
         return [Shape(s.layers, s.hidden, s.hidden // head_dim, s.ffn) if s.hidden % head_dim == 0 else s for s in shapes]
-    ratio = teacher_config.intermediate_size / h
+    ratio = sizes.ffn / h
     shapes = []
     for width in dict.fromkeys([h, 3 * h // 4, h // 2, h // 3]):
         width -= width % head_dim

@@ -28,39 +28,24 @@ marked ``gold = 0``, the teacher's outputs are their only targets and the ``hard
 skips them; with ``two_stage`` the prediction stage reads them (the intermediate one too
 with ``--augment-intermediate``).
 
-The steps every distillation takes (open the teacher, build the student, train keeping the
-best evaluation, record and write) are public here for the two entry points without a
-task: :mod:`compress.distill_general` (an encoder on a text corpus) and
-:mod:`compress.distill_embedding` (a sentence-embedding model on unlabelled sentences).
+The loss terms are :mod:`compress.loss_terms`; the steps every distillation takes (open the
+teacher, build the student, train keeping the best evaluation, record and write) are
+:mod:`compress.distill_steps`, shared with :mod:`compress.distill_general` and
+:mod:`compress.distill_embedding`.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import datasets
 import torch
-from torch import nn
 
-from compress import losses as L
 from compress.augment import AUTO_MAX_EXAMPLES, AugmentConfig, EmbeddingNeighbours, MaskedLMCandidates, augmented_rows, transfer_rows
-from compress.core.artifacts import (
-    check_output,
-    compression_record,
-    dir_hash,
-    load_config,
-    load_tokenizer,
-    read_compression,
-    read_metrics,
-    require_torch_weights,
-    save_model_dir,
-    saved_head,
-    utc_now,
-)
+from compress.core.artifacts import dir_hash, load_config, load_tokenizer, read_compression, read_metrics, require_torch_weights, saved_head, utc_now
 from compress.core.config import flat_keywords, option
 from compress.core.data import (
     DataSource,
@@ -73,79 +58,40 @@ from compress.core.data import (
     train_features,
 )
 from compress.core.errors import CompressError
-from compress.core.registry import Registry
-from compress.core.runtime import load_model
-from compress.core.structure import (
-    Shape,
-    base_model,
-    capture,
-    count_parameters,
-    encoder_layers,
-    mlm_head,
-    model_inputs,
-    value_projection,
-)
 from compress.core.resolve import resolve_task, task_fields
-from compress.core.tasks import GLUE_TASKS, MULTI_LABEL, REGRESSION, SPAN, Task, TaskKind, get_task, is_kind, task_choices
-from compress.core.train import (
-    Phase,
-    TrainConfig,
-    TrainResult,
-    is_main_process,
-    load_weights,
-    main_process_first,
-    prepare_work_dir,
-    train_phases,
-    work_dir_for,
+from compress.core.runtime import load_model
+from compress.core.shapes import StudentShape
+from compress.core.structure import config_sizes
+from compress.core.tasks import GLUE_TASKS, MULTI_LABEL, REGRESSION, SPAN, Task, get_task, is_kind, task_choices
+from compress.core.train import Phase, TrainConfig, is_main_process, main_process_first, prepare_work_dir, work_dir_for
+from compress.distill_steps import (
+    Distiller,
+    Student,
+    Teacher,
+    build_student,
+    check_out,
+    device_for,
+    distill_record,
+    make_loss_fn,
+    make_projections,
+    open_teacher,
+    teacher_layers,
+    train_keeping_best,
+    write_student,
 )
 from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records, test_records
 from compress.eval.metrics import chance_check
-from compress.students.init import TEACHER_METHODS, init_student, load_pretrained_student
-from compress.students.layer_map import parse_layer_map
-from compress.students.presets import STUDENT_SHAPES, resolve_shape
+from compress.loss_terms import INTERMEDIATE_TERMS, PREDICTION_TERMS, TERMS, LossWeights, needs_of
+from compress.students.init import TEACHER_METHODS
 from compress.teacher.corpus import read_documents
 from compress.teacher.presets import resolve_model
 from compress.teacher_cache import default_cache_dir, load_or_build
 
-PREDICTION_TERMS = ("kd", "hard")
-MLM = "mlm"  # the kind of a general-distillation batch with masked-LM targets
-ENCODER = "encoder"  # the kind of a general-distillation batch without targets (MiniLM-style terms)
-Kind = TaskKind | str  # what a batch is: the task's TaskKind, or MLM / ENCODER in general distillation
-INTERMEDIATE_TERMS = ("hidden", "embedding", "attention", "cosine", "minilm")
-
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LossWeights:
-    """How the loss terms are weighted and mapped (shared by task and general distillation)."""
-
-    alpha: float = option(0.5, "weight of kd against hard (mlm in general distillation): alpha*kd + (1-alpha)*hard")
-    temperature: float = option(2.0, "softmax temperature of the kd term (the KL is multiplied by T^2)")
-    hidden_weight: float = option(1.0, "weight of the hidden term")
-    embedding_weight: float = option(1.0, "weight of the embedding term")
-    attention_weight: float = option(1.0, "weight of the attention term")
-    cosine_weight: float = option(1.0, "weight of the cosine term")
-    minilm_weight: float = option(1.0, "weight of the minilm term")
-    relation_heads: int = option(12, "minilm: heads the value relations are split into")
-    layer_map: str = option("uniform", "student<-teacher layers for intermediate terms: uniform, last, 2,4,6 or 1:2,2:4")
-
-    def validate(self) -> None:
-        if not 0 <= self.alpha <= 1:
-            raise CompressError(f"--alpha must be in [0, 1], got {self.alpha}")
-        if self.temperature <= 0:
-            raise CompressError(f"--temperature must be positive, got {self.temperature}")
-        if self.relation_heads < 1:
-            raise CompressError(f"--relation-heads must be at least 1, got {self.relation_heads}")
 
 
 def _distill_defaults() -> TrainConfig:
     return TrainConfig(lr=1e-4, epochs=3, batch_size=32, warmup_ratio=0.1)
-
-
-# --init of every distillation stage (task, general, embedding)
-INIT_HELP = ("student initialisation: teacher (its layers, cut to a narrower student's width), teacher-layers, teacher-slices, "
-             "random (for a student wider than its teacher), or a pretrained model DIR")
 
 
 @flat_keywords
@@ -153,14 +99,7 @@ INIT_HELP = ("student initialisation: teacher (its layers, cut to a narrower stu
 class DistillConfig:
     task: str = option("", "task to distil on (default: the teacher's own task; a kind of your own data with "
                        "--train-file for a teacher that records none)", choices=task_choices)
-    student: str = option("6L-384", "student shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
-    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
-    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
-    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", INIT_HELP + " (a distill-general student of the same shape: TinyBERT's path, with "
-                       "--two-stage and --losses kd,hard,hidden,attention)")
-    init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
+    shape: StudentShape = field(default_factory=StudentShape)
     init_from: str | None = option(None, "cut the student from this encoder DIR instead of the teacher (--init teacher, "
                                    "teacher-layers or teacher-slices); its task head starts new", metavar="DIR")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: the prediction terms kd, hard and the intermediate terms "
@@ -191,9 +130,9 @@ class DistillConfig:
             raise CompressError("--losses is empty; pass e.g. --losses kd,hard")
         if self.two_stage and not (set(self.losses) & set(INTERMEDIATE_TERMS) and set(self.losses) & set(PREDICTION_TERMS)):
             raise CompressError("--two-stage needs intermediate terms (hidden, attention, ...) and prediction terms (kd, hard)")
-        if self.init_from and self.init not in TEACHER_METHODS:
+        if self.init_from and self.shape.init not in TEACHER_METHODS:
             raise CompressError(f"--init-from cuts the student from another encoder: use it with --init {', '.join(TEACHER_METHODS)}, "
-                                f"not --init {self.init}")
+                                f"not --init {self.shape.init}")
 
 
 def check_extra_data(task: Task, cfg: DistillConfig) -> None:
@@ -208,412 +147,6 @@ def check_extra_data(task: Task, cfg: DistillConfig) -> None:
     what = "answers are spans" if task.kind == SPAN else "tags belong to words that word replacement would change"
     raise CompressError(f"--augment/--transfer-text make sentence-task examples; {task.display}'s {what}: "
                         "pass --augment 0 and no --transfer-text")
-
-
-# ---------------------------------------------------------------------------- loss terms
-
-
-@dataclass
-class Outputs:
-    """What a forward pass produced, for the loss terms."""
-
-    logits: dict[str, torch.Tensor] = field(default_factory=dict)  # the kind's outputs: logits | start_logits, end_logits
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # hidden-state index -> (batch, seq, d)
-    attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # layer (1-based) -> (batch, heads, seq, seq)
-    values: torch.Tensor | None = None  # last layer's value projection (batch, seq, heads*d)
-
-
-@dataclass
-class Step:
-    """Everything one loss term may read for one batch."""
-
-    kind: Kind
-    student: Outputs
-    teacher: Outputs
-    batch: dict[str, torch.Tensor]
-    mask: torch.Tensor  # (batch, seq) 1 for real tokens
-    pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
-    projections: nn.ModuleDict
-    loss: LossWeights  # the terms read the temperature and relation heads; the weights are applied by the caller
-    # This process's gold rows over the processes' mean count of them (1.0 in one process): data-parallel
-    # training averages the processes' gradients, so a mean over each process's own gold rows must be
-    # reweighted by it for the step to average over every gold row of the global batch.
-    gold_share: float = 1.0
-
-
-@dataclass(frozen=True)
-class Term:
-    needs: frozenset[str]  # teacher outputs: logits, hidden, attentions, values
-    weight: Callable[[LossWeights, tuple[str, ...]], float]
-    compute: Callable[[Step], torch.Tensor]
-
-
-TERMS: Registry[Term] = Registry("distillation loss")
-
-# The kd term's loss, by name: (student outputs, teacher outputs, mask (batch, seq), temperature) -> scalar.
-SOFT_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("soft-target loss")
-# The hard term's loss, by name: (student outputs, batch with the gold targets) -> scalar.
-HARD_LOSSES: Registry[Callable[..., torch.Tensor]] = Registry("hard-target loss")
-
-
-@SOFT_LOSSES.register("kl")
-def _soft_kl(s, t, mask, temperature: float) -> torch.Tensor:
-    return L.soft_target_kl(s["logits"], t["logits"], temperature=temperature)
-
-
-@SOFT_LOSSES.register("span_kl")
-def _soft_span_kl(s, t, mask, temperature: float) -> torch.Tensor:
-    # Start and end logits are (batch, seq): padded positions leave both softmaxes.
-    return L.span_kd(s["start_logits"], s["end_logits"], t["start_logits"], t["end_logits"], mask, temperature=temperature)
-
-
-@SOFT_LOSSES.register("mse")
-def _soft_mse(s, t, mask, temperature: float) -> torch.Tensor:
-    return L.logits_mse(s["logits"], t["logits"])  # a score has no temperature
-
-
-@SOFT_LOSSES.register("sigmoid_kl")
-def _soft_sigmoid_kl(s, t, mask, temperature: float) -> torch.Tensor:
-    return L.sigmoid_kd(s["logits"], t["logits"], temperature=temperature)  # one yes/no per label
-
-
-@SOFT_LOSSES.register("token_kl")
-def _soft_token_kl(s, t, mask, temperature: float) -> torch.Tensor:
-    # (batch, seq, labels): every real token, word pieces after a word's first included.
-    return L.token_kd(s["logits"], t["logits"], mask, temperature=temperature)
-
-
-@HARD_LOSSES.register("cross_entropy")
-def _hard_ce(s, batch) -> torch.Tensor:
-    return L.hard_label_ce(s["logits"], batch["labels"])
-
-
-@HARD_LOSSES.register("mse")
-def _hard_mse(s, batch) -> torch.Tensor:
-    return L.hard_label_mse(s["logits"], batch["labels"])
-
-
-@HARD_LOSSES.register("bce")
-def _hard_bce(s, batch) -> torch.Tensor:
-    return L.hard_label_bce(s["logits"], batch["labels"])
-
-
-@HARD_LOSSES.register("token_cross_entropy")
-def _hard_token_ce(s, batch) -> torch.Tensor:
-    return L.token_ce(s["logits"], batch["labels"])  # gold tags on first pieces only; -100 elsewhere
-
-
-@HARD_LOSSES.register("span_cross_entropy")
-def _hard_span_ce(s, batch) -> torch.Tensor:
-    start = L.hard_label_ce(s["start_logits"], batch["start_positions"])
-    return (start + L.hard_label_ce(s["end_logits"], batch["end_positions"])) / 2
-
-
-@HARD_LOSSES.register("mlm_cross_entropy")
-def _hard_mlm_ce(s, batch) -> torch.Tensor:
-    # MLM logits exist only at the selected positions: (n_selected, vocab) against their labels.
-    return L.mlm_ce(s["logits"], batch["labels"][batch["labels"] != -100])
-
-
-def _loss_names(kind: Kind) -> tuple[str, str]:
-    """(soft, hard) loss names for a batch of ``kind``, keys of SOFT_LOSSES and HARD_LOSSES."""
-    if kind == MLM:  # general distillation: KL over the vocabulary, masked-LM targets
-        return "kl", "mlm_cross_entropy"
-    return kind.soft_loss, kind.hard_loss
-
-
-def _kd(step: Step) -> torch.Tensor:
-    soft = SOFT_LOSSES.get(_loss_names(step.kind)[0])
-    return soft(step.student.logits, step.teacher.logits, step.mask, step.loss.temperature)
-
-
-def _hard(step: Step) -> torch.Tensor:
-    """The task loss on the batch's rows with a gold label (augmented / transfer rows have none); 0 when none has."""
-    hard = HARD_LOSSES.get(_loss_names(step.kind)[1])
-    gold = step.batch.get("gold")
-    if gold is None:
-        return hard(step.student.logits, step.batch)
-    if bool(gold.all()):
-        return hard(step.student.logits, step.batch) * step.gold_share
-    if not bool(gold.any()):
-        return sum(v.sum() for v in step.student.logits.values()) * 0.0  # keeps the graph (DDP wants every output used)
-    rows = gold.to(next(iter(step.student.logits.values())).device)
-    logits = {k: v[rows] for k, v in step.student.logits.items()}
-    batch = {k: v[rows] for k, v in step.batch.items() if torch.is_tensor(v) and v.shape[:1] == gold.shape}
-    return hard(logits, batch) * step.gold_share
-
-
-def _hidden(step: Step) -> torch.Tensor:
-    pairs = [(si, ti) for si, ti in step.pairs if si > 0]
-    proj = step.projections["hidden"] if "hidden" in step.projections else None
-    return sum(L.hidden_mse(step.student.hidden[si], step.teacher.hidden[ti], step.mask, proj) for si, ti in pairs) / len(pairs)
-
-
-def _embedding(step: Step) -> torch.Tensor:
-    proj = step.projections["embedding"] if "embedding" in step.projections else None
-    return L.embedding_mse(step.student.hidden[0], step.teacher.hidden[0], step.mask, proj)
-
-
-def _attention(step: Step) -> torch.Tensor:
-    pairs = [(si, ti) for si, ti in step.pairs if si > 0]
-    return sum(L.attention_mse(step.student.attentions[si], step.teacher.attentions[ti], step.mask) for si, ti in pairs) / len(pairs)
-
-
-def _cosine(step: Step) -> torch.Tensor:
-    s_last, t_last = max(step.student.hidden), max(step.teacher.hidden)
-    proj = step.projections["hidden"] if "hidden" in step.projections else None
-    return L.cosine_hidden(step.student.hidden[s_last], step.teacher.hidden[t_last], step.mask, proj)
-
-
-def _minilm(step: Step) -> torch.Tensor:
-    s_last, t_last = max(step.student.attentions), max(step.teacher.attentions)
-    attention = L.attention_kl(step.student.attentions[s_last], step.teacher.attentions[t_last], step.mask)
-    relation = L.value_relation_kl(step.student.values, step.teacher.values, step.mask, relation_heads=step.loss.relation_heads)
-    return attention + relation
-
-
-# A term's weight reads (loss weights, the active terms).
-TERMS.register("kd", Term(frozenset({"logits"}), lambda w, t: w.alpha if "hard" in t else 1.0, _kd))
-TERMS.register("hard", Term(frozenset(), lambda w, t: 1 - w.alpha if "kd" in t else 1.0, _hard))
-TERMS.register("hidden", Term(frozenset({"hidden"}), lambda w, t: w.hidden_weight, _hidden))
-TERMS.register("embedding", Term(frozenset({"hidden"}), lambda w, t: w.embedding_weight, _embedding))
-TERMS.register("attention", Term(frozenset({"attentions"}), lambda w, t: w.attention_weight, _attention))
-TERMS.register("cosine", Term(frozenset({"hidden"}), lambda w, t: w.cosine_weight, _cosine))
-TERMS.register("minilm", Term(frozenset({"attentions", "values"}), lambda w, t: w.minilm_weight, _minilm))
-
-
-def needs_of(terms: tuple[str, ...]) -> set[str]:
-    return set().union(*(TERMS.get(t).needs for t in terms)) if terms else set()
-
-
-# ---------------------------------------------------------------------------- forward passes
-
-
-def run_model(model, batch: dict[str, torch.Tensor], needs: set[str], hidden_index: set[int], kind: Kind) -> Outputs:
-    """Forward pass returning the outputs the loss terms need (hooks only while it runs)."""
-    inputs = model_inputs(model, batch)
-    watch = {"values": value_projection(model, len(encoder_layers(model)) - 1)} if "values" in needs else {}
-    flags = {"output_hidden_states": "hidden" in needs, "output_attentions": "attentions" in needs}
-    with capture(watch) as seen:
-        out = (base_model(model) if kind == MLM else model)(**inputs, **flags)  # MLM: the head runs below
-    result = Outputs(logits=_prediction_logits(model, out, batch, kind), values=seen.get("values"))
-    if "hidden" in needs:
-        result.hidden = {i: out.hidden_states[i] for i in hidden_index}
-    if "attentions" in needs:
-        result.attentions = {i + 1: a for i, a in enumerate(out.attentions)}
-    return result
-
-
-def _prediction_logits(model, out, batch: dict[str, torch.Tensor], kind: Kind) -> dict[str, torch.Tensor]:
-    """The outputs the kd/hard terms read: the kind's outputs, MLM logits, or none (ENCODER)."""
-    if kind == MLM:
-        # MLM logits only where a token was selected: (n_selected, vocab), not (batch, seq, vocab).
-        selected = batch["labels"] != -100
-        return {"logits": mlm_head(model)(out.last_hidden_state[selected])}
-    if kind == ENCODER:
-        return {}
-    return {name: getattr(out, name) for name in kind.outputs}
-
-
-class Distiller(nn.Module):
-    """The trainable part: the student plus projections for width-mismatched hidden terms.
-
-    Its forward runs the student, so data-parallel wrappers see every trainable use.
-    """
-
-    def __init__(self, student: nn.Module, projections: nn.ModuleDict):
-        super().__init__()
-        self.student = student
-        self.projections = projections
-
-    def forward(self, batch, needs: set[str], hidden_index: set[int], kind: Kind) -> Outputs:
-        return run_model(self.student, batch, needs, hidden_index, kind)
-
-
-def make_projections(student, teacher, terms: tuple[str, ...]) -> nn.ModuleDict:
-    """Linear maps student width -> teacher width (TinyBERT's W_h, W_e) when the widths differ."""
-    ds, dt = student.config.hidden_size, teacher.config.hidden_size
-    mods = nn.ModuleDict()
-    if ds != dt:
-        if set(terms) & {"hidden", "cosine"}:
-            mods["hidden"] = nn.Linear(ds, dt)
-        if "embedding" in terms:
-            mods["embedding"] = nn.Linear(ds, dt)
-    return mods
-
-
-def _teacher_layers(pairs: list[tuple[int, int]], needs: set[str]) -> set[int]:
-    """Teacher hidden-state indices the hidden terms read (none when no term reads hidden states)."""
-    return {t for _, t in pairs} if "hidden" in needs else set()
-
-
-def make_loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_model, cache, pairs: list[tuple[int, int]]):
-    """``loss_fn(model, batch) -> (loss, logs)`` for the training loop: the weighted sum of ``terms``, each logged."""
-    needs = needs_of(terms)
-    teacher_hidden = _teacher_layers(pairs, needs)
-    student_hidden = {s for s, _ in pairs} if "hidden" in needs else set()
-    if "cosine" in terms:  # the last hidden states of both
-        student_hidden |= {max(s for s, _ in pairs)}
-        teacher_hidden |= {max(t for _, t in pairs)}
-    weights = {t: TERMS.get(t).weight(loss, terms) for t in terms}
-    student_needs = needs | {"logits"}
-
-    def loss_fn(model, batch):
-        index = batch.pop("cache_index", None)  # (batch,) rows of the teacher cache, in task distillation
-        teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs, teacher_hidden)
-        student = model(batch, student_needs, student_hidden, kind)
-        inner = model.module if hasattr(model, "module") else model  # DDP wraps the Distiller
-        step = Step(kind, student, teacher, batch, batch["attention_mask"], pairs, inner.projections, loss,
-                    gold_share=_gold_share(batch.get("gold")) if "hard" in terms else 1.0)
-        parts = {t: TERMS.get(t).compute(step) for t in terms}
-        total = sum(weights[t] * parts[t] for t in terms)
-        return total, {f"loss_{t}": v.detach() for t, v in parts.items()}
-
-    return loss_fn
-
-
-def _gold_share(gold: torch.Tensor | None) -> float:
-    """This process's gold rows over the mean count across processes (see ``Step.gold_share``); 1.0 alone."""
-    if gold is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return 1.0
-    counts = torch.tensor([float(gold.sum()), 1.0], device=gold.device)  # (gold rows, processes), summed over them
-    torch.distributed.all_reduce(counts)
-    return float(gold.sum()) / float(counts[0] / counts[1]) if counts[0] > 0 else 0.0
-
-
-def _teacher_outputs(kind: Kind, teacher_model, cache, batch, index, needs: set[str], hidden_index: set[int]) -> Outputs:
-    """The teacher's outputs for a batch: from the cache when it holds them, else a no-grad forward."""
-    if cache is not None:
-        return _cached_outputs(kind, cache, batch, index, needs)
-    with torch.no_grad():
-        return run_model(teacher_model, batch, needs | {"logits"}, set(hidden_index), kind)
-
-
-def _cached_outputs(kind: TaskKind, cache, batch, index: torch.Tensor, needs: set[str]) -> Outputs:
-    """The cached teacher outputs (and hidden states) of the batch's rows, on the batch's device."""
-    seq, device = batch["input_ids"].shape[1], batch["input_ids"].device
-    logits = {}
-    for name in kind.outputs:
-        values = cache.batch_outputs(index.tolist(), name).to(device)
-        if kind.per_token:  # (batch, longest cached[, C]) -> (batch, seq[, C]): cut, or pad when the batch is padded further
-            more = max(0, seq - values.shape[1])
-            values = values[:, :seq]
-            if values.dim() == 3:  # per-token logits: the padding is masked out of every term
-                values = torch.nn.functional.pad(values, (0, 0, 0, more))
-            else:  # start/end logits: padding must lose every softmax
-                values = torch.nn.functional.pad(values, (0, more), value=-1e4)
-        logits[name] = values
-    result = Outputs(logits=logits)
-    if "hidden" in needs:
-        stacked = cache.batch_hidden(index.tolist(), seq).to(device)  # (layers, batch, seq, hidden)
-        result.hidden = {layer: stacked[i] for i, layer in enumerate(cache.layers)}
-    return result
-
-
-# ---------------------------------------------------------------------------- steps every entry point takes
-
-
-@dataclass
-class Teacher:
-    """The teacher of a run: its directory, content hash, tokenizer and loaded model."""
-
-    dir: Path
-    hash: str  # dir_hash: keys the teacher cache and a resumable run
-    tokenizer: object
-    model: nn.Module
-
-
-@dataclass
-class Student:
-    """A student built from its teacher, and how the two line up."""
-
-    model: nn.Module
-    init: dict  # how it was initialised (compression.json "init")
-    shape: Shape  # as recorded: with --init DIR, the shape DIR holds (not the --student preset)
-    pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
-
-
-def check_out(out: str | Path, cfg, overwrite: bool, *inputs) -> Path:
-    """The output directory (see :func:`check_output`: never an input, never over a folder without --overwrite)."""
-    return check_output(out, overwrite, inputs=(inputs, cfg), resume=cfg.resume)
-
-
-def open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> Teacher:
-    """Load the teacher with ``head``; eager attention when a term reads attention maps."""
-    tokenizer = load_tokenizer(teacher_dir)
-    model = load_model(teacher_dir, head=head, attn_implementation="eager" if "attentions" in needs else None)
-    return Teacher(teacher_dir, dir_hash(teacher_dir), tokenizer, model)
-
-
-def build_student(teacher: Teacher, cfg, needs: set[str], layer_map: str = "uniform", source: str | None = None) -> Student:
-    """The ``cfg.student`` shape (or ``--init DIR``), initialised as ``cfg.init`` says, and its ``layer_map``.
-
-    ``cfg``: any distillation config (they share ``student``, ``heads``, ``layers``, ``hidden``,
-    ``ffn``, ``init``, ``init_layers`` and ``train``).
-
-    ``source`` (``--init-from DIR``): the encoder a teacher method cuts the student from instead of the teacher
-    (loaded with the teacher's head type and labels, the head new)."""
-    shape = resolve_shape(cfg.student, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
-    method, pretrained = (cfg.init, None) if cfg.init in (*TEACHER_METHODS, "random") else ("pretrained", cfg.init)
-    cut_from = teacher.model
-    if source:
-        # its new head, copied into the student: the same for the same --seed
-        cut_from = load_pretrained_student(teacher.model, source, seed=cfg.train.seed)[0]
-    try:
-        model, info = init_student(cut_from, shape, method=method, layers=list(cfg.init_layers) or None,
-                                   seed=cfg.train.seed, pretrained=pretrained)
-    except CompressError as err:
-        if not source:
-            raise
-        raise CompressError(f"--init-from {source} stands in for the teacher here: {err}") from None
-    if source:
-        info = {**info, "from": str(source)}
-    if "attentions" in needs:  # output_attentions needs the eager implementation
-        model.config._attn_implementation = "eager"
-    c = model.config
-    if pretrained is not None:  # --init DIR: the student is whatever DIR holds, not the --student preset
-        shape = Shape(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size)
-    pairs = parse_layer_map(layer_map, c.num_hidden_layers, teacher.model.config.num_hidden_layers)
-    return Student(model, info, shape, pairs)
-
-
-def device_for(teacher: Teacher, name: str) -> torch.device:
-    """The device to train on (``auto``: CUDA when there is one); the teacher moves there."""
-    device = torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
-    teacher.model.to(device)
-    return device
-
-
-def train_keeping_best(wrapper: Distiller, phase: Phase, cfg: TrainConfig, **options) -> TrainResult:
-    """Train through ``phase`` (options: see ``train_phases``); rank 0 then holds the best evaluated weights."""
-    result = train_phases(wrapper, [phase], cfg, **options)
-    if result.best_weights is not None and is_main_process():  # only rank 0 evaluated, so only it has them
-        load_weights(wrapper, result.best_weights)
-    return result
-
-
-def distill_record(stage: str, cfg, teacher: Teacher, student: Student, **extra) -> dict:
-    """compression.json of a distilled student (``cfg``: any distillation config): teacher, student shape, init and
-    layer map, plus ``extra``."""
-    extra = {
-        "teacher": {"path": str(teacher.dir), "hash": teacher.hash}, "student_shape": student.shape.__dict__,
-        "init": student.init, "layer_map": [list(p) for p in student.pairs], "params": count_parameters(student.model),
-        **extra,
-    }
-    return compression_record(stage=stage, method="+".join(cfg.losses), config=cfg, parent=teacher.dir,
-                              seed=cfg.train.seed, extra=extra)
-
-
-def write_student(student: Student, out: Path, teacher: Teacher, record: dict, metrics: list[dict], *,
-                   resume: bool, overwrite: bool, work: Path, files: dict[str, Path] | None = None) -> Path:
-    """Save the student, then drop the checkpoints."""
-    save_model_dir(student.model, out, tokenizer=teacher.tokenizer, record=record,
-                   overwrite=overwrite, metrics=metrics, files=files)
-    shutil.rmtree(work, ignore_errors=True)
-    return out
-
-
-# ---------------------------------------------------------------------------- task distillation
 
 
 @dataclass
@@ -639,10 +172,31 @@ class _TaskData:
 
 def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False,
             task: Task | None = None) -> Path:
-    """Distil ``teacher`` into a ``cfg.student`` on its task; write the best dev student to ``out``.
+    """Distil ``teacher`` into a ``cfg.shape`` student on its task; write the best dev student to ``out``.
 
     The task is ``task`` when a caller has resolved it, else what ``cfg.task`` (or the teacher) names.
+    Four steps: open the run (output, teacher, task, student), read the task's data, train, write.
     """
+    run = _open(teacher, out, cfg, overwrite, task)
+    data = _task_data(run.task, run.teacher, run.student, cfg)
+    trained = _train(run, data, cfg)
+    return _write(run, data, trained, cfg, overwrite)
+
+
+@dataclass
+class _Run:
+    """One task distillation: where it writes, its task, the teacher and the student."""
+
+    out: Path
+    task: Task
+    teacher: Teacher
+    student: Student
+    work: Path | None = None  # checkpoints beside the output, set when training starts
+    teacher_dev: dict = field(default_factory=dict)  # the teacher's dev metrics and its fitness check (rank 0)
+
+
+def _open(teacher: str | Path, out: str | Path, cfg: DistillConfig, overwrite: bool, task: Task | None) -> _Run:
+    """The output checked, the teacher opened on its task (refused when its labels are not the task's), the student built."""
     out = check_out(out, cfg, overwrite, teacher)
     teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
     task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=teacher_dir)
@@ -650,23 +204,33 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     teach = open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
     _check_teacher(teach.model, teacher_dir, task)
     student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
-    data = _task_data(task, teach, student, cfg)
-    device = device_for(teach, cfg.train.device)
-    wrapper = Distiller(student.model, make_projections(student.model, teach.model, cfg.losses))
-    evaluate = dev_evaluator(task, teach.tokenizer, data.dev, data.max_length, batch_size=cfg.data.eval_batch_size,
-                             doc_stride=cfg.data.doc_stride)
+    return _Run(out, task, teach, student)
+
+
+def _train(run: _Run, data: "_TaskData", cfg: DistillConfig) -> "_Trained":
+    """Train through the stages on the best device; the teacher's dev score is measured (and judged) first."""
+    device = device_for(run.teacher, cfg.train.device)
+    wrapper = Distiller(run.student.model, make_projections(run.student.model, run.teacher.model, cfg.losses))
+    evaluate = dev_evaluator(run.task, run.teacher.tokenizer, data.dev, data.max_length,
+                             batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
     # The teacher's dev score, before any training: a teacher that is not fine-tuned for the task is said now.
-    teacher_dev = _teacher_dev(teach, task, data.dev, evaluate) if is_main_process() else {}
-    work = prepare_work_dir(work_dir_for(out), cfg.resume)
-    trained = _train_stages(cfg, task, teach, student, wrapper, data, evaluate, work, device)
+    run.teacher_dev = _teacher_dev(run.teacher, run.task, data.dev, evaluate) if is_main_process() else {}
+    run.work = prepare_work_dir(work_dir_for(run.out), cfg.resume)
+    return _train_stages(cfg, run.task, run.teacher, run.student, wrapper, data, evaluate, run.work, device)
+
+
+def _write(run: _Run, data: "_TaskData", trained: "_Trained", cfg: DistillConfig, overwrite: bool) -> Path:
+    """The best student with its records (dev, retention, training, the test file's scores) in ``run.out`` (rank 0)."""
     if not is_main_process():
-        return out
-    metrics = _task_metrics(task, data, trained, teacher_dev, cfg)
+        return run.out
+    task, teach, student = run.task, run.teacher, run.student
+    metrics = _task_metrics(task, data, trained, run.teacher_dev, cfg)
     metrics += test_records(student.model, teach.tokenizer, task, data.test, cfg.data, data.max_length)
+    check = run.teacher_dev["check"]
     record = distill_record("distill", cfg, teach, student, **task_fields(task), losses=list(cfg.losses), best=trained.best,
-                     cache=trained.cache, extra_data=data.extra, teacher_check=teacher_dev["check"],
-                     teacher_at_chance=teacher_dev["check"]["at_chance"])
-    return write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work)
+                            cache=trained.cache, extra_data=data.extra, teacher_check=check,
+                            teacher_at_chance=check["at_chance"])
+    return write_student(student, run.out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=run.work)
 
 
 def summarize(out: Path, cfg: DistillConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
@@ -765,7 +329,7 @@ def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
 
 def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> _TaskData:
     """Tokenise the task (and its augmented / transfer rows) at a length both models take; number the rows."""
-    model_max = min(teacher.model.config.max_position_embeddings, student.model.config.max_position_embeddings)
+    model_max = min(config_sizes(teacher.model.config).max_positions, config_sizes(student.model.config).max_positions)
     max_length = cfg.data.resolved_max_length(task, model_max)
     train_ds = load_train_split(task, cfg.data, seed=cfg.train.seed)
     features = train_features(train_ds, task, teacher.tokenizer, cfg.data, max_length)
@@ -935,7 +499,7 @@ def _teacher_cache(teacher: Teacher, terms, pairs, features, pad, task, cfg: Dis
     with main_process_first():  # one process computes the teacher outputs, the others read them
         return load_or_build(
             teacher.model, teacher.hash, features, pad, outputs=list(task.behaviour.outputs),
-            layers=sorted(_teacher_layers(pairs, needs)), cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None,
+            layers=sorted(teacher_layers(pairs, needs)), cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None,
             batch_size=cfg.data.eval_batch_size, device=device,
         )
 

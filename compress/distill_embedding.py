@@ -25,6 +25,7 @@ from compress.core.config import flat_keywords, option
 from compress.core.data import DataSource, check_max_length, collate, load_split
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
+from compress.core.shapes import StudentShape
 from compress.core.sentence import (
     SentenceSpec,
     pooled,
@@ -33,6 +34,7 @@ from compress.core.sentence import (
     read_spec,
     staged_sentence_files,
 )
+from compress.core.structure import config_sizes
 from compress.core.tasks import GLUE_TASKS, get_task
 from compress.core.train import (
     Phase,
@@ -43,8 +45,7 @@ from compress.core.train import (
     prepare_work_dir,
     work_dir_for,
 )
-from compress.distill import (
-    INIT_HELP,
+from compress.distill_steps import (
     Teacher,
     build_student,
     check_out,
@@ -57,7 +58,6 @@ from compress.distill import (
 from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embedding_record, embedding_scorer
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import format_table
-from compress.students.presets import STUDENT_SHAPES
 from compress.teacher.corpus import read_documents
 from compress.teacher.presets import resolve_model
 
@@ -85,14 +85,7 @@ class EmbeddingDistillConfig:
     max_sentences: int | None = option(None, "train on a seeded random sample of N sentences (say so when reporting)")
     min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
     heldout_sentences: int = option(500, "sentences held out (at most a tenth) to report, and keep the best checkpoint by, the loss")
-    student: str = option("3L-384", "student shape: a preset or LAYERSL-HIDDEN[-FFN]; its width must be the teacher's",
-                          choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
-    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
-    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; must equal the teacher's)")
-    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", INIT_HELP)
-    init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student (default: evenly spaced)", metavar="L[,...]")
+    shape: StudentShape = field(default_factory=lambda: StudentShape(student="3L-384"))  # its width must be the teacher's
     losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
     mse_weight: float = option(1.0, "weight of the mse term")
     cosine_weight: float = option(1.0, "weight of the cosine term")
@@ -140,13 +133,14 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     spec = read_spec(teacher_dir)
     teach = open_teacher(teacher_dir, "base", set())
     student = build_student(teach, cfg, set())
-    width, teacher_width = student.model.config.hidden_size, teach.model.config.hidden_size
+    width, teacher_width = config_sizes(student.model.config).hidden, config_sizes(teach.model.config).hidden
     if width != teacher_width:
         raise CompressError(
             f"the student's hidden width {width} differs from the teacher's {teacher_width}: its embeddings would live in "
             f"another space; choose a {teacher_width}-wide student (e.g. --student 3L-{teacher_width})"
         )
-    check_max_length(cfg.max_length, min(teach.model.config.max_position_embeddings, student.model.config.max_position_embeddings))
+    check_max_length(cfg.max_length, min(config_sizes(teach.model.config).max_positions,
+                                         config_sizes(student.model.config).max_positions))
     sentences, sources = embedding_sentences(cfg)
     n_held = min(cfg.heldout_sentences, len(sentences) // 10)
     device = device_for(teach, cfg.train.device)

@@ -17,25 +17,21 @@ import torch
 from compress.core.artifacts import saved_head, utc_now
 from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
+from compress.core.shapes import StudentShape
 from compress.core.train import Phase, TrainConfig, is_main_process, prepare_work_dir, work_dir_for
-from compress.distill import (
-    INIT_HELP,
+from compress.distill_steps import (
     Distiller,
-    ENCODER,
-    MLM,
-    LossWeights,
     build_student,
     check_out,
     device_for,
     distill_record,
     make_loss_fn,
     make_projections,
-    needs_of,
     open_teacher,
     train_keeping_best,
     write_student,
 )
-from compress.students.presets import STUDENT_SHAPES
+from compress.loss_terms import ENCODER, MLM, LossWeights, needs_of
 from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
 from compress.teacher.presets import resolve_model
 
@@ -50,13 +46,7 @@ class GeneralDistillConfig:
     corpus: tuple[str, ...] = option(
         (), "text files or folders of *.txt (documents separated by blank lines), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
         metavar="PATH[,...]")
-    student: str = option("4L-312", "student shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=STUDENT_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "attention heads per layer of the student (a size; overrides --student's)")
-    layers: int | None = option(None, "layers of the student (a size; overrides --student's)")
-    hidden: int | None = option(None, "hidden width of the student (a size; overrides --student's; FFN then defaults to 4x)")
-    ffn: int | None = option(None, "FFN width of the student (a size; overrides --student's)")
-    init: str = option("teacher", INIT_HELP)
-    init_layers: tuple[int, ...] = option((), "teacher layers (0-based) copied into the student", metavar="L[,...]")
+    shape: StudentShape = field(default_factory=lambda: StudentShape(student="4L-312"))
     losses: tuple[str, ...] = option(
         ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
     )

@@ -229,16 +229,21 @@ def stands(done: dict, stage: Stage, digest: str, inputs: str) -> bool:
         return True
     if "config" not in done or done.get("inputs") != inputs:  # a manifest older than the stored config
         return False
-    return _same_options(done["config"], _config_record(stage.config), _config_record(type(stage.config)()))
-
-
-def _same_options(before: Any, now: Any, default: Any) -> bool:
-    if not (isinstance(before, dict) and isinstance(now, dict)):
-        return before == now
-    if set(before) - set(now):
+    before, now = flat_options(done["config"]), flat_options(_config_record(stage.config))
+    default = flat_options(_config_record(type(stage.config)()))
+    if set(before) - set(now):  # an option the stage ran with is gone
         return False
-    default = default if isinstance(default, dict) else {}
-    return all(_same_options(before[k], v, default.get(k)) if k in before else v == default.get(k) for k, v in now.items())
+    return all(before[k] == v if k in before else v == default.get(k) for k, v in now.items())
+
+
+def flat_options(config: dict) -> dict:
+    """A config record's options by their flat names, as flags and recipe keys name them: a block nested in the
+    config (``train``, ``data``, the student ``shape``) adds its options, not its own name, so moving an option
+    into or out of a block changes nothing a manifest compares."""
+    flat = {}
+    for key, value in config.items():
+        flat.update(flat_options(value) if isinstance(value, dict) else {key: value})
+    return flat
 
 
 def run_recipe(

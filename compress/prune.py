@@ -58,7 +58,7 @@ from compress.core.registry import Registry
 from compress.core.resolve import resolve_task, task_fields
 from compress.core.runtime import load_model, load_model_for_task
 from compress.core.sentence import SentenceSpec, finish, pooled, pooled_embeddings, read_spec, staged_sentence_files, tokenize
-from compress.core.structure import heads_per_layer
+from compress.core.structure import config_sizes, heads_per_layer
 from compress.core.tasks import get_task, is_kind, task_choices
 from compress.core.train import TrainConfig
 from compress.distill import DistillConfig, check_teacher_fit, dev_labels, distill
@@ -459,7 +459,7 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     tokenizer = load_tokenizer(model_dir)
     model = load_model_for_task(model_dir, task)
     _check_plan(model, cfg)  # impossible requests fail before any data is read
-    max_length = cfg.data.resolved_max_length(task, model.config.max_position_embeddings)
+    max_length = cfg.data.resolved_max_length(task, config_sizes(model.config).max_positions)
     features, dev, _ = load_task_data(task, tokenizer, replace(cfg.data, max_train_examples=cfg.importance_examples),
                                       max_length, seed=cfg.train.seed)
     test = load_test_split(task, cfg.data)
@@ -545,7 +545,7 @@ def prune_embedding(model_dir: str | Path, out: str | Path, cfg: EmbeddingPruneC
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, head="base", attn_implementation="eager" if cfg.head_criterion == "entropy" else None)
     _check_plan(model, cfg)
-    check_max_length(cfg.max_length, model.config.max_position_embeddings)
+    check_max_length(cfg.max_length, config_sizes(model.config).max_positions)
     sentence_cfg = cfg.distill_config(init=str(model_dir))  # the sentence sources and eval tasks, as distillation reads them
     sentences, sources = embedding_sentences(sentence_cfg)
     n_held = min(cfg.heldout_sentences, len(sentences) // 10)  # the same held-out sentences as the recovery's
@@ -582,7 +582,7 @@ def prune_embedding(model_dir: str | Path, out: str | Path, cfg: EmbeddingPruneC
     )
     records = [embedding_record(task, "dev", len(ds), *score(model), spec, data=cfg.data_dir or "the Hugging Face hub")
                for task, ds, score in scorers.values()]
-    stage, files = staged_sentence_files(spec, model.config.hidden_size)
+    stage, files = staged_sentence_files(spec, config_sizes(model.config).hidden)
     with stage:
         return save_model_dir(model, out, tokenizer=tokenizer, record=record, overwrite=overwrite,
                               metrics=[*records, summary], files=files)
@@ -592,7 +592,7 @@ def _recover_embedding(model, model_dir: Path, tokenizer, spec: SentenceSpec, cf
     """Distil the unpruned model's sentence embeddings into the pruned one (``distill-embedding --init``)."""
     scratch = Path(tempfile.mkdtemp(prefix="compress-prune-"))
     try:
-        stage, files = staged_sentence_files(spec, model.config.hidden_size)
+        stage, files = staged_sentence_files(spec, config_sizes(model.config).hidden)
         with stage:
             pruned = _saved_copy(model, tokenizer, scratch / "pruned", files)
         out = distill_embedding(model_dir, scratch / "recovered", cfg.distill_config(str(pruned)))

@@ -111,7 +111,7 @@ from compress.core.registry import Registry
 from compress.core.resolve import resolve_task, task_fields, task_of_model
 from compress.core.runtime import INPUTS, PT2_FILE, Runner, load_model, quantize_linears, structure_of, write_torch_int8
 from compress.core.sentence import copy_sentence_files
-from compress.core.structure import describe, input_names, layers_path, model_inputs
+from compress.core.structure import config_sizes, describe, input_names, layers_path, model_inputs
 from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.eval.evaluate import dev_evaluator, format_table, split_records
 from compress.eval.latency import megabytes, size_on_disk
@@ -339,7 +339,7 @@ def _quantize_inc(job: Job) -> dict[str, Any]:
     wrapper, names = positional.module, positional.inputs
     example = job.calibration.example(names)
     batch = Dim("batch", min=1)
-    seq = Dim("seq", min=2, max=job.reference.config.max_position_embeddings)
+    seq = Dim("seq", min=2, max=config_sizes(job.reference.config).max_positions)
     dynamic = tuple({0: batch, 1: seq} for _ in names)  # one per positional input
     with quiet_inc():
         # deferred: a heavy import, paid only where it is used
@@ -747,7 +747,7 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
     own = task or task_of_model(model_dir)  # recorded in the int8 folder, which may travel without its parent
     tokenizer = load_tokenizer(model_dir)
     reference = load_model(model_dir)  # the fp32 parent: quantized from (torch backends) and compared with
-    max_positions = reference.config.max_position_embeddings
+    max_positions = config_sizes(reference.config).max_positions
     max_length = cfg.data.resolved_max_length(task, max_positions) if task else None
     if task:
         n = cfg.calibration_examples if cfg.scheme in ("static", "qat") else CHECK_EXAMPLES

@@ -38,7 +38,7 @@ import numpy as np
 # compress.auto and the tests import it from here.
 from compress.core.budgets import Budget, budget_option, parse_budgets  # noqa: F401
 from compress.core.errors import CompressError
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 
 # ---------------------------------------------------------------------------- budgets
 

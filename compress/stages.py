@@ -212,7 +212,7 @@ register(Command(
 
 
 def _init_flags(p: argparse.ArgumentParser) -> None:
-    shapes = [*load("compress.teacher.presets:TEACHER_SHAPES").names(), *load("compress.students.presets:STUDENT_SHAPES").names()]
+    shapes = [*load("compress.core.shapes:TEACHER_SHAPES").names(), *load("compress.core.shapes:STUDENT_SHAPES").names()]
     p.add_argument("--shape", required=True, metavar="{" + ",".join(dict.fromkeys(shapes)) + "}|LAYERSL-HIDDEN[-FFN]",
                    help="a named teacher or student shape, or an explicit one")
     p.add_argument("--tokenizer", required=True, metavar="PATH", help="model directory, tokenizer folder or vocab.txt whose vocabulary sizes the embedding")
@@ -228,7 +228,7 @@ def _init_flags(p: argparse.ArgumentParser) -> None:
 
 def _init(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
     """``compress init``: a randomly initialised model directory of the given shape."""
-    shape = load("compress.students.presets:resolve_shape")(v["shape"])
+    shape = load("compress.core.shapes:resolve_shape")(v["shape"])
     out = load("compress.teacher.create:create_model")(
         shape, v["out"], tokenizer=v["tokenizer"], task=v["task"], head=v["head"], seed=v["seed"],
         max_positions=v["max_positions"], overwrite=v["overwrite"],

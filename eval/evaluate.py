@@ -49,7 +49,7 @@ from compress.core.openvino import export_openvino
 from compress.core.resolve import resolve_task, task_of_model
 from compress.core.runtime import load_model, model_device
 from compress.core.sentence import read_spec
-from compress.core.structure import input_names
+from compress.core.structure import config_sizes, input_names
 from compress.core.tasks import (
     CLASSIFICATION,
     MULTI_LABEL,
@@ -225,8 +225,9 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     tokenizer = load_tokenizer(model_dir)
     check_vocab(tokenizer, model.config, model_dir)
     per_kind.check(model.config, task)  # fail before loading any data
-    max_length = cfg.max_length if cfg.max_length is not None else min(task.behaviour.max_length, model.config.max_position_embeddings)
-    check_max_length(max_length, model.config.max_position_embeddings)
+    model_max = config_sizes(model.config).max_positions
+    max_length = cfg.max_length if cfg.max_length is not None else min(task.behaviour.max_length, model_max)
+    check_max_length(max_length, model_max)
     device = resolve_device(cfg.device)
 
     records = []
@@ -284,8 +285,9 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
     tokenizer = load_tokenizer(model_dir)
     check_vocab(tokenizer, model.config, model_dir)
     spec = read_spec(model_dir)
-    max_length = cfg.max_length if cfg.max_length is not None else spec.max_length(tokenizer, model.config.max_position_embeddings)
-    check_max_length(max_length, model.config.max_position_embeddings)
+    model_max = config_sizes(model.config).max_positions
+    max_length = cfg.max_length if cfg.max_length is not None else spec.max_length(tokenizer, model_max)
+    check_max_length(max_length, model_max)
     device = resolve_device(cfg.device)
     records = []
     for split in splits:
@@ -313,10 +315,11 @@ def check_head(model_dir: Path, task: Task) -> None:
 
 
 def check_vocab(tokenizer, config, model_dir) -> None:
-    if len(tokenizer) > config.vocab_size:
+    vocab = config_sizes(config).vocab
+    if len(tokenizer) > vocab:
         raise CompressError(
             f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the model's embedding has "
-            f"{config.vocab_size}; the tokenizer belongs to another model"
+            f"{vocab}; the tokenizer belongs to another model"
         )
 
 

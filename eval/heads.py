@@ -277,7 +277,7 @@ def is_punctuation(token: str) -> bool:
 def head_ids(model) -> tuple[list[int], list[list[int]]]:
     """(original layer ids, original head ids per current layer): pruned heads keep their names."""
     s = st.describe(model)
-    n_orig = model.config.num_attention_heads
+    n_orig = st.config_sizes(model.config).heads
     ids = []
     for layer, n in enumerate(s["heads"]):
         removed = set(s["pruned_heads"].get(str(layer), []))
@@ -487,7 +487,7 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
     task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=model_dir) if cfg.has_task else None
     tokenizer = load_tokenizer(model_dir)
     model = _load_model(model_dir, task)
-    model_max = model.config.max_position_embeddings
+    model_max = st.config_sizes(model.config).max_positions
     if task is not None:
         max_length = cfg.data.resolved_max_length(task, model_max)
     else:
@@ -531,7 +531,7 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
                    "mean_tokens": stats.mean_tokens, "js_inputs": stats.n_js_inputs},
         "structure": st.describe(model),
         "heads": {"layers": layer_ids, "ids": ids, "names": names,
-                  "original_heads_per_layer": model.config.num_attention_heads},
+                  "original_heads_per_layer": st.config_sizes(model.config).heads},
         "statistics": stats.per_head,
         "uniform_entropy": stats.uniform_entropy,
         "distance_per_layer": [sum(row) / len(row) for row in stats.per_head["distance"]],

@@ -66,6 +66,7 @@ from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_info, hardware, package_versions
 from compress.core.logs import progress
+from compress.core.structure import config_sizes
 from compress.core.tasks import Task
 from compress.eval.latency_backends import AUTO_BACKENDS, BACKENDS
 from compress.eval.lengths import lengths_task, real_inputs
@@ -374,7 +375,7 @@ def precheck(path: Path, cfg: LatencyConfig, reads: Task | None = None) -> None:
     """Fail before spawning anything on a missing directory or a too-long sequence."""
     require_model_dir(path)
     config = load_config(path)  # config.json only: no torch, no weights
-    check_seq(cfg.seq, config.max_position_embeddings, path)
+    check_seq(cfg.seq, config_sizes(config).max_positions, path)
     if cfg.lengths:  # a wrong task, file or data folder is said now, not after minutes of timing
         real_inputs(cfg.lengths, load_tokenizer(path), data_dir=cfg.data_dir, limit=1, task=reads)
 

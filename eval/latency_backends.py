@@ -33,7 +33,7 @@ from compress.core.hardware import cpu_info
 from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner, export_openvino, layer_precisions
 from compress.core.registry import Registry
 from compress.core.runtime import NumpyRunner, load_model, parameter_count, structure_of
-from compress.core.structure import count_parameters, describe, model_inputs
+from compress.core.structure import config_sizes, count_parameters, describe, model_inputs
 
 
 class Options(Protocol):
@@ -124,7 +124,8 @@ def runtime_session(model, model_dir: Path, cfg: Options, backend: str, note: st
         prepare, forward = model.feeds, model.call
     else:
         prepare, forward = tensors, forward_of(model)
-    return Session(prepare, forward, config.vocab_size, params, structure, config.max_position_embeddings, backend, note)
+    sizes = config_sizes(config)
+    return Session(prepare, forward, sizes.vocab, params, structure, sizes.max_positions, backend, note)
 
 
 def forward_of(model) -> Callable[[dict[str, torch.Tensor]], Any]:

@@ -21,7 +21,8 @@ from compress.core.artifacts import HEADS
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.runtime import load_model
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
+from compress.core.structure import config_sizes
 from compress.students.layer_map import every_kth
 from compress.students.slices import cut_from_teacher, cut_problems
 
@@ -57,7 +58,8 @@ def _build_like(teacher: nn.Module, config) -> nn.Module:
 
 
 def _shape_mismatches(teacher: nn.Module, shape: Shape) -> list[str]:
-    hidden, n_heads = st.config_size(teacher.config, "hidden"), st.config_size(teacher.config, "heads")
+    sizes = st.config_sizes(teacher.config)
+    hidden, n_heads = sizes.hidden, sizes.heads
     problems = []
     if shape.hidden != hidden:
         problems.append(f"hidden size {shape.hidden} vs teacher {hidden}")
@@ -188,10 +190,11 @@ def load_pretrained_student(teacher: nn.Module, path: str | Path, seed: int = 0)
     if head == "sequence-classification":
         labels = {"num_labels": teacher.config.num_labels, "id2label": dict(teacher.config.id2label)}
     model, info = load_model(path, head=head, with_info=True, seed=seed, **labels)
-    if model.config.vocab_size != teacher.config.vocab_size:
+    vocab, teacher_vocab = config_sizes(model.config).vocab, config_sizes(teacher.config).vocab
+    if vocab != teacher_vocab:
         raise CompressError(
-            f"the student in {path} has a vocabulary of {model.config.vocab_size} but the teacher has "
-            f"{teacher.config.vocab_size}; both must use the same tokenizer"
+            f"the student in {path} has a vocabulary of {vocab} but the teacher has {teacher_vocab}; both must use "
+            "the same tokenizer"
         )
     model.config.problem_type = teacher.config.problem_type
     ref = next(teacher.parameters())

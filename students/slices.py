@@ -32,7 +32,8 @@ from torch import nn
 
 from compress.core import structure as st
 from compress.core.errors import CompressError
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
+from compress.core.structure import Layer
 
 PROBE_SEQUENCES, PROBE_LENGTH = 8, 128  # random-token probe for the hidden-dimension ranking
 RESCALE_QUERIES = False  # keep the teacher's attention temperature exactly (the ablation in bench/slices.py)
@@ -45,8 +46,8 @@ def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 def hidden_importance(teacher: nn.Module, seed: int = 0) -> torch.Tensor:
     """Mean |activation| per hidden dimension over every hidden state, on seeded random tokens; shape (hidden,)."""
-    config = teacher.config
-    vocab, positions = config.vocab_size, getattr(config, "max_position_embeddings", PROBE_LENGTH)
+    sizes = st.config_sizes(teacher.config)
+    vocab, positions = sizes.vocab, sizes.max_positions
     length = min(PROBE_LENGTH, positions - 2)  # RoBERTa's positions start after the padding index
     device = next(teacher.parameters()).device
     generator = torch.Generator().manual_seed(seed)
@@ -66,40 +67,40 @@ def hidden_importance(teacher: nn.Module, seed: int = 0) -> torch.Tensor:
 
 def fits_inside(teacher_config, shape: Shape) -> bool:
     """True when ``shape`` can be cut from an unpruned teacher of ``teacher_config``: no size wider than the teacher's."""
-    size = {name: st.config_size(teacher_config, name) for name in ("layers", "hidden", "heads", "ffn")}
-    head, teacher_head = shape.hidden // shape.heads, size["hidden"] // size["heads"]
-    rotary = st.family_of(teacher_config).attention.fused  # ModernBERT heads keep their width (see cut_problems)
-    return (shape.layers <= size["layers"] and shape.hidden <= size["hidden"] and shape.heads <= size["heads"]
-            and shape.ffn <= size["ffn"] and (head == teacher_head if rotary else head <= teacher_head))
+    size = st.config_sizes(teacher_config)
+    head = shape.hidden // shape.heads
+    rotary = st.rotary_heads(teacher_config)  # ModernBERT heads keep their width (see cut_problems)
+    return (shape.layers <= size.layers and shape.hidden <= size.hidden and shape.heads <= size.heads
+            and shape.ffn <= size.ffn and (head == size.head_size if rotary else head <= size.head_size))
 
 
 def cut_problems(teacher: nn.Module, shape: Shape) -> list[str]:
     """Why ``shape`` cannot be cut from ``teacher`` (empty when it can)."""
-    hidden = st.config_size(teacher.config, "hidden")
-    layers = st.encoder_layers(teacher)
+    encoder = st.Encoder.of(teacher)
+    hidden, first = encoder.sizes.hidden, encoder.layer(0)
     problems = []
     if st.removed_heads(teacher) or len(set(st.heads_per_layer(teacher))) != 1:
         problems.append(f"the teacher has pruned heads (heads per layer {st.heads_per_layer(teacher)})")
     if shape.hidden > hidden:
         problems.append(f"hidden size {shape.hidden} is wider than the teacher's {hidden}")
-    if shape.heads > st.num_heads(layers[0]):
-        problems.append(f"{shape.heads} heads are more than the teacher's {st.num_heads(layers[0])}")
-    if shape.hidden // shape.heads > st.head_size(layers[0]):  # (Shape guarantees heads divide the width)
-        problems.append(f"heads of {shape.hidden // shape.heads} dimensions are wider than the teacher's {st.head_size(layers[0])}")
-    elif shape.hidden // shape.heads != st.head_size(layers[0]) and st.layer_family(layers[0]).attention.fused:
+    if shape.heads > first.heads:
+        problems.append(f"{shape.heads} heads are more than the teacher's {first.heads}")
+    if shape.hidden // shape.heads > first.head_size:  # (Shape guarantees heads divide the width)
+        problems.append(f"heads of {shape.hidden // shape.heads} dimensions are wider than the teacher's {first.head_size}")
+    elif shape.hidden // shape.heads != first.head_size and first.fused:
         # ModernBERT's rotary embedding pairs dimension i with i + d/2 at a frequency set by d.
-        problems.append(f"{st.family_of(teacher).model_type} heads (rotary positions) cannot lose dimensions")
+        problems.append(f"{encoder.family.model_type} heads (rotary positions) cannot lose dimensions")
     narrowest = min(st.ffn_widths(teacher))
     if shape.ffn > narrowest:
         problems.append(f"FFN width {shape.ffn} is wider than the teacher's {narrowest}")
     return problems
 
 
-def _attention_slices(layer: nn.Module, heads: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention_slices(layer: Layer, heads: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Row indices into W_q/W_k and into W_v (teacher layout, head-major) for ``heads`` heads of ``size`` dims."""
-    w_q, w_k, w_v = (w.detach().float() for w in st.qkv_weights(layer))
-    w_o = st.attention_output(layer).weight.detach().float()
-    d, n = st.head_size(layer), st.num_heads(layer)
+    w_q, w_k, w_v = (w.detach().float() for w in layer.qkv_weights)
+    w_o = layer.output.weight.detach().float()
+    d, n = layer.head_size, layer.heads
     qk = (w_q.norm(dim=1) * w_k.norm(dim=1)).view(n, d)
     v = (w_v.norm(dim=1) * w_o.norm(dim=0)).view(n, d)
     kept = _top(v.norm(dim=1), heads)
@@ -108,21 +109,21 @@ def _attention_slices(layer: nn.Module, heads: int, size: int) -> tuple[torch.Te
     return qk_rows, v_rows
 
 
-def _ffn_slice(layer: nn.Module, width: int) -> torch.Tensor:
-    w_in, w_out = st.ffn_in(layer).weight.detach().float(), st.ffn_out(layer).weight.detach().float()
+def _ffn_slice(layer: Layer, width: int) -> torch.Tensor:
+    w_in, w_out = layer.ffn_in.weight.detach().float(), layer.ffn_out.weight.detach().float()
     n = w_out.shape[1]
     scores = w_in.norm(dim=1)
-    if st.layer_family(layer).glu:  # input rows, then gate rows
+    if layer.glu:  # input rows, then gate rows
         scores = scores[:n] * scores[n:]
     return _top(scores * w_out.norm(dim=0), width)
 
 
-def _layer_axes(teacher_layer: nn.Module, student_layer: nn.Module, shape: Shape) -> dict[int, dict[int, torch.Tensor]]:
+def _layer_axes(teacher_layer: Layer, student_layer: Layer, shape: Shape) -> dict[int, dict[int, torch.Tensor]]:
     """For each student parameter of one layer (by id), the teacher indices of each axis that is not hidden."""
     size = shape.hidden // shape.heads
     qk_rows, v_rows = _attention_slices(teacher_layer, shape.heads, size)
     neurons = _ffn_slice(teacher_layer, shape.ffn)
-    width, ffn = st.qkv_weights(teacher_layer)[0].shape[0], st.ffn_width(teacher_layer)
+    width, ffn = teacher_layer.qkv_weights[0].shape[0], teacher_layer.ffn_width
     axes: dict[int, dict[int, torch.Tensor]] = {}
 
     def claim(linear: nn.Linear, axis: int, index: torch.Tensor) -> None:
@@ -130,16 +131,15 @@ def _layer_axes(teacher_layer: nn.Module, student_layer: nn.Module, shape: Shape
         if axis == 0 and linear.bias is not None:
             axes[id(linear.bias)] = {0: index}
 
-    projections = st.qkv_projections(student_layer)
+    projections = student_layer.projections
     if len(projections) == 1:  # fused rows: Q of every head, then K, then V
         claim(projections[0], 0, torch.cat([qk_rows, width + qk_rows, 2 * width + v_rows]))
     else:
         for linear, rows in zip(projections, (qk_rows, qk_rows, v_rows)):
             claim(linear, 0, rows)
-    claim(st.attention_output(student_layer), 1, v_rows)
-    glu = st.layer_family(teacher_layer).glu
-    claim(st.ffn_in(student_layer), 0, torch.cat([neurons, ffn + neurons]) if glu else neurons)
-    claim(st.ffn_out(student_layer), 1, neurons)
+    claim(student_layer.output, 1, v_rows)
+    claim(student_layer.ffn_in, 0, torch.cat([neurons, ffn + neurons]) if teacher_layer.glu else neurons)
+    claim(student_layer.ffn_out, 1, neurons)
     return axes
 
 
@@ -168,12 +168,13 @@ def cut_from_teacher(student: nn.Module, teacher: nn.Module, shape: Shape, layer
     if problems:
         raise CompressError(f"cannot cut a {shape.label} student out of the teacher: {'; '.join(problems)}; "
                             "use --init random, or --init DIR with a pretrained student of that shape")
-    t_hidden = st.config_size(teacher.config, "hidden")
+    t_encoder, s_encoder = st.Encoder.of(teacher), st.Encoder.of(student)
+    t_hidden = t_encoder.sizes.hidden
     hidden = _top(hidden_importance(teacher, seed), shape.hidden)
     pairs: list[tuple[nn.Module, nn.Module, dict]] = []
-    for target, source in zip(st.encoder_layers(student), layers):
-        teacher_layer = st.encoder_layers(teacher)[source]
-        pairs.append((target, teacher_layer, _layer_axes(teacher_layer, target, shape)))
+    for target, source in zip(s_encoder.layers, layers):
+        teacher_layer = t_encoder.layer(source)
+        pairs.append((target.module, teacher_layer.module, _layer_axes(teacher_layer, target, shape)))
     outside, teacher_outside = st.outside_layers(student), st.outside_layers(teacher)
     if outside.keys() != teacher_outside.keys():
         raise CompressError("the student and teacher differ in whether they have a pooler or task head")
@@ -188,9 +189,9 @@ def cut_from_teacher(student: nn.Module, teacher: nn.Module, shape: Shape, layer
                     continue
                 param.copy_(_take(sources[name], param, axes.get(id(param), {}), hidden, t_hidden, name))
                 filled.add(id(param))
-        scale = math.sqrt((shape.hidden // shape.heads) / st.head_size(st.encoder_layers(teacher)[0]))
+        scale = math.sqrt((shape.hidden // shape.heads) / t_encoder.layer(0).head_size)
         if RESCALE_QUERIES and scale != 1.0:
-            for layer in st.encoder_layers(student):
+            for layer in s_encoder.layers:
                 _scale_queries(layer, scale)
     student.tie_weights()
     left = [name for name, p in student.named_parameters() if id(p) not in filled]
@@ -198,8 +199,8 @@ def cut_from_teacher(student: nn.Module, teacher: nn.Module, shape: Shape, layer
         raise RuntimeError(f"cut_from_teacher left {len(left)} parameters unfilled, e.g. {left[0]}")
 
 
-def _scale_queries(layer: nn.Module, scale: float) -> None:
-    projections = st.qkv_projections(layer)
+def _scale_queries(layer: Layer, scale: float) -> None:
+    projections = layer.projections
     rows = slice(0, projections[0].out_features // 3) if len(projections) == 1 else slice(None)
     for p in (projections[0].weight, projections[0].bias):
         if p is not None:

@@ -38,7 +38,7 @@ from compress.core.data import TaskData, collate, load_task_data, load_test_spli
 from compress.core.errors import CompressError
 from compress.core.resolve import resolve_task, task_fields
 from compress.core.runtime import load_model_for_task
-from compress.core.structure import count_parameters, model_inputs
+from compress.core.structure import config_sizes, count_parameters, model_inputs
 from compress.core.tasks import Task, task_choices
 from compress.core.train import TrainConfig, is_main_process, load_weights, prepare_work_dir, train, work_dir_for
 from compress.eval.evaluate import dev_evaluator, format_table, split_records, test_records
@@ -70,7 +70,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=source)
     tokenizer = load_tokenizer(source)
     net = load_model_for_task(source, task, seed=cfg.train.seed)  # a bare encoder's new head: from --seed
-    max_length = cfg.data.resolved_max_length(task, net.config.max_position_embeddings)
+    max_length = cfg.data.resolved_max_length(task, config_sizes(net.config).max_positions)
     features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
     test = load_test_split(task, cfg.data)
     pad = collate(tokenizer, task)

@@ -25,6 +25,7 @@ from transformers import BertForPreTraining, BertTokenizerFast
 from compress.core.artifacts import check_output, compression_record, read_metrics, save_model_dir, utc_now
 from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
+from compress.core.shapes import TEACHER_SHAPES, ShapeSizes
 from compress.core.structure import PretrainingForward, count_parameters, make_config
 from compress.core.train import (
     Phase,
@@ -36,8 +37,6 @@ from compress.core.train import (
     work_dir_for,
 )
 from compress.eval.plots import plot_curves
-from compress.students.presets import resolve_shape
-from compress.teacher.presets import TEACHER_SHAPES
 from compress.teacher.corpus import (
     PretrainCollator,
     _text_files,
@@ -70,10 +69,7 @@ class PretrainConfig:
     vocab_size: int = option(30522, "WordPiece vocabulary size when training one")
     lowercase: bool = option(True, "lower-case and strip accents (uncased BERT)")
     shape: str = option("4L-256", "model shape: a preset or LAYERSL-HIDDEN[-FFN]", choices=TEACHER_SHAPES.names, other="LAYERSL-HIDDEN[-FFN]")
-    heads: int | None = option(None, "attention heads per layer of the model (a size; overrides --shape's)")
-    layers: int | None = option(None, "layers of the model (a size; overrides --shape's)")
-    hidden: int | None = option(None, "hidden width of the model (a size; overrides --shape's; FFN then defaults to 4x)")
-    ffn: int | None = option(None, "FFN width of the model (a size; overrides --shape's)")
+    sizes: ShapeSizes = field(default_factory=ShapeSizes)
     max_positions: int = option(512, "position embeddings (at least the phase-2 length)")
     phase1_length: int = option(128, "sequence length of phase 1")
     phase2_length: int = option(512, "sequence length of phase 2")
@@ -132,7 +128,7 @@ def _tokenizer(cfg: PretrainConfig, work: Path, documents: list[list[str]]):
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int, seed: int):
-    shape = resolve_shape(cfg.shape, layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn)
+    shape = cfg.sizes.apply(cfg.shape)
     torch.manual_seed(seed)
     config = make_config(shape, vocab_size=vocab_size, max_positions=cfg.max_positions)
     config.architectures = ["BertForPreTraining"]

@@ -15,13 +15,13 @@ from compress.core import synthetic
 from compress.core.artifacts import load_config
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 from compress.core.train import work_dir_for
 
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
     from compress.teacher.create import create_model
     from compress.teacher.finetune import FinetuneConfig, finetune
 
@@ -291,7 +291,7 @@ def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatc
 
 
 def test_init_from_starts_the_candidates_that_fit_inside_it(teacher, tmp_path):
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
     from compress.teacher.create import create_model
 
     teacher_dir, data = teacher

@@ -16,7 +16,7 @@ from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
 from compress.distill import DistillConfig, distill
-from compress.students.presets import resolve_shape
+from compress.core.shapes import resolve_shape
 from compress.teacher.create import create_model
 from compress.teacher.finetune import FinetuneConfig, finetune
 
@@ -213,8 +213,10 @@ def test_a_teacher_at_chance_is_said_before_training_and_flagged(setting, tmp_pa
     logger.addHandler(seen)
     monkeypatch.setattr(logger, "level", logging.WARNING)
     started = []  # what had been logged when training began
-    real_train = D.train_phases
-    monkeypatch.setattr(D, "train_phases", lambda *a, **k: (started.append(list(seen.messages)), real_train(*a, **k))[1])
+    import compress.distill_steps as steps
+
+    real_train = steps.train_phases
+    monkeypatch.setattr(steps, "train_phases", lambda *a, **k: (started.append(list(seen.messages)), real_train(*a, **k))[1])
     try:
         out = distill(untrained, tmp_path / "s", _cfg(setting, epochs=1, max_train_examples=64))
     finally:
@@ -341,7 +343,7 @@ def _step(kind, logits, labels, gold):
     import torch
     from torch import nn
 
-    from compress.distill import LossWeights, Outputs, Step
+    from compress.loss_terms import LossWeights, Outputs, Step
 
     batch = {"labels": labels, "gold": torch.tensor(gold), "input_ids": torch.zeros(len(gold), 3, dtype=torch.long)}
     return Step(kind, Outputs(logits={"logits": logits}), Outputs(), batch, torch.ones(len(gold), 3), [], nn.ModuleDict(),
@@ -352,7 +354,7 @@ def test_hard_term_reads_only_rows_with_a_gold_label():
     import torch
 
     from compress.core.tasks import get_task
-    from compress.distill import TERMS
+    from compress.loss_terms import TERMS
 
     hard = TERMS.get("hard").compute
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [5.0, -5.0], [1.0, 1.0]], requires_grad=True)

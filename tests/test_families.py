@@ -35,7 +35,7 @@ from compress.core.importance import (
     masked_heads,
 )
 from compress.core.runtime import load_model
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 from compress.quantize import QuantizeConfig, quantize
 from compress.students.init import init_from_teacher
 from tests.conftest import VOCAB, save_tiny, tiny_config, write_vocab
@@ -229,11 +229,11 @@ def test_importance_scores(name, tok):
     batch = {**inputs_for(model, tok), "labels": torch.tensor([0, 1, 1])}
     grads = head_importance_gradient(model, [batch])
     assert [len(s) for s in grads] == [4, 4] and all(torch.isfinite(s).all() and s.sum() > 0 for s in grads)
-    layer = st.encoder_layers(model)[0]
+    layer = st.layers(model)[0]
     with torch.no_grad():  # zero head 1's Q/K/V rows and output columns: its magnitude must be 0, the others not
-        for weight in st.qkv_weights(layer):
+        for weight in layer.qkv_weights:
             weight[8:16] = 0.0
-        st.attention_output(layer).weight[:, 8:16] = 0.0
+        layer.output.weight[:, 8:16] = 0.0
     magnitude = head_importance_magnitude(model)
     assert magnitude[0][1] == 0 and (magnitude[0][[0, 2, 3]] > 0).all()
     entropy = head_importance_entropy(model, [batch])

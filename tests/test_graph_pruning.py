@@ -31,11 +31,11 @@ def test_same_kept_neurons_give_identical_logits_to_the_hand_surgery():
     inputs = example_inputs(model, batch=3, length=11)
     assert torch.equal(_logits(by_hand, inputs), _logits(by_graph, inputs))
     # The weights themselves: rows of W1 (and its bias) and columns of W2, in kept order.
-    layer = st.encoder_layers(by_graph)[0]
-    original = st.encoder_layers(model)[0]
-    assert torch.equal(st.ffn_in(layer).weight, st.ffn_in(original).weight[keep[0]])
-    assert torch.equal(st.ffn_in(layer).bias, st.ffn_in(original).bias[keep[0]])
-    assert torch.equal(st.ffn_out(layer).weight, st.ffn_out(original).weight[:, keep[0]])
+    layer = st.layers(by_graph)[0]
+    original = st.layers(model)[0]
+    assert torch.equal(layer.ffn_in.weight, original.ffn_in.weight[keep[0]])
+    assert torch.equal(layer.ffn_in.bias, original.ffn_in.bias[keep[0]])
+    assert torch.equal(layer.ffn_out.weight, original.ffn_out.weight[:, keep[0]])
 
 
 def test_graph_pruned_model_saves_and_reloads(tmp_path, tokenizer):

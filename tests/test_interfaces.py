@@ -150,7 +150,7 @@ def test_fixed_sets_are_shown_as_choices_from_their_registries(capsys):
     from compress.core.tasks import TASKS, USER_KINDS
     from compress.eval.latency_backends import BACKENDS as LATENCY_BACKENDS
     from compress.quantize import BACKENDS, PRESETS, SCHEMES
-    from compress.students.presets import STUDENT_SHAPES
+    from compress.core.shapes import STUDENT_SHAPES
 
     def help_of(*command):
         with pytest.raises(SystemExit):

@@ -18,7 +18,7 @@ import torch
 from compress.cli import COMMANDS, main
 from compress.core import logs, synthetic
 from compress.core.train import PROGRESS_FILE, TrainConfig, train
-from compress.students.presets import resolve_shape
+from compress.core.shapes import resolve_shape
 from compress.teacher.create import create_model
 from tests.conftest import make_tiny_model
 from tests.test_train import _collate

@@ -22,7 +22,8 @@ from compress.core.hardware import cpu_info
 from compress.core.openvino import OPENVINO_FILE, OPENVINO_WEIGHTS, OpenVINORunner, export_openvino, int8_weights
 from compress.core.runtime import layer_precisions, load_model
 from compress.core.sentence import SentenceSpec, encode, read_spec, write_sentence_files
-from compress.core.structure import Shape, describe, prune_heads, resize_ffn
+from compress.core.shapes import Shape
+from compress.core.structure import describe, prune_heads, resize_ffn
 from compress.eval.latency import LatencyConfig, measure_latency
 from compress.eval.latency_backends import AUTO_BACKENDS
 from compress.quantize import QuantizeConfig, quantize

@@ -15,7 +15,7 @@ from compress.pipeline import load_recipe, run_recipe
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
     from compress.teacher.create import create_model
 
     root = tmp_path_factory.mktemp("pipe")

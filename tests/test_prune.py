@@ -65,14 +65,14 @@ def test_gate_gradients_equal_finite_differences():
 
 def test_hooks_are_always_removed():
     model = make_tiny_model()
-    layer = st.encoder_layers(model)[0]
+    layer = st.layers(model)[0]
     with pytest.raises(RuntimeError):
         with head_gates(model, [torch.zeros(4), torch.zeros(4)]):
             raise RuntimeError("boom")
-    assert not st.attention_output(layer)._forward_pre_hooks  # gates sit on the projections' inputs
+    assert not layer.output._forward_pre_hooks  # gates sit on the projections' inputs
     with ffn_gates(model, [torch.ones(37), torch.ones(37)]):
         pass
-    assert not st.ffn_out(layer)._forward_pre_hooks
+    assert not layer.ffn_out._forward_pre_hooks
 
 
 def test_pruning_a_zeroed_head_matches_masking_it():
@@ -88,9 +88,9 @@ def test_pruning_a_zeroed_head_matches_masking_it():
 
 def test_magnitude_scores_by_hand():
     model = make_tiny_model(num_hidden_layers=1)
-    attn = st.self_attention(st.encoder_layers(model)[0])
+    attn = st.layers(model)[0].attention
     with torch.no_grad():
-        for lin in (attn.query, attn.key, attn.value, st.attention_output(st.encoder_layers(model)[0])):
+        for lin in (attn.query, attn.key, attn.value, st.layers(model)[0].output):
             lin.weight.zero_()
         attn.value.weight[8:16] = 1.0  # head 1: 8 rows x 32 inputs of ones -> norm sqrt(256) = 16
     scores = head_importance_magnitude(model)[0]
@@ -135,8 +135,8 @@ def test_ffn_taylor_scores_by_hand():
     model.eval()
     batch = _batch(4)
     acts = []
-    handles = [st.ffn_out(layer).register_forward_pre_hook(lambda _m, args: acts.append(args[0]))
-               for layer in st.encoder_layers(model)]
+    handles = [layer.ffn_out.register_forward_pre_hook(lambda _m, args: acts.append(args[0]))
+               for layer in st.layers(model)]
     loss = model(**batch).loss
     grads = torch.autograd.grad(loss, acts)  # dL/da for every activation, (batch, seq, ffn) per layer
     for h in handles:
@@ -235,7 +235,7 @@ def test_non_uniform_pruned_model_saves_loads_and_exports(tmp_path, tokenizer):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
     from compress.teacher.create import create_model
     from compress.teacher.finetune import FinetuneConfig, finetune
 
@@ -263,7 +263,7 @@ def test_prune_half_the_heads(trained, tmp_path):
 
 
 def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
     from compress.teacher.create import create_model
     from compress.teacher.finetune import FinetuneConfig, finetune
 
@@ -351,7 +351,7 @@ def test_recovery_teacher_needs_distillation_recovery_and_an_existing_model(trai
 
 
 def test_until_threshold(trained, tmp_path):
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
     from compress.teacher.create import create_model
 
     data, model_dir = trained

@@ -26,7 +26,8 @@ from compress.core.artifacts import load_tokenizer, read_compression, read_metri
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
-from compress.core.structure import Shape, count_parameters, describe, flops_per_sequence, prune_heads, resize_ffn
+from compress.core.shapes import Shape
+from compress.core.structure import count_parameters, describe, flops_per_sequence, prune_heads, resize_ffn
 from compress.core.data import EVAL_BATCH_SIZE
 from compress.core.tasks import get_task
 from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from compress.core.errors import CompressError
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 from compress.search import (Budget, Sample, choose, fastest, room, features, fit_latency_model, held_out_error, round_seconds,
                              measurement, nnls, pareto_front, parse_budgets, points, successive_halving)
 

@@ -317,7 +317,7 @@ def test_a_head_that_writes_nothing_scores_zero_and_goes_first(tmp_path, tokeniz
 
     model = make_tiny_model("base", seed=3)
     with torch.no_grad():
-        st.attention_output(st.encoder_layers(model)[1]).weight[:, 8:16] = 0  # head 1 of layer 1 (head size 8)
+        st.layers(model)[1].output.weight[:, 8:16] = 0  # head 1 of layer 1 (head size 8)
     spec = SentenceSpec(normalize=True)
     batches = [tokenize(tokenizer, TEXTS, spec, 48)]
     scores = head_importance_gradient(model, batches, loss_fn=embedding_sensitivity_loss(spec), normalize=False)

@@ -7,7 +7,7 @@ import torch
 
 from compress.core import structure as st
 from compress.core.errors import CompressError
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 from compress.students.init import init_from_teacher_slices, init_student
 from compress.students.slices import fits_inside, hidden_importance
 from tests.conftest import make_tiny_model
@@ -33,14 +33,14 @@ def test_dead_ffn_neurons_are_the_ones_dropped_and_nothing_changes():
     teacher = make_tiny_model(seed=2, num_hidden_layers=3)
     dead = [0, 5, 9, 20, 36]  # neurons whose output weights are zero contribute nothing
     with torch.no_grad():
-        for layer in st.encoder_layers(teacher):
-            st.ffn_out(layer).weight[:, dead] = 0
+        for layer in st.layers(teacher):
+            layer.ffn_out.weight[:, dead] = 0
     student, _ = init_from_teacher_slices(teacher, Shape(3, 32, 4, 37 - len(dead)))
     kept = [j for j in range(37) if j not in dead]
-    for s, t in zip(st.encoder_layers(student), st.encoder_layers(teacher)):
-        assert torch.equal(st.ffn_in(s).weight, st.ffn_in(t).weight[kept])
-        assert torch.equal(st.ffn_in(s).bias, st.ffn_in(t).bias[kept])
-        assert torch.equal(st.ffn_out(s).weight, st.ffn_out(t).weight[:, kept])
+    for s, t in zip(st.layers(student), st.layers(teacher)):
+        assert torch.equal(s.ffn_in.weight, t.ffn_in.weight[kept])
+        assert torch.equal(s.ffn_in.bias, t.ffn_in.bias[kept])
+        assert torch.equal(s.ffn_out.weight, t.ffn_out.weight[:, kept])
     assert torch.allclose(out(student, probe()), out(teacher, probe()), atol=1e-5)
 
 
@@ -54,8 +54,8 @@ def test_hidden_heads_and_head_dimensions_are_cut_where_the_teacher_is_weakest()
             if isinstance(module, torch.nn.LayerNorm):  # every hidden state is ~0 in these dimensions
                 module.weight[weak_hidden] = 1e-3
                 module.bias[weak_hidden] = 0
-        for layer in st.encoder_layers(teacher):
-            q, k, v = st.qkv_projections(layer)
+        for layer in st.layers(teacher):
+            q, k, v = layer.projections
             for h in range(4):
                 q.weight[h * 8 + 6: h * 8 + 8] = 0
                 k.weight[h * 8 + 6: h * 8 + 8] = 0
@@ -66,28 +66,28 @@ def test_hidden_heads_and_head_dimensions_are_cut_where_the_teacher_is_weakest()
     hidden = list(range(24))
     qk_rows = [h * 8 + i for h in range(4) for i in range(6)]
     v_rows = [h * 8 + i for h in range(4) for i in range(2, 8)]
-    for s, t in zip(st.encoder_layers(student), st.encoder_layers(teacher)):
-        (sq, sk, sv), (tq, tk, tv) = st.qkv_projections(s), st.qkv_projections(t)
+    for s, t in zip(st.layers(student), st.layers(teacher)):
+        (sq, sk, sv), (tq, tk, tv) = s.projections, t.projections
         assert torch.equal(sq.weight, tq.weight[qk_rows][:, hidden]) and torch.equal(sq.bias, tq.bias[qk_rows])
         assert torch.equal(sk.weight, tk.weight[qk_rows][:, hidden])
         assert torch.equal(sv.weight, tv.weight[v_rows][:, hidden])
-        assert torch.equal(st.attention_output(s).weight, st.attention_output(t).weight[hidden][:, v_rows])
-        assert torch.equal(st.ffn_out(s).weight, st.ffn_out(t).weight[hidden])
+        assert torch.equal(s.output.weight, t.output.weight[hidden][:, v_rows])
+        assert torch.equal(s.ffn_out.weight, t.ffn_out.weight[hidden])
     assert torch.equal(student.bert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight[:, hidden])
     assert torch.equal(student.bert.pooler.dense.weight, teacher.bert.pooler.dense.weight[hidden][:, hidden])
     assert torch.equal(student.classifier.weight, teacher.classifier.weight[:, hidden])
-    assert st.head_size(st.encoder_layers(student)[0]) == 6
+    assert st.layers(student)[0].head_size == 6
 
     with torch.no_grad():  # head 2 writes nothing, head 0 writes most: 2 heads of 8 keep head 0 and not head 2
-        for layer in st.encoder_layers(teacher):
-            st.attention_output(layer).weight[:, 16:24] = 0
-            st.attention_output(layer).weight[:, 0:8] *= 10
+        for layer in st.layers(teacher):
+            layer.output.weight[:, 16:24] = 0
+            layer.output.weight[:, 0:8] *= 10
     student, _ = init_from_teacher_slices(teacher, Shape(2, 16, 2, 37))
     s_emb, t_emb = student.bert.embeddings.word_embeddings.weight, teacher.bert.embeddings.word_embeddings.weight
     hidden = [next(j for j in range(32) if torch.equal(s_emb[:, i], t_emb[:, j])) for i in range(16)]
     assert sorted(hidden) == hidden and set(hidden) <= set(range(24))  # the kept dimensions, in the teacher's order
-    for s, t in zip(st.encoder_layers(student), st.encoder_layers(teacher)):
-        sk, tk = st.qkv_projections(s)[1].weight, st.qkv_projections(t)[1].weight[:, hidden]
+    for s, t in zip(st.layers(student), st.layers(teacher)):
+        sk, tk = s.projections[1].weight, t.projections[1].weight[:, hidden]
         kept = [h for h in range(4) for j in range(2) if torch.equal(sk[j * 8:(j + 1) * 8], tk[h * 8:(h + 1) * 8])]
         assert len(kept) == 2 and kept[0] == 0 and 2 not in kept
 
@@ -102,7 +102,7 @@ def test_other_heads_are_cut_and_tied_weights_stay_tied(head):
     with torch.no_grad():
         result = student.eval()(**probe())
     first = result.logits if head == "masked-lm" else result.start_logits
-    assert torch.isfinite(first).all() and st.config_size(student.config, "hidden") == 16
+    assert torch.isfinite(first).all() and st.config_sizes(student.config).hidden == 16
 
 
 @pytest.mark.parametrize("name", ["roberta", "distilbert", "electra", "modernbert"])
@@ -115,7 +115,7 @@ def test_other_families(name, tmp_path):
     # ModernBERT heads keep their 8 dimensions; ELECTRA keeps its 16-wide embeddings and their projection.
     shape = Shape(1, 16, 2, 20) if name == "modernbert" else Shape(1, 24, 4, 20)
     narrow, _ = init_from_teacher_slices(teacher, shape)
-    assert st.config_size(narrow.config, "hidden") == shape.hidden and torch.isfinite(logits(narrow.eval(), x)).all()
+    assert st.config_sizes(narrow.config).hidden == shape.hidden and torch.isfinite(logits(narrow.eval(), x)).all()
 
 
 def test_refusals():
@@ -142,7 +142,7 @@ def test_teacher_init_chooses_layers_or_slices_and_records_which():
     assert info["method"] == "teacher-layers" and info["teacher_layers"] == [1, 3]
     narrow, info = init_student(teacher, Shape(2, 16, 4, 20), layers=[0, 3])
     assert info["method"] == "teacher-slices" and info["teacher_layers"] == [0, 3]
-    assert st.config_size(narrow.config, "hidden") == 16
+    assert st.config_sizes(narrow.config).hidden == 16
     with pytest.raises(CompressError, match="a 2L-64-37 student cannot start from the teacher's weights: hidden size 64 "
                                              "is wider .*--init random"):
         init_student(teacher, Shape(2, 64, 4, 37))

@@ -14,7 +14,7 @@ from compress.core.artifacts import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.runtime import load_model
 from compress.distill import DistillConfig, distill
-from compress.students.presets import resolve_shape
+from compress.core.shapes import resolve_shape
 from compress.teacher.create import create_model
 from compress.teacher.finetune import FinetuneConfig, finetune
 

@@ -10,7 +10,7 @@ import torch
 
 from compress.core import structure as st
 from compress.core.errors import CompressError
-from compress.core.structure import Shape
+from compress.core.shapes import Shape
 from compress.students.init import init_from_teacher, init_random, init_student
 from compress.students.layer_map import every_kth, explicit_map, last_map, parse_layer_map, parse_layers, uniform_map
 from tests.conftest import VOCAB, make_tiny_model
@@ -257,7 +257,7 @@ def test_init_student_errors(teacher):
 
 
 def test_explicit_shape_flags_override_the_preset():
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
 
     def dims(s):
         return (s.layers, s.hidden, s.heads, s.ffn)
@@ -278,7 +278,7 @@ def test_explicit_shape_flags_override_the_preset():
 def test_pretrain_and_distill_configs_build_the_explicit_shape():
     from compress.core.config import from_dict
     from compress.distill import DistillConfig
-    from compress.students.presets import resolve_shape
+    from compress.core.shapes import resolve_shape
     from compress.teacher.pretrain import PretrainConfig, build_model
 
     cfg = from_dict(PretrainConfig, {"corpus": ["x.txt"], "shape": "base", "layers": 2, "hidden": 64, "heads": 2})

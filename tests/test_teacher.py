@@ -15,7 +15,7 @@ from compress.core.compat import wordpiece_tokenizer
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
-from compress.students.presets import resolve_shape
+from compress.core.shapes import resolve_shape
 from compress.teacher.create import create_model
 from compress.teacher.finetune import FinetuneConfig, finetune, finetune_grid
 from compress.teacher.pretrain import PretrainConfig, phase_steps, pretrain

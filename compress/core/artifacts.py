@@ -426,7 +426,7 @@ def write_model_files(model, directory: Path, *, tokenizer=None) -> None:
     widths = st.ffn_widths(model)
     if len(set(widths)) == 1:
         # Uniform width (e.g. after uniform FFN pruning): stock from_pretrained can load it.
-        st.set_config_size(model.config, "ffn", widths[0])
+        st.set_config_sizes(model.config, ffn=widths[0])
     model.save_pretrained(directory, safe_serialization=True)
     if tokenizer is not None:
         save_tokenizer(tokenizer, directory)
@@ -632,13 +632,13 @@ def load_torch_model(
 ):
     """Rebuild a PyTorch model directory, pruned shapes included (other formats: ``runtime.load_model``).
 
-    ``head`` is one of ``base``, ``sequence-classification``, ``question-answering``,
-    ``masked-lm``, ``pretraining``; by default the head the weights were saved with. A
-    different head (e.g. a classifier on a bare encoder) starts with fresh head weights;
-    so does a classifier whose ``num_labels`` changes. Fresh weights are drawn from ``seed``
-    alone: the same directory and seed give the same model in any process (torch seeds
-    its own generator at random when a process starts), and the caller's random state is
-    left as it was. With ``with_info`` the function returns ``(model, info)`` where
+    ``head`` is one of ``base``, ``sequence-classification``, ``token-classification``,
+    ``question-answering``, ``masked-lm``, ``pretraining``; by default the head the weights
+    were saved with. A different head (e.g. a classifier on a bare encoder) starts with fresh
+    head weights; so does a classifier whose ``num_labels`` changes. Fresh weights are drawn
+    from ``seed`` alone: the same directory and seed give the same model in any process (torch
+    seeds its own generator at random when a process starts), and the caller's random state
+    is left as it was. With ``with_info`` the function returns ``(model, info)`` where
     ``info["new_weights"]`` lists the freshly initialised names.
     """
     path = require_model_dir(path)
@@ -665,8 +665,22 @@ def load_torch_model(
         model = cls(config)  # transformers 4.x builds pruned heads from config.pruned_heads
     if structure:
         apply_structure(model, structure)
+    missing = _load_weights_into(model, _read_weights(path), path, drop_head)
+    model.tie_weights()
+    model.eval()
+    model.to(torch.float32)
+    if with_info:
+        return model, {"new_weights": missing, "saved_head": saved, "structure": structure}
+    return model
 
-    state = {_rename_legacy(k): v for k, v in _read_weights(path).items()}
+
+def _load_weights_into(model, weights: dict, path: Path, drop_head: bool) -> list[str]:
+    """Load a folder's tensors into ``model`` (names aligned to its base-model prefix); the names left fresh.
+
+    Refuses tensors whose shapes disagree with the built model, and a missing encoder weight
+    (only a head's or the optional pooler's may be missing: they start fresh).
+    """
+    state = {_rename_legacy(k): v for k, v in weights.items()}
     prefix = model.base_model_prefix  # "bert", "roberta", "distilbert", "electra", "model" (ModernBERT)
     wants_prefix = any(k.startswith(prefix + ".") for k in model.state_dict())
     has_prefix = any(k.startswith(prefix + ".") for k in state)
@@ -689,8 +703,7 @@ def load_torch_model(
             f"weights in {path} do not match its config.json/compression.json "
             f"({len(mismatched)} tensors, e.g. {mismatched[0]}); the directory is inconsistent"
         )
-    state = {k: v for k, v in state.items() if k in expected}
-    result = model.load_state_dict(state, strict=False)
+    result = model.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in result.missing_keys if k not in tied and not k.endswith("position_ids")]
 
@@ -705,9 +718,4 @@ def load_torch_model(
             f"{path} lacks {len(lost)} encoder weights (e.g. {lost[0]}); the checkpoint is incomplete "
             "or belongs to another architecture"
         )
-    model.tie_weights()
-    model.eval()
-    model.to(torch.float32)
-    if with_info:
-        return model, {"new_weights": missing, "saved_head": saved, "structure": structure}
-    return model
+    return missing

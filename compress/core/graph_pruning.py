@@ -28,24 +28,24 @@ def example_inputs(model: nn.Module, batch: int = 2, length: int = TRACE_LENGTH)
     """Token ids (batch, length) and a full attention mask on the model's device, for tracing."""
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)
+    ids = torch.randint(0, st.config_sizes(model.config).vocab, (batch, length), generator=generator)
     return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
 
 
 def prune_ffn_neurons(model: nn.Module, keep: Sequence[Sequence[int]]) -> None:
     """Keep only the FFN neurons ``keep[l]`` of each layer ``l`` (sorted ids), removing the rest physically."""
-    layers = st.encoder_layers(model)
+    layers = st.layers(model)
     if len(keep) != len(layers):
         raise CompressError(f"FFN neurons to keep are given for {len(keep)} layers; the model has {len(layers)}")
     plans = []
     for index, (layer, ids) in enumerate(zip(layers, keep)):
-        width = st.ffn_width(layer)
+        width = layer.ffn_width
         ids = sorted(set(int(i) for i in ids))
         if not ids:
             raise CompressError(f"layer {index}: cannot remove every FFN neuron; keep at least one")
         if ids[0] < 0 or ids[-1] >= width:
             raise CompressError(f"layer {index}: FFN neuron {ids[-1]} does not exist (width {width})")
-        plans.append((st.ffn_in(layer), st.ffn_rows(layer, sorted(set(range(width)) - set(ids)))))
+        plans.append((layer.ffn_in, layer.ffn_rows(sorted(set(range(width)) - set(ids)))))
     was_training = model.training
     model.eval()  # dropout off while tracing; the graph only needs the operations
     with torch.enable_grad():  # the tracer follows grad_fn links

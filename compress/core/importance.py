@@ -57,16 +57,16 @@ def head_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None
     attention modules return the projected output, BERT's the context).
     """
     handles = []
-    for layer, gate in zip(st.encoder_layers(model), gates):
+    for layer, gate in zip(st.layers(model), gates):
 
-        def hook(_module, args, gate=gate, heads=st.num_heads(layer)):
+        def hook(_module, args, gate=gate, heads=layer.heads):
             context = args[0]  # (batch, seq, heads * d)
             shape = context.shape
             split = context.view(*shape[:-1], heads, shape[-1] // heads)  # (batch, seq, heads, d)
             gated = (split * gate.to(context.dtype).view(heads, 1)).view(shape)
             return (gated, *args[1:])
 
-        handles.append(st.attention_output(layer).register_forward_pre_hook(hook))
+        handles.append(layer.output.register_forward_pre_hook(hook))
     with _removing(handles):
         yield
 
@@ -83,12 +83,12 @@ def masked_heads(model: nn.Module, keep: Sequence[Sequence[bool]]) -> Iterator[N
 def ffn_gates(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None]:
     """Multiply FFN neuron i of layer l (after the activation; gated FFN: after the gate) by ``gates[l][i]``."""
     handles = []
-    for layer, gate in zip(st.encoder_layers(model), gates):
+    for layer, gate in zip(st.layers(model), gates):
 
         def hook(_module, args, gate=gate):
             return (args[0] * gate.to(args[0].dtype), *args[1:])  # (batch, seq, ffn) entering the second Linear
 
-        handles.append(st.ffn_out(layer).register_forward_pre_hook(hook))
+        handles.append(layer.ffn_out.register_forward_pre_hook(hook))
     with _removing(handles):
         yield
 
@@ -149,12 +149,12 @@ def head_importance_gradient(
 def head_importance_magnitude(model: nn.Module) -> list[torch.Tensor]:
     """L2 norm of each head's Q, K, V rows and output-projection columns."""
     scores = []
-    for layer in st.encoder_layers(model):
-        heads, d = st.num_heads(layer), st.head_size(layer)
+    for layer in st.layers(model):
+        heads, d = layer.heads, layer.head_size
         total = torch.zeros(heads)
-        for weight in st.qkv_weights(layer):  # (heads * d, hidden) each
+        for weight in layer.qkv_weights:  # (heads * d, hidden) each
             total += weight.detach().view(heads, d, -1).pow(2).sum(dim=(1, 2)).cpu()  # rows of head h
-        out = st.attention_output(layer).weight.detach()  # (hidden, heads * d)
+        out = layer.output.weight.detach()  # (hidden, heads * d)
         total += out.view(out.shape[0], heads, d).pow(2).sum(dim=(0, 2)).cpu()
         scores.append(total.sqrt())
     return scores
@@ -197,9 +197,9 @@ def ffn_importance_taylor(model: nn.Module, batches: Iterable[dict], *, loss_fn:
 def ffn_importance_magnitude(model: nn.Module) -> list[torch.Tensor]:
     """L2 norm of each neuron's input row and output column."""
     scores = []
-    for layer in st.encoder_layers(model):
-        w_in = st.ffn_in(layer).weight.detach()  # (ffn, hidden); gated: (2 * ffn, hidden)
-        w_out = st.ffn_out(layer).weight.detach()  # (hidden, ffn)
+    for layer in st.layers(model):
+        w_in = layer.ffn_in.weight.detach()  # (ffn, hidden); gated: (2 * ffn, hidden)
+        w_out = layer.ffn_out.weight.detach()  # (hidden, ffn)
         rows = w_in.pow(2).sum(1)
         if len(rows) != w_out.shape[1]:
             rows = rows.view(2, -1).sum(0)  # a gated neuron's input row and gate row

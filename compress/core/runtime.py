@@ -78,7 +78,7 @@ from compress.core.artifacts import (  # noqa: F401  (re-exported)
 from compress.core.compat import no_init_weights
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.structure import apply_structure, count_parameters, describe, input_names
+from compress.core.structure import apply_structure, config_sizes, count_parameters, describe, input_names
 from compress.core.tasks import Task
 
 PT2_FILE = "model.pt2"
@@ -425,7 +425,7 @@ class ExportedRunner(Runner):
         args = tuple(inputs[name].to(torch.long) for name in names)  # positional, as exported: (batch, seq) each
         batch, seq = args[0].shape
         if self.compile:
-            args = self._padded(args, names, *padded_shape(batch, seq, self.config.max_position_embeddings))
+            args = self._padded(args, names, *padded_shape(batch, seq, config_sizes(self.config).max_positions))
         # Inference mode: freezing applies only without autograd, and one grad mode means no recompiles.
         with torch.inference_mode(), inductor_config.patch(freezing=True), warnings.catch_warnings(), \
                 dynamo_config.patch(recompile_limit=MAX_COMPILED_SHAPES):

@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from compress.core.artifacts import read_json, write_json_atomic
+from compress.core.artifacts import load_config, read_json, write_json_atomic
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.registry import Registry
 from compress.core.runtime import model_device
-from compress.core.structure import model_inputs
+from compress.core.structure import config_sizes, model_inputs
 
 MODULES_FILE = "modules.json"
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
@@ -205,7 +205,7 @@ def copy_sentence_files(source: Path | str, target: Path | str) -> bool:
     if not is_sentence_folder(source):
         return False
     spec = read_spec(source)
-    dimension = spec.dimension or int(read_json(Path(source) / "config.json")["hidden_size"])
+    dimension = spec.dimension or config_sizes(load_config(source)).hidden  # DistilBERT names it dim
     write_sentence_files(target, spec, dimension)
     return True
 
@@ -261,13 +261,13 @@ def pooled(
     """
     spec = spec or SentenceSpec()
     if max_length is None:
-        max_length = spec.max_length(tokenizer, model.config.max_position_embeddings)
+        max_length = spec.max_length(tokenizer, config_sizes(model.config).max_positions)
     if device is not None:
         model.to(device)
     target = device if device is not None else model_device(model)
     model.eval()
     order = torch.tensor(np.argsort([-len(str(t)) for t in texts], kind="stable"), dtype=torch.long)
-    out = torch.zeros(len(texts), model.config.hidden_size)
+    out = torch.zeros(len(texts), config_sizes(model.config).hidden)
     with torch.inference_mode():
         for start in progress(range(0, len(texts), batch_size), desc=desc, disable=desc is None, unit="batch", leave=False):
             index = order[start : start + batch_size]
