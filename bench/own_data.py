@@ -22,7 +22,7 @@ Each task goes the way a user's would, through the library's entry points:
    fastest fp32 backend in the same run.
 7. ``report``: own-data.md with the table, the published reference and the goals met or not.
 
-Stages whose output exists are skipped, so a run resumes.
+Stages whose output exists are skipped, and an interrupted training continues from its last checkpoint, so a run resumes.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from compress.core.data import TaskData, TaskOptions
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_info, package_versions
 from compress.core.resolve import resolve_task
+from compress.core.shapes import StudentShape
 from compress.core.train import TrainConfig
 from compress.distill import DistillConfig, distill
 from compress.eval.evaluate import EvalConfig, evaluate
@@ -156,7 +157,7 @@ def task_data(task: OwnTask, files: dict[str, str]) -> TaskData:
 def teacher(task: OwnTask, files: dict[str, str], work: Path) -> dict:
     """The MiniLM-L6 teacher of ``task`` (trained unless its folder exists) and its records."""
     out = work / task.name / "teacher"
-    cfg = FinetuneConfig(task=task.kind, data=task_data(task, files),
+    cfg = FinetuneConfig(task=task.kind, data=task_data(task, files), resume=True,
                          train=TrainConfig(epochs=task.epochs, lr=task.lr, batch_size=32, warmup_ratio=0.1, seed=SEED))
     if not (out / "config.json").is_file():
         start = time.monotonic()
@@ -177,7 +178,8 @@ def students(task: OwnTask, files: dict[str, str], work: Path) -> dict:
         folder = work / task.name / f"student-{shape}"
         # augment 0: 9,003 and 3,394 real rows; the default copies (sets of at most 10,000) would be 5x the time,
         # and word replacement is refused for tags.
-        cfg = DistillConfig(student=shape, losses=("kd", "hard"), augment=0, data=task_data(task, files),
+        cfg = DistillConfig(shape=StudentShape(student=shape), losses=("kd", "hard"), augment=0, data=task_data(task, files),
+                            resume=True,
                             train=TrainConfig(epochs=task.student_epochs, lr=STUDENT_LR, batch_size=32, warmup_ratio=0.1,
                                               seed=SEED))
         if not (folder / "config.json").is_file():

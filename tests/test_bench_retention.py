@@ -81,7 +81,7 @@ def fake_general_stage(monkeypatch, tmp_path) -> dict:
     seen = {}
 
     def fake_general(teacher, out, cfg, overwrite):
-        seen.update(init=cfg.init, steps=cfg.train.max_steps, precision=cfg.train.precision)
+        seen.update(init=cfg.shape.init, steps=cfg.train.max_steps, precision=cfg.train.precision)
         Path(out).mkdir(parents=True)
         (Path(out) / "config.json").write_text("{}")
 

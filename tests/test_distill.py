@@ -15,8 +15,8 @@ from compress.core.artifacts import load_config, read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
+from compress.core.shapes import StudentShape, resolve_shape
 from compress.distill import DistillConfig, distill
-from compress.core.shapes import resolve_shape
 from compress.teacher.create import create_model
 from compress.teacher.finetune import FinetuneConfig, finetune
 
@@ -458,7 +458,8 @@ def test_transfer_text_from_a_datasets_folder_and_from_another_task(setting, tmp
 def test_default_init_cuts_a_narrower_student_from_the_teacher(setting, tmp_path):
     _, _, teacher = setting
     cfg = _cfg(setting, heads=1, epochs=1)
-    cfg = replace(cfg, init=DistillConfig.__dataclass_fields__["init"].default)  # the default, whatever _cfg says
+    default = StudentShape.__dataclass_fields__["init"].default
+    cfg = replace(cfg, shape=replace(cfg.shape, init=default))  # the default, whatever _cfg says
     out = distill(teacher, tmp_path / "s", cfg)
     init = read_compression(out)["init"]
     assert init["method"] == "teacher-slices" and init["teacher_layers"] == [0, 1]

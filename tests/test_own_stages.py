@@ -335,7 +335,7 @@ def test_the_own_data_recipe_validates_with_its_variables(tmp_path):
     teacher = stages["teacher"].config
     assert teacher.task == "text-classification" and teacher.data.train_file == variables["train"]
     assert teacher.data.own.label_column == "category" and teacher.data.test_file == variables["test"]
-    assert stages["student"].config.student == "3L-384"
+    assert stages["student"].config.shape.student == "3L-384"
     assert (stages["student-ov-int8"].config.backend, stages["student-ov-int8"].config.scheme) == ("openvino", "static")
     assert stages["student-ort-int8"].config.backend == "onnxruntime"
     assert stages["teacher-openvino"].config.format == "openvino"

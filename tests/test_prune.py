@@ -324,7 +324,7 @@ def test_distillation_recovery_learns_from_the_recovery_teacher_when_given(train
     real = prune_module.distill
 
     def spy(teacher_dir, out, cfg, **kw):
-        calls.append((Path(teacher_dir).resolve(), Path(cfg.init)))
+        calls.append((Path(teacher_dir).resolve(), Path(cfg.shape.init)))
         return real(teacher_dir, out, cfg, **kw)
 
     monkeypatch.setattr(prune_module, "distill", spy)

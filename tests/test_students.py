@@ -257,7 +257,6 @@ def test_init_student_errors(teacher):
 
 
 def test_explicit_shape_flags_override_the_preset():
-    from compress.core.shapes import resolve_shape
 
     def dims(s):
         return (s.layers, s.hidden, s.heads, s.ffn)
@@ -278,7 +277,6 @@ def test_explicit_shape_flags_override_the_preset():
 def test_pretrain_and_distill_configs_build_the_explicit_shape():
     from compress.core.config import from_dict
     from compress.distill import DistillConfig
-    from compress.core.shapes import resolve_shape
     from compress.teacher.pretrain import PretrainConfig, build_model
 
     cfg = from_dict(PretrainConfig, {"corpus": ["x.txt"], "shape": "base", "layers": 2, "hidden": 64, "heads": 2})
@@ -286,6 +284,6 @@ def test_pretrain_and_distill_configs_build_the_explicit_shape():
     c = model.config
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == (2, 64, 2, 256)
     d = from_dict(DistillConfig, {"task": "sst2", "student": "6L-384", "layers": 3, "ffn": 768})
-    assert (d.layers, d.ffn) == (3, 768)
-    s = resolve_shape(d.student, layers=d.layers, hidden=d.hidden, heads=d.heads, ffn=d.ffn)
+    assert (d.shape.sizes.layers, d.shape.sizes.ffn) == (3, 768)
+    s = d.shape.resolve()
     assert (s.layers, s.hidden, s.heads, s.ffn) == (3, 384, 12, 768)
