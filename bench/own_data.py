@@ -41,9 +41,9 @@ import torch
 from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.data import TaskData, TaskOptions
 from compress.core.errors import CompressError
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.core.resolve import resolve_task
-from compress.core.shapes import StudentShape
+from compress.core.shapes import ShapeSizes, StudentShape
 from compress.core.train import TrainConfig
 from compress.distill import DistillConfig, distill
 from compress.eval.evaluate import EvalConfig, evaluate
@@ -76,6 +76,9 @@ TASKS = {
     "wnut17": OwnTask("wnut17", "token-classification", None, 128, 10, 1e-4, ("3L-384",), 10),
 }
 STUDENT_LR = 1e-4
+# Every student keeps the teacher's 12 heads of 32 dimensions, so it starts from the teacher's layers (2L-384 alone
+# would read as 6 heads of 64).
+TEACHER_HEADS = 12
 INT8 = {  # folder suffix -> quantize options (static ranges from the task's own training rows)
     "ort-int8": {"backend": "onnxruntime", "scheme": "static", "calibration_examples": 256},
     "ov-int8": {"backend": "openvino", "scheme": "static", "calibration_examples": 256},
@@ -178,8 +181,8 @@ def students(task: OwnTask, files: dict[str, str], work: Path) -> dict:
         folder = work / task.name / f"student-{shape}"
         # augment 0: 9,003 and 3,394 real rows; the default copies (sets of at most 10,000) would be 5x the time,
         # and word replacement is refused for tags.
-        cfg = DistillConfig(shape=StudentShape(student=shape), losses=("kd", "hard"), augment=0, data=task_data(task, files),
-                            resume=True,
+        cfg = DistillConfig(shape=StudentShape(student=shape, sizes=ShapeSizes(heads=TEACHER_HEADS)), losses=("kd", "hard"),
+                            augment=0, data=task_data(task, files), resume=True,
                             train=TrainConfig(epochs=task.student_epochs, lr=STUDENT_LR, batch_size=32, warmup_ratio=0.1,
                                               seed=SEED))
         if not (folder / "config.json").is_file():
@@ -343,9 +346,7 @@ def render(state: dict, work: Path) -> str:
 
 
 def header(argv: list[str] | None) -> dict:
-    info = cpu_info()
-    return {"date": utc_now(), "cpu": info["cpu"], "cores": info["usable_cores"], "threads": torch.get_num_threads(),
-            "flags": sorted(f for f in info.get("flags", []) if f.startswith(("avx", "amx", "fma"))),
+    return {"date": utc_now(), **cpu_summary(), "threads": torch.get_num_threads(),
             "packages": package_versions(),
             "command": "python -m bench.own_data " + " ".join(sys.argv[1:] if argv is None else argv)}
 
