@@ -14,13 +14,16 @@
 2. **Shortlist.** Shapes predicted to fit every budget on some variant (within
    ``--margin``) are ranked by an accuracy prior: cut from the teacher's weights first (any
    shape no wider than the teacher), then by parameters.
-3. **Successive halving.** The ``--candidates`` best are distilled for ``--epochs``; the best
-   1/eta continue from where they stopped for eta times as long, and so on
-   (``--rounds``), with the distillation recipe of ``compress distill`` (``--losses``,
-   ``--augment``, ...). ``--time-limit`` stops the rounds early, keeping 15% of it for step 4:
-   each survivor, best first, joins a round when its training still ends before that
-   (priced by its seconds per epoch so far, a new shape by its parameters at the others'
-   rate, a candidate an earlier search trained alike at nothing); the others stop there.
+3. **Successive halving.** The ``--candidates`` best are distilled for ``--epochs``; those in the
+   best 1/eta continue from where they stopped for eta times as long, and so on (``--rounds``),
+   with the distillation recipe of ``compress distill`` (``--losses``, ``--augment``, ...). It runs
+   as an Optuna study (:mod:`compress.auto_engine`: one trial per candidate, its pruner's
+   asynchronous successive halving), so ``--workers`` local processes and other machines
+   (``--storage``) train candidates side by side. ``--time-limit`` stops it early, keeping 15% of it
+   for step 4: a candidate's next round starts only when it still ends before that (priced by its
+   seconds per epoch so far, a new shape by its parameters at the others' rate, a candidate an
+   earlier search trained alike at nothing). The candidates that reached the deepest round (and a
+   runner-up when only one did), best first and no more than synchronous halving keeps, are the finalists.
 4. **Quantize and measure.** The finalists become every variant predicted to fit (int8
    with its dev score), then all of them and the teacher are timed in one run, repeated
    ``--final-runs`` times; the most accurate one that meets every budget in every run is
@@ -51,8 +54,9 @@ from typing import Any, Callable
 import numpy as np
 
 from compress.augment import AugmentConfig
+from compress.auto_engine import Place, Plan, TrainerSpec, check_url, finish, join, joinable, run_halving, study_place
+from compress.auto_report import report_data, write_report
 from compress.core.artifacts import (
-    atomic_path,
     check_output,
     compression_record,
     dir_hash,
@@ -65,7 +69,7 @@ from compress.core.artifacts import (
     utc_now,
     write_json_atomic,
 )
-from compress.core.config import flat_keywords, option
+from compress.core.config import flat_keywords, from_dict, option, to_dict
 from compress.core.data import TaskData
 from compress.core.errors import CompressError
 from compress.core.runtime import load_model
@@ -79,7 +83,7 @@ from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk
 from compress.export import ExportConfig, export
 from compress.quantize import QuantizeConfig, quantize
 from compress.search import Budget, Sample, budget_option, choose, fastest, fit_latency_model, held_out_error, measurement
-from compress.search import parse_budgets, pareto_front, points, round_seconds, successive_halving
+from compress.search import parse_budgets, points, round_seconds
 from compress.students.init import init_student
 from compress.students.slices import fits_inside
 from compress.core.shapes import resolve_shape
@@ -146,6 +150,13 @@ class AutoConfig:
     reuse: tuple[str, ...] = option((), "earlier searches of this teacher and task (their --out folders): their latency probe "
                                     "(same backends, points, probes, shapes) and trained candidates (same training settings) "
                                     "are reused, so searching another budget pays only for what is new", metavar="DIR[,...]")
+    workers: int = option(1, "local worker processes training candidates (this one included); each trains one candidate "
+                          "at a time, so give each its own cores or GPU")
+    storage: str | None = option(None, "database of the search's Optuna study (any SQLAlchemy URL, e.g. "
+                                 "postgresql://user:pass@host/db; default: search.db in the work folder). Run the same "
+                                 "command with the same --out and --storage on another machine to join a search under way "
+                                 "as a worker: candidates' folders live under the coordinator's --out, so every machine "
+                                 "needs it on a shared file system", metavar="URL")
     extra_data: AugmentConfig = field(default_factory=AugmentConfig)
     data: TaskData = field(default_factory=TaskData)
     train: TrainConfig = field(default_factory=_auto_defaults)
@@ -162,6 +173,10 @@ class AutoConfig:
                             ("repeats", self.repeats), ("final-runs", self.final_runs)):
             if value < 1:
                 raise CompressError(f"--{name} must be at least 1, got {value}")
+        if self.workers < 1:
+            raise CompressError(f"--workers must be at least 1 (this process), got {self.workers}")
+        if self.storage is not None:
+            check_url(self.storage)
         if self.eta < 2:
             raise CompressError(f"--eta must be at least 2, got {self.eta}")
         if self.margin < 0:
@@ -266,14 +281,18 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     task = search_task(teacher_dir, cfg)
     budgets = parse_budgets(cfg.budget)
     at = sorted(points(budgets) or {(1, 128)})
-    search, earlier = _open_search(out, teacher_dir, task, cfg, budgets, at)
+    keys = _keys(teacher_dir, task, cfg, budgets, at)
+    place = study_place(cfg.storage, work_dir_for(out), keys[0])
+    if cfg.storage and not cfg.resume and joinable(place):  # a search under way: this process only trains
+        return _join(teacher_dir, task, cfg, out, place, keys[2])
+    search, earlier = _open_search(out, keys, cfg)
     shapes = candidate_shapes(load_config(teacher_dir), cfg.shapes)
     probe = search.state["probe"] or earlier.probe or _probe(teacher_dir, task, shapes, cfg, at, search, timer)
     search.state["probe"] = probe
     search.save()
     model, predicted, shortlist = _shortlist(probe, shapes, budgets, at, cfg, load_config(teacher_dir))
-    halving, finalists = _halve(teacher_dir, task, shapes, shortlist, cfg, search, earlier,
-                                deadline - RESERVE * (deadline - started))
+    halving, finalists = _halve(teacher_dir, task, shortlist, cfg, search, earlier,
+                                deadline - RESERVE * (deadline - started), place, out)
     finalists += _earlier_finalists(earlier, finalists, predicted, search)
     artifacts = _finalists(teacher_dir, task, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
@@ -283,15 +302,16 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     if chosen is None:  # a faster candidate that fits beats nothing
         results += _second_run(teacher_dir, task, finalists, predicted, cfg, search, budgets, at, timer)
         chosen = choose(results, budgets, cfg.tie)
-    report = _report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
+    report = report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search)
     report["compared"] = _compared(rows, [teacher_dir, *compared], task, budgets, at[0])
+    finish(place)  # a later run with this --storage starts anew rather than joining
     if chosen is None:
         _refuse_nothing_fits(out, report, results, budgets, at)
     return _write_chosen(Path(chosen["dir"]), out, report, overwrite)
 
 
-def _open_search(out: Path, teacher_dir: Path, task: Task, cfg: AutoConfig, budgets, at) -> tuple["_Search", "_Earlier"]:
-    """The search's state in the output's work folder (new, or resumed) and what ``--reuse`` lends it."""
+def _keys(teacher_dir: Path, task: Task, cfg: AutoConfig, budgets, at) -> tuple[str, str, str]:
+    """The search's key (its study's name derives from it), and the keys of what its probe and its trainings depend on."""
     # A preset given as --task is keyed by it as before (earlier searches stay reusable); any other task by its name.
     common = [str(teacher_dir.resolve()), cfg.task if cfg.task and not task.user else task.name]
     key = json.dumps(common + [[b.text for b in budgets], list(cfg.backends)])
@@ -299,7 +319,12 @@ def _open_search(out: Path, teacher_dir: Path, task: Task, cfg: AutoConfig, budg
     probe_key = json.dumps(common + [list(cfg.backends), at, list(cfg.shapes), cfg.probes, cfg.repeats])
     train_key = json.dumps(common + [list(cfg.losses), asdict(cfg.extra_data), asdict(cfg.data), asdict(cfg.train)]
                            + ([dir_hash(Path(cfg.init_from))] if cfg.init_from else []), default=str)
-    return _Search.open(work_dir_for(out), cfg.resume, key, probe_key, train_key), _Earlier.read(cfg.reuse, probe_key, train_key)
+    return key, probe_key, train_key
+
+
+def _open_search(out: Path, keys: tuple[str, str, str], cfg: AutoConfig) -> tuple["_Search", "_Earlier"]:
+    """The search's state in the output's work folder (new, or resumed) and what ``--reuse`` lends it."""
+    return _Search.open(work_dir_for(out), cfg.resume, *keys), _Earlier.read(cfg.reuse, *keys[1:])
 
 
 def _shortlist(probe: dict, shapes: list[Shape], budgets, at, cfg: AutoConfig, teacher_config):
@@ -320,45 +345,89 @@ def _shortlist(probe: dict, shapes: list[Shape], budgets, at, cfg: AutoConfig, t
     return model, predicted, shortlist
 
 
-def _halve(teacher_dir: Path, task: Task, shapes: list[Shape], shortlist: list[Shape], cfg: AutoConfig, search: "_Search",
-           earlier: "_Earlier", training_deadline: float):
-    """Successive halving over the shortlist (each round's training only where it ends before the deadline); the halving
-    record and the finalists (the last round's survivors and a runner-up)."""
-    shapes_by_label = {s.label: s for s in shapes}
-
-    def train(label: str, round_: int, epochs: int) -> float:
-        if (label, round_, epochs) in earlier.trained:
-            return _adopt(earlier.trained[label, round_, epochs], search)
-        return _train_candidate(teacher_dir, task, shapes_by_label[label], round_, epochs, cfg, search)
-
-    def affordable(r, plan) -> bool:
-        return _affordable(r, plan, search, earlier, training_deadline, shapes_by_label)
-
-    halving = successive_halving(
-        [s.label for s in shortlist], train, rounds=cfg.rounds, eta=cfg.eta, units=lambda r: cfg.train.epochs * cfg.eta**r,
-        keep_min=min(2, len(shortlist)),  # two finalists at least, so one failing to quantize leaves a choice
-        time_left=affordable,
-        done={(t["label"], t["round"]): t["score"] for t in search.state["trained"].values()},
-    )
-    finalists = list(halving.survivors[-1]) if halving.survivors else []
+def _halve(teacher_dir: Path, task: Task, shortlist: list[Shape], cfg: AutoConfig, search: "_Search", earlier: "_Earlier",
+           training_deadline: float, place: Place, out: Path):
+    """Successive halving over the shortlist as an Optuna study (:mod:`compress.auto_engine`; each round's training only
+    where it ends before the deadline); the halving record and the finalists (those that reached the deepest round, and
+    a runner-up when only one did; capped, see below). The state's trained entries are rebuilt from the study."""
+    done = [t for t in search.state["trained"].values() if Path(t["dir"], "config.json").is_file()]  # --resume: never again
+    plan = Plan(labels=tuple(s.label for s in shortlist), shapes={s.label: _fields(s) for s in shortlist},
+                train_key=search.state["train_key"], rounds=cfg.rounds, eta=cfg.eta, epochs=cfg.train.epochs,
+                deadline=time.time() + training_deadline - time.monotonic(), reused=(*earlier.trained.values(), *done))
+    trainer = _Trainer.of(teacher_dir, task, cfg, search.work, plan.shapes, plan.reused)
+    halving = run_halving(place, plan, trainer, _spec(teacher_dir, out, cfg), cfg.workers, cfg.resume)
+    search.state["trained"].update({f"{e['label']}/{e['round']}": e for e in halving.entries})
+    search.save()
+    scores = {k: t["score"] for k, t in _latest(halving.entries).items()}
+    # Asynchronous halving lets the first shape and ties go on: at most as many finalists as synchronous halving keeps
+    # after the rounds reached (two at least), the best first, so the final measurement costs what it did
+    keep = max(2, math.ceil(len(shortlist) / cfg.eta ** (len(halving.survivors) - 1))) if halving.survivors else 0
+    finalists = sorted(_with_runner_up(halving.survivors, scores), key=lambda c: -scores[c])[:keep] if keep else []
     if not finalists:
         raise CompressError("every candidate's training failed; see the log above")
-    if halving.stopped == "one left":  # the others failed early: the survivor still gets every round's training
-        done = {(t["label"], t["round"]) for t in search.state["trained"].values()}
-        for r in range(len(halving.survivors), cfg.rounds):
-            epochs = cfg.train.epochs * cfg.eta**r
-            if (finalists[0], r) not in done:
-                if not affordable(r, [(finalists[0], epochs)]):
-                    break
-                train(finalists[0], r, epochs)
-    scores = {k: t["score"] for k, t in _latest(search.state["trained"].values()).items()}
-    return halving, _with_runner_up(halving.survivors, scores)
+    return halving, finalists
+
+
+def _join(teacher_dir: Path, task: Task, cfg: AutoConfig, out: Path, place: Place, train_key: str) -> Path:
+    """Train candidates of a search another ``compress auto`` coordinates (same --out and --storage) until its queue
+    is done; the coordinator measures and writes ``out``."""
+    plan = joinable(place)
+    trainer = _Trainer.of(teacher_dir, task, cfg, work_dir_for(out), plan["shapes"], plan["reused"])
+    ran = join(place, train_key, trainer, _spec(teacher_dir, out, cfg), cfg.workers)
+    log.info("trained %d candidate(s) of the search in %s; its coordinator writes %s", ran, place.url, out)
+    return out
+
+
+def _fields(shape: Shape) -> dict:
+    return {k: v for k, v in shape.__dict__.items() if k != "origin"}
+
+
+def _spec(teacher_dir: Path, out: Path, cfg: AutoConfig) -> TrainerSpec:
+    """How a spawned worker process builds its trainer (plain data: it imports this module only when it trains)."""
+    return TrainerSpec("compress.auto:candidate_trainer", {"teacher": str(teacher_dir), "out": str(out), "cfg": to_dict(cfg)})
+
+
+def candidate_trainer(teacher: str, out: str, cfg: dict, attrs: dict) -> "_Trainer":
+    """A worker process's trainer, from its :class:`TrainerSpec` and the study's plan (``attrs["plan"]``)."""
+    config = from_dict(AutoConfig, cfg, validate=False)
+    teacher_dir = Path(teacher)
+    plan = attrs["plan"]
+    return _Trainer.of(teacher_dir, search_task(teacher_dir, config), config, work_dir_for(Path(out)), plan["shapes"], plan["reused"])
+
+
+@dataclass(frozen=True)
+class _Trainer:
+    """Trains one candidate's round for the halving's workers and prices the next; writes no shared state (the
+    study records each round)."""
+
+    teacher_dir: Path
+    task: Task
+    cfg: AutoConfig
+    work: Path
+    shapes: dict[str, Shape]
+    reused: dict[tuple[str, int, int], dict]  # (label, round, epochs) -> an entry trained before: --reuse or --resume
+
+    @classmethod
+    def of(cls, teacher_dir: Path, task: Task, cfg: AutoConfig, work: Path, shapes: dict, reused) -> "_Trainer":
+        return cls(teacher_dir, task, cfg, work, {k: Shape(**v) for k, v in shapes.items()},
+                   {(e["label"], e["round"], e["epochs"]): e for e in reused})
+
+    def train(self, label: str, round_: int, epochs: int) -> dict:
+        entry = self.reused.get((label, round_, epochs))
+        if entry is None:
+            return _train_candidate(self.teacher_dir, self.task, self.shapes[label], round_, epochs, self.cfg, self.work)
+        here = self.work / "candidates" / f"{label}-r{round_}"
+        return entry if Path(entry["dir"]).resolve() == here.resolve() else _copied(entry, self.work)
+
+    def affordable(self, round_: int, label: str, epochs: int, history: list[dict], until: float) -> bool:
+        trained = _Search(self.work, {"trained": dict(enumerate(history))})
+        return _affordable(round_, [(label, epochs)], trained, _Earlier(None, self.reused), until, self.shapes)
 
 
 def _refuse_nothing_fits(out: Path, report: dict, results: list[dict], budgets, at) -> None:
     """Write the search's report beside the output and stop: no model measured meets the budget."""
     quickest = fastest(results, at[0])
-    _write_report(work_dir_for(out) / "search", report)
+    write_report(work_dir_for(out) / "search", report)
     raise CompressError(
         f"nothing measured meets {'; '.join(b.text for b in budgets)}: the fastest was {quickest['name']} at "
         f"{quickest['measurement']['points'][at[0]]['p50_ms']:.2f} ms (p50, batch {at[0][0]}, seq {at[0][1]}); "
@@ -548,9 +617,12 @@ def _met_with_margin(budget: Budget, m: dict, margin: float) -> bool:
 
 
 def _train_candidate(teacher_dir: Path, task: Task, shape: Shape, round_: int, epochs: int, cfg: AutoConfig,
-                     search: _Search) -> float:
-    """Distil ``shape`` for ``epochs`` (round 0 from the teacher; later rounds continue the previous round's student)."""
-    out = search.work / "candidates" / f"{shape.label}-r{round_}"
+                     work: Path) -> dict:
+    """Distil ``shape`` for ``epochs`` (round 0 from the teacher; later rounds continue the previous round's student);
+    its entry (score NaN when the training failed)."""
+    out = work / "candidates" / f"{shape.label}-r{round_}"
+    if out.exists():  # a worker killed while writing it: this run starts the round afresh
+        shutil.rmtree(out)
     started = time.monotonic()
     init_from = None
     if round_ == 0:  # --init-from's weights, else the teacher's (cut to a narrower width), whenever the shape fits inside
@@ -559,7 +631,7 @@ def _train_candidate(teacher_dir: Path, task: Task, shape: Shape, round_: int, e
         else:
             init = "teacher" if fits_inside(load_config(teacher_dir), shape) else "random"
     else:
-        init = str(search.work / "candidates" / f"{shape.label}-r{round_ - 1}")
+        init = str(work / "candidates" / f"{shape.label}-r{round_ - 1}")
     dcfg = DistillConfig(task=task_option(task), student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads,
                          init=init, init_from=init_from, losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
                          train=replace(cfg.train, epochs=epochs))
@@ -567,14 +639,11 @@ def _train_candidate(teacher_dir: Path, task: Task, shape: Shape, round_: int, e
         distill(teacher_dir, out, dcfg, overwrite=True, task=task)
     except CompressError as err:
         log.warning("candidate %s (round %d) failed: %s", shape.label, round_, err)
-        return math.nan
+        return {"label": shape.label, "round": round_, "epochs": epochs, "score": math.nan, "dir": str(out)}
     retention = next(r for r in read_metrics(out) if r.get("kind") == "retention")
     score = float(retention["student"]) if retention["student"] is not None else math.nan
-    search.state["trained"][f"{shape.label}/{round_}"] = {
-        "label": shape.label, "round": round_, "epochs": epochs, "score": score, "dir": str(out),
-        "teacher": retention["teacher"], "seconds": round(time.monotonic() - started, 1), "init": init_from or init}
-    search.save()
-    return score
+    return {"label": shape.label, "round": round_, "epochs": epochs, "score": score, "dir": str(out),
+            "teacher": retention["teacher"], "seconds": round(time.monotonic() - started, 1), "init": init_from or init}
 
 
 def _affordable(round_: int, plan: list[tuple[str, int]], search: _Search, earlier: _Earlier, until: float,
@@ -636,15 +705,20 @@ def _latest(entries) -> dict[str, dict]:
 
 
 def _adopt(entry: dict, search: _Search) -> float:
-    """A candidate an earlier search trained with the same settings, copied in (a later round continues from it)."""
-    out = search.work / "candidates" / f"{entry['label']}-r{entry['round']}"
+    """A candidate an earlier search trained with the same settings, copied in and recorded in the state."""
+    search.state["trained"][f"{entry['label']}/{entry['round']}"] = _copied(entry, search.work)
+    search.save()
+    return entry["score"]
+
+
+def _copied(entry: dict, work: Path) -> dict:
+    """An earlier search's trained candidate copied into ``work``'s candidates (a later round continues from it)."""
+    out = work / "candidates" / f"{entry['label']}-r{entry['round']}"
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(entry["dir"], out)
-    search.state["trained"][f"{entry['label']}/{entry['round']}"] = {**entry, "dir": str(out), "reused_from": entry["dir"]}
-    search.save()
     log.info("candidate %s (round %d): reused from %s", entry["label"], entry["round"], entry["dir"])
-    return entry["score"]
+    return {**entry, "dir": str(out), "reused_from": entry["dir"]}
 
 
 # ---------------------------------------------------------------------------- step 4: finalists
@@ -725,121 +799,13 @@ def _compared(rows: list[dict], folders: list[Path], task: Task, budgets, at: tu
 # ---------------------------------------------------------------------------- the report and the output
 
 
-def _report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search) -> dict:
-    at = sorted(points(budgets) or {(1, 128)})[0]
-    return {
-        "kind": "auto", "when": utc_now(), "task": task.name, "teacher": str(teacher_dir),
-        "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
-        "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"], "final_runs": cfg.final_runs,
-        "probe_reused_from": probe.get("reused_from"),
-        "teacher_ms": probe["teacher"], "teacher_probe_timings": probe.get("teacher_timings"),
-        "predicted": {k: {"variants": v["variants"]} for k, v in predicted.items()},
-        "trained": list(search.state["trained"].values()), "halving_stopped": halving.stopped,
-        "results": [{k: v for k, v in r.items() if k not in ("measurement", "predicted")}
-                    | {"measured_p50_ms": r["measurement"]["points"][at]["p50_ms"],
-                       "slowest_p50_ms": r["measurement"]["points"][at].get("slowest", {}).get("p50_ms"),
-                       "predicted_p50_ms": r["predicted"]["points"][at]["p50_ms"],
-                       "size_bytes": r["measurement"]["size_bytes"]} for r in results],
-        "chosen": None if chosen is None else {"name": chosen["name"], "dir": chosen["dir"], "accuracy": chosen["accuracy"]},
-    }
-
-
-def _teacher_timings(report: dict, at: tuple[int, int]) -> str:
-    """The teacher's p50 in the final runs (the reference of speed-up budgets) and in the probe, which may be an
-    earlier search's."""
-    timings = (report.get("teacher_probe_timings") or {}).get(f"{at[0]},{at[1]}")
-    probe = f"{report['teacher_ms'].get(f'{at[0]},{at[1]}', float('nan')):.2f} ms in the latency probe" + (
-        f" (the faster of {timings[0]:.2f} and {timings[1]:.2f})" if timings and timings[0] != timings[1] else "") + (
-        " (an earlier search's)" if report.get("probe_reused_from") else "")
-    final = (report.get("compared") or [None])[0]
-    return (f"{final['measured_p50_ms']:.2f} ms in the final runs, " if final else "") + probe
-
-
-def _write_report(where: Path, report: dict) -> None:
-    where.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(where / "search.json", report)
-    at = tuple(report["point"])
-    lines = [f"# compress auto: {report['task']}, budget {'; '.join(report['budgets'])}", "",
-             f"- teacher: {report['teacher']} (p50 at batch {at[0]}, seq {at[1]}, torch fp32: {_teacher_timings(report, at)})",
-             f"- search time: {report['seconds'] / 60:.1f} min; successive halving stopped: {report['halving_stopped']}"]
-    err = report["latency_model_error"]
-    if err:
-        lines.append(f"- latency model error on held-out probe shapes: median {err['median']:.1f}%, worst {err['worst']:.1f}%")
-    if report.get("probe_reused_from"):
-        lines.append(f"- latency probe reused from the earlier search {report['probe_reused_from']} (same teacher, backends, points)")
-    chosen = report["chosen"]
-    lines.append(f"- chosen: {chosen['name']} ({chosen['accuracy']:.2f})" if chosen else "- chosen: nothing met every budget")
-    lines += ["", "## Candidates trained", "", "| shape | round | epochs | dev | teacher | seconds |", "|---|--:|--:|--:|--:|--:|"]
-    for t in report["trained"]:
-        spent = f"{t['seconds']:.0f}" + (" (an earlier search's)" if t.get("reused_from") else "")
-        lines.append(f"| {t['label']} | {t['round']} | {t['epochs']} | {t['score']:.2f} | {t['teacher']:.2f} | {spent} |")
-    runs = report.get("final_runs", 1)
-    lines += ["", f"## Finalists, measured in one run{f' repeated {runs} times (budgets judged on the slowest run)' if runs > 1 else ''}",
-              "", f"| model | dev | predicted p50 ms | measured p50 ms | slowest run p50 ms | size MB | {' | '.join(report['budgets'])} |",
-              "|---|--:|--:|--:|--:|--:|" + "---|" * len(report["budgets"])]
-    for r in report["results"]:
-        marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
-        slowest = "—" if r.get("slowest_p50_ms") is None else f"{r['slowest_p50_ms']:.2f}"
-        name = r["name"] + (" (second run)" if r.get("second_run") else "")
-        lines.append(f"| {name} | {r['accuracy']:.2f} | {r['predicted_p50_ms']:.2f} | {r['measured_p50_ms']:.2f} | "
-                     f"{slowest} | {r['size_bytes'] / 1e6:.1f} | {marks} |")
-    if report.get("compared"):
-        lines += ["", "## Beside the teacher and the given models (same run; never chosen)", "",
-                  f"| model | dev | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",
-                  "|---|--:|--:|--:|" + "---|" * len(report["budgets"])]
-        for r in report["compared"]:
-            marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
-            dev = "—" if r["accuracy"] is None else f"{r['accuracy']:.2f}"
-            lines.append(f"| {r['name']} | {dev} | {r['measured_p50_ms']:.2f} | {r['size_bytes'] / 1e6:.1f} | {marks} |")
-    _plot(where / "pareto.png", report)
-    lines += ["", "![accuracy against measured latency](pareto.png)"]
-    with atomic_path(where / "report.md") as tmp:
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def _plot(path: Path, report: dict) -> None:
-    """Accuracy against measured p50: every finalist, the Pareto front, the latency budget line, the choice marked."""
-    # deferred: matplotlib is only needed for the picture
-    import matplotlib
-
-    matplotlib.use("Agg")
-    # deferred (pyplot after the backend is chosen)
-    import matplotlib.pyplot as plt
-
-    rs = report["results"]
-    if not rs:
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs, ys = [r["measured_p50_ms"] for r in rs], [r["accuracy"] for r in rs]
-    ax.scatter(xs, ys, color="0.6", label="finalists")
-    front = sorted(pareto_front(list(zip(ys, xs))), key=lambda i: xs[i])
-    ax.plot([xs[i] for i in front], [ys[i] for i in front], color="C0", label="Pareto front")
-    for budget in report["budgets"]:
-        m = re.match(r"\s*(p50|p90|p99|mean)\s*<=\s*([0-9.]+)\s*ms", budget.lower())
-        if m:
-            ax.axvline(float(m.group(2)), color="C3", linestyle="--", label=f"budget {budget}")
-    for j, r in enumerate(c for c in report.get("compared", []) if c["accuracy"] is not None):
-        ax.scatter([r["measured_p50_ms"]], [r["accuracy"]], marker="^", color="C1", label="teacher and given models" if j == 0 else None)
-        ax.annotate(r["name"], (r["measured_p50_ms"], r["accuracy"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
-    if report["chosen"]:
-        i = next(i for i, r in enumerate(rs) if r["name"] == report["chosen"]["name"])
-        ax.scatter([xs[i]], [ys[i]], s=120, facecolors="none", edgecolors="C2", linewidths=2, label="chosen")
-    ax.set_xlabel(f"measured p50 latency (ms), batch {report['point'][0]}, seq {report['point'][1]}")
-    ax.set_ylabel("dev metric")
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-
-
 def _write_chosen(source: Path, out: Path, report: dict, overwrite: bool) -> Path:
     """Copy the chosen folder to ``out`` (staged beside it, then renamed into place) with the search's report."""
     staged = out.parent / f".{out.name}.auto-tmp"
     if staged.exists():
         shutil.rmtree(staged)
     shutil.copytree(source, staged)
-    _write_report(staged / "search", report)
+    write_report(staged / "search", report)
     if out.exists():
         if not overwrite and any(out.iterdir()):
             raise CompressError(f"output directory {out} is not empty; pass --overwrite to replace it or choose another --out")
@@ -850,6 +816,8 @@ def _write_chosen(source: Path, out: Path, report: dict, overwrite: bool) -> Pat
 
 
 def summarize(out: Path, cfg: AutoConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
-    """What ``compress auto`` prints: the report's table."""
+    """What ``compress auto`` prints: the report's table (a process that joined a search: where its coordinator writes)."""
+    if not (out / "search" / "report.md").is_file() and cfg.storage:
+        return f"worked on the search in {cfg.storage} until its queue was done; its coordinator writes {out}", []
     text = (out / "search" / "report.md").read_text(encoding="utf-8")
     return text, []

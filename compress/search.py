@@ -1,4 +1,4 @@
-"""The model-free core of ``compress auto``: budgets, a latency model, successive halving, the choice.
+"""The model-free core of ``compress auto``: budgets, a latency model, pricing a round of training, the choice.
 
 Finding the most accurate model that fits a budget takes four pure pieces, each testable
 without a model:
@@ -7,8 +7,8 @@ without a model:
   records; :func:`points` says which (batch, seq) points must be timed.
 - :func:`fit_latency_model` fits, per (backend, batch, seq), a non-negative linear model
   of encoder latency over shape features, so shapes can be ranked before any is trained.
-- :func:`successive_halving` (Jamieson & Talwalkar 2016) trains every candidate briefly,
-  keeps the best 1/eta, trains those longer, and so on; it can resume from finished runs.
+- :func:`round_seconds` prices a round of training from the seconds per epoch seen so far
+  (successive halving itself runs on Optuna: :mod:`compress.auto_engine`).
 - :func:`pareto_front`, :func:`choose` and :func:`fastest` pick among measured results.
 
 A *measurement* is a plain dict, one per model::
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -198,84 +198,9 @@ def held_out_error(samples: Sequence[Sample], holdout: Callable[[Sample], bool])
     return {"errors": errors, "median": float(np.median(absolute)), "worst": float(absolute.max())}
 
 
-# ---------------------------------------------------------------------------- successive halving
+# ---------------------------------------------------------------------------- pricing a round
 
 K = TypeVar("K", bound=Hashable)
-
-
-@dataclass(frozen=True)
-class Trial(Generic[K]):
-    """One training of one candidate in one round; ``reused`` when taken from ``done``."""
-
-    candidate: K
-    round: int
-    units: int
-    score: float
-    reused: bool = False
-
-
-@dataclass(frozen=True)
-class HalvingResult(Generic[K]):
-    """Every trial, the survivors after each completed round (candidate order), why it stopped, the winner."""
-
-    trials: tuple[Trial[K], ...]
-    survivors: tuple[tuple[K, ...], ...]  # survivors[r]: kept after round r
-    stopped: str  # 'rounds' | 'one left' | 'time' | 'all failed'
-    best: K | None  # highest score in the last completed round (first in candidate order on ties)
-
-
-def successive_halving(candidates: Sequence[K], train: Callable[[K, int, int], float], *, rounds: int, eta: int = 2,
-                       units: Callable[[int], int], keep_min: int = 1,
-                       time_left: Callable[[int, list[tuple[K, int]]], bool] | None = None,
-                       done: Mapping[tuple[K, int], float] | None = None) -> HalvingResult[K]:
-    """Successive halving (Jamieson & Talwalkar 2016): train all, keep the best ceil(n/eta), repeat.
-
-    Round r calls ``train(candidate, r, units(r))`` for each survivor (higher score is
-    better; NaN means it failed and is dropped), unless ``done[(candidate, r)]`` holds its
-    score already. Before each round (never mid-round, so every survivor of a round is
-    trained alike), ``time_left(r, plan)`` decides which survivors it can afford: going
-    through them best first (the previous round's ranking; the given order in round 0),
-    each joins the round when ``time_left`` accepts the plan ``[(candidate, units), ...]``
-    with it added (:func:`round_seconds` predicts a plan's cost); the others stop there.
-    """
-    if not candidates or len(set(candidates)) != len(candidates):
-        raise CompressError(f"successive halving needs distinct candidates, got {list(candidates)}")
-    if rounds < 1 or eta < 2 or keep_min < 1:
-        raise CompressError(f"successive halving needs rounds >= 1, eta >= 2, keep_min >= 1; got {rounds}, {eta}, {keep_min}")
-    done = done or {}
-    alive, trials, survivors, best, stopped, short = list(candidates), [], [], None, "rounds", False
-    for r in range(rounds):
-        u = units(r)
-        if not (isinstance(u, int) and u >= 1):
-            raise CompressError(f"units({r}) returned {u!r}: it must be a positive whole number of epochs or steps")
-        if time_left is not None:
-            plan, affordable = [], []
-            for c in alive:
-                if (c, r) in done or time_left(r, plan + [(c, u)]):
-                    affordable.append(c)
-                    plan += [] if (c, r) in done else [(c, u)]
-            if not affordable:
-                stopped = "time"
-                break
-            short, alive = short or len(affordable) < len(alive), affordable
-        scores = {}
-        for c in alive:
-            reused = (c, r) in done
-            score = float(done[(c, r)] if reused else train(c, r, u))
-            trials.append(Trial(c, r, u, score, reused))
-            if not math.isnan(score):
-                scores[c] = score
-        # sorted() is stable, so equal scores keep candidate order.
-        ranked = sorted(scores, key=lambda c: -scores[c])
-        alive = ranked[: max(keep_min, math.ceil(len(alive) / eta))]
-        survivors.append(tuple(c for c in candidates if c in alive))
-        best = ranked[0] if ranked else None
-        if len(alive) <= 1:
-            stopped = "time" if short and alive else "one left" if alive else "all failed"
-            break
-    if short and stopped == "rounds":
-        stopped = "time"
-    return HalvingResult(tuple(trials), tuple(survivors), stopped, best)
 
 
 def round_seconds(plan: Sequence[tuple[K, int]], history: Sequence[tuple[K, int, float]],

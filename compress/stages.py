@@ -325,7 +325,10 @@ register(Stage(
   compress auto --teacher models/sst2 --task sst2 --data-dir ~/glue_data --budget 'p50<=6ms@b1,s128' --out models/sst2-6ms
   compress auto --teacher models/intents --train-file train.csv --dev-file dev.csv --budget 'p50<=3ms@b1,s64; size<=30MB' \\
       --out models/intents-3ms          # your own task: the teacher's, read from its folder
-  compress auto ... --resume        # after a crash: finished probes and candidates are reused""",
+  compress auto ... --resume        # after a crash: finished probes and candidates are reused
+  compress auto ... --workers 2      # two local processes train candidates side by side
+  compress auto ... --out /shared/sst2-6ms --storage postgresql://user:pass@host/db   # the same on another machine:
+                                     # joins the search under way (shared --out) and only trains""",
     "compress.auto:AutoConfig", "compress.auto:auto",
     (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the chosen model, with the search's report in search/)",

@@ -133,9 +133,11 @@ def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, t
     assert (out / "config.json").is_file() and (out / "search" / "report.md").is_file() and (out / "search" / "pareto.png").is_file()
     # The probe's held-out shapes are predicted exactly by a model fitted on a linear (noiseless) timer.
     assert report["latency_model_error"]["worst"] < 1.0
-    # Round 0 trained every shortlisted shape, round 1 continued the best half.
+    # Round 0 trained every shortlisted shape; round 1 continued those in the best half of their rung when they reached it
+    # (asynchronous successive halving: the first always, ties too), each candidate one Optuna trial.
     rounds = [t["round"] for t in report["trained"]]
-    assert rounds.count(0) == 3 and rounds.count(1) == 2
+    assert rounds.count(0) == 3 and 1 <= rounds.count(1) <= 3
+    assert sorted(t["label"] for t in report["trials"]) == sorted({t["label"] for t in report["trained"]})
     # the probe run (teacher first), the teacher again after it, and one final run (teacher first)
     assert len(calls) == 3 and calls[1] == [str(teacher_dir)] and str(teacher_dir) == calls[0][0] == calls[2][0]
     assert timer.runs == [2, 1, 3]  # the probe in 2 runs, the final run repeated --final-runs times (default 3)

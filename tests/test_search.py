@@ -1,4 +1,4 @@
-"""The model-free core of ``compress auto``: budgets, latency model, NNLS, successive halving, choice."""
+"""The model-free core of ``compress auto``: budgets, latency model, NNLS, pricing a round, choice."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from compress.core.errors import CompressError
 from compress.core.shapes import Shape
 from compress.search import (Budget, Sample, choose, fastest, room, features, fit_latency_model, held_out_error, round_seconds,
-                             measurement, nnls, pareto_front, parse_budgets, points, successive_halving)
+                             measurement, nnls, pareto_front, parse_budgets, points)
 
 # ---------------------------------------------------------------------------- budgets
 
@@ -238,87 +238,7 @@ def test_nnls_matches_least_squares_when_that_is_already_non_negative():
     np.testing.assert_allclose(nnls(A, b), unconstrained, rtol=1e-8, atol=1e-10)
 
 
-# ---------------------------------------------------------------------------- successive halving
-
-SCORES = {  # (candidate, round) -> score
-    **dict(zip([(c, 0) for c in "abcdefgh"], [0.1, 0.5, 0.3, 0.9, 0.5, 0.2, 0.7, 0.5])),
-    ("b", 1): 0.8, ("d", 1): 0.6, ("e", 1): 0.95, ("g", 1): 0.6,
-    ("b", 2): 0.7, ("e", 2): 0.65,
-}
-
-
-class Trainer:
-    def __init__(self, scores):
-        self.scores, self.calls = scores, []
-
-    def __call__(self, candidate, round, units):
-        self.calls.append((candidate, round, units))
-        return self.scores[(candidate, round)]
-
-
-def test_successive_halving_keeps_the_expected_candidates_per_round():
-    train = Trainer(SCORES)
-    result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r)
-    # round 0: d .9, g .7, then the .5 tie b, e, h keeps b and e (candidate order)
-    assert result.survivors == (("b", "d", "e", "g"), ("b", "e"), ("b",))
-    # later rounds train best first (by the previous round's scores)
-    assert train.calls == ([(c, 0, 1) for c in "abcdefgh"] + [(c, 1, 2) for c in "dgbe"] + [("e", 2, 4), ("b", 2, 4)])
-    assert result.best == "b" and result.stopped == "one left"
-    assert [(t.candidate, t.round, t.units, t.score) for t in result.trials] == [
-        (c, r, u, SCORES[(c, r)]) for c, r, u in train.calls]
-    short = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=2, units=lambda r: 2**r)
-    assert short.stopped == "rounds" and short.best == "e" and short.survivors[-1] == ("b", "e")
-
-
-def test_successive_halving_eta_and_keep_min():
-    scores = {(c, 0): s for c, s in zip("abcdefgh", [8, 7, 6, 5, 4, 3, 2, 1])} | {("a", 1): 1, ("b", 1): 2, ("c", 1): 0}
-    result = successive_halving(list("abcdefgh"), Trainer(scores), rounds=2, eta=3, units=lambda r: 1)
-    assert result.survivors == (("a", "b", "c"), ("b",)) and result.best == "b"  # ceil(8/3) = 3, then ceil(3/3) = 1
-    result = successive_halving(list("abcdefgh"), Trainer(scores), rounds=1, eta=8, keep_min=2, units=lambda r: 1)
-    assert result.survivors == (("a", "b"),) and result.best == "a"
-
-
-def test_successive_halving_drops_failed_candidates():
-    nan = float("nan")
-    scores = {("a", 0): nan, ("b", 0): 0.2, ("c", 0): 0.3, ("d", 0): nan, ("e", 0): 0.1, ("f", 0): nan,
-              ("b", 1): nan, ("c", 1): nan, ("e", 1): 0.5}
-    train = Trainer(scores)
-    result = successive_halving(list("abcdef"), train, rounds=3, units=lambda r: 1)
-    assert result.survivors == (("b", "c", "e"), ("e",))  # ceil(6/2) = 3 kept, all three that did not fail
-    assert result.best == "e" and result.stopped == "one left"
-    failed = successive_halving(["a", "d"], Trainer(scores), rounds=2, units=lambda r: 1)
-    assert failed.survivors == ((),) and failed.best is None and failed.stopped == "all failed"
-
-
-def test_successive_halving_stops_when_time_runs_out():
-    asked = []
-    result = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r,
-                                time_left=lambda r, plan: asked.append((r, plan)) or r < 2)
-    assert result.stopped == "time"
-    assert result.survivors == (("b", "d", "e", "g"), ("b", "e")) and result.best == "e"
-    assert {t.round for t in result.trials} == {0, 1}
-    # each survivor is offered in turn, best first (round 1 by round 0's scores: d .9, g .7, b .5, e .5), the plan
-    # growing by the ones accepted; round 2 (e .95, b .8) accepts none
-    assert [plan for r, plan in asked if r == 1] == [[("d", 2)], [("d", 2), ("g", 2)], [("d", 2), ("g", 2), ("b", 2)],
-                                                    [("d", 2), ("g", 2), ("b", 2), ("e", 2)]]
-    assert [plan for r, plan in asked if r == 2] == [[("e", 4)], [("b", 4)]]
-    none = successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 1, time_left=lambda r, plan: False)
-    assert none.trials == () and none.best is None and none.stopped == "time"
-
-
-def test_a_round_cut_short_by_time_trains_the_best_survivors_that_fit():
-    train = Trainer(SCORES)
-    # round 0 fits; later rounds fit two trainings at most
-    result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r,
-                                time_left=lambda r, plan: r == 0 or len(plan) <= 2)
-    assert train.calls[8:] == [("d", 1, 2), ("g", 1, 2)]  # round 0's best two (d .9, g .7); b and e stop there
-    # round 1 kept one of two (ceil(2/2)): d .6 ties g .6, d ranked first; the cut is reported as time
-    assert result.survivors == (("b", "d", "e", "g"), ("d",)) and result.best == "d" and result.stopped == "time"
-    # a survivor too dear on its own is passed over for the cheaper ones after it
-    skip = Trainer(SCORES)
-    successive_halving(list("abcdefgh"), skip, rounds=2, units=lambda r: 2**r,
-                       time_left=lambda r, plan: r == 0 or all(c != "d" for c, _ in plan))
-    assert skip.calls[8:] == [("g", 1, 2), ("b", 1, 2), ("e", 1, 2)]
+# ---------------------------------------------------------------------------- pricing a round
 
 
 def test_a_round_costs_each_candidates_latest_seconds_per_unit_times_its_units():
@@ -329,25 +249,6 @@ def test_a_round_costs_each_candidates_latest_seconds_per_unit_times_its_units()
     size = {"a": 10.0, "b": 2.0, "c": 4.0}.get
     assert round_seconds([("c", 2)], history, size) == pytest.approx(14.5 * 4 * 2)
     assert round_seconds([("c", 2)], [], size) == 0.0  # nothing to price it by
-
-
-def test_successive_halving_resumes_without_retraining_finished_runs():
-    done = {k: v for k, v in SCORES.items() if k[1] == 0} | {("e", 1): SCORES[("e", 1)]}
-    train = Trainer(SCORES)
-    result = successive_halving(list("abcdefgh"), train, rounds=3, units=lambda r: 2**r, done=done)
-    assert train.calls == [("d", 1, 2), ("g", 1, 2), ("b", 1, 2), ("e", 2, 4), ("b", 2, 4)]  # best first
-    full = successive_halving(list("abcdefgh"), Trainer(SCORES), rounds=3, units=lambda r: 2**r)
-    assert result.survivors == full.survivors and result.best == full.best
-    assert [t.reused for t in result.trials] == [True] * 8 + [False, False, False, True] + [False, False]
-
-
-def test_successive_halving_refuses_bad_arguments():
-    with pytest.raises(CompressError, match="distinct"):
-        successive_halving(["a", "a"], Trainer(SCORES), rounds=1, units=lambda r: 1)
-    with pytest.raises(CompressError, match="eta >= 2"):
-        successive_halving(["a"], Trainer(SCORES), rounds=1, eta=1, units=lambda r: 1)
-    with pytest.raises(CompressError, match=r"units\(0\) returned 0"):
-        successive_halving(["a"], Trainer(SCORES), rounds=1, units=lambda r: 0)
 
 
 # ---------------------------------------------------------------------------- choosing
