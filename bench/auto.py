@@ -30,7 +30,7 @@ from compress.auto import BURSTS, AutoConfig, auto
 from compress.core.artifacts import is_model_dir, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.core.tasks import get_task
 from compress.core.train import work_dir_for
 from compress.eval.latency import LatencyConfig, measure_latency
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     store = args.out / "auto.json"
     before = json.loads(store.read_text()) if store.is_file() else {"rows": {}, "header": {}}
     results = before["rows"]
-    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"], "threads": torch.get_num_threads(),
+    header = {"date": utc_now(), **cpu_summary(), "threads": torch.get_num_threads(),
               "packages": package_versions(), "command": "python -m bench.auto " + " ".join(sys.argv[1:] if argv is None else argv)}
 
     # Budgets searched by several invocations (say, another --time-limit for the first): every command is kept.

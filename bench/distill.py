@@ -24,7 +24,7 @@ from bench.pretrain import corpus_paths
 from bench.teachers import SST2_TRAIN, minilm_path
 from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.distill import DistillConfig, distill
 from compress.distill_general import GeneralDistillConfig, distill_general
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     partial = args.out / "distill.json"
 
     def save():
-        header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
+        header = {"date": utc_now(), **cpu_summary(),
                   "threads": torch.get_num_threads(), "packages": package_versions(),
                   "command": "python -m bench.distill " + " ".join(sys.argv[1:]), "note": args.note}
         write_json_atomic(partial, {"header": header, **results})

@@ -35,7 +35,7 @@ from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
 from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.distill_embedding import EmbeddingDistillConfig, distill_embedding
 from compress.eval.evaluate import EvalConfig, evaluate
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency, megabytes, size_on_disk
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
                      "note": args.note, "load_average": os.getloadavg()})
 
     def save():
-        header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
+        header = {"date": utc_now(), **cpu_summary(),
                   "threads": torch.get_num_threads(), "packages": package_versions(),
                   "command": "python -m bench.embeddings " + " ".join(sys.argv[1:]), "note": args.note}
         write_json_atomic(args.out / "embeddings.json", {"header": header, **results})

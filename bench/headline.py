@@ -532,7 +532,7 @@ def _header_lines(results: dict[str, Any]) -> list[str]:
         "# Headline benchmark: accuracy vs speed of compressed MiniLM-L6 students",
         "",
         f"- date: {results['date']}; total time {results.get('seconds', 0) / 60:.0f} min; command `{results.get('command', 'python -m bench')}`",
-        f"- hardware: {hw['cpu']} ({hw['generation'] + ', ' if hw.get('generation') else ''}{hw['usable_cores']} usable cores, flags {', '.join(hw['flags'])}), no GPU; "
+        f"- hardware: {hw['cpu']} ({hw['core'] + ', ' if hw.get('core') else ''}{hw['generation'] + ', ' if hw.get('generation') else ''}{hw['usable_cores']} usable cores, flags {', '.join(hw['flags'])}), no GPU; "
         f"1-minute load before timing {_fmt(lat.get('load_avg_1min'), '.2f')}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in pk.items())}",
         "- reduced settings: SST-2 training is a seeded sample of 20,000 of its 67,349 sentences (max length 64); "

@@ -36,7 +36,7 @@ from bench.pretrain import corpus_paths
 from compress.core.artifacts import artifact_format, load_tokenizer, read_compression, utc_now, write_json_atomic
 from compress.core.compat import HAS_OPTIMUM_ONNX, TRANSFORMERS_MAJOR
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.core.runtime import load_model
 from compress.core.sentence import encode, read_spec
 from compress.core.structure import model_inputs
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         table[kind] = {"format": artifact_format(path), "precision": read_compression(path).get("precision", "fp32"),
                        "cells": {loader: cell(path, loader, texts, tokenizer) for loader in LOADERS}}
         print(kind, {k: v["outcome"] for k, v in table[kind]["cells"].items()}, flush=True)
-    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "packages": package_versions(),
+    header = {"date": utc_now(), **cpu_summary(), "packages": package_versions(),
               "command": "python -m bench.loaders " + " ".join(sys.argv[1:]), "sentences": len(texts)}
     suffix = "" if TRANSFORMERS_MAJOR >= 5 else "-transformers4"
     args.out.mkdir(parents=True, exist_ok=True)

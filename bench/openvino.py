@@ -47,7 +47,7 @@ from compress.core.artifacts import (
 )
 from compress.core.config import from_dict
 from compress.core.export import export_onnx
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.core.openvino import export_openvino
 from compress.core.runtime import load_model_for_task
 from compress.core.shapes import Shape
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
                         out=str(args.out / "openvino-latency"))
     latency = measure_latency(order, cfg)  # backend auto: each directory's own runtime
 
-    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"], "flags": cpu_info()["flags"],
+    header = {"date": utc_now(), **cpu_summary(),
               "threads": latency["threads"], "packages": package_versions(), "command": command, "note": args.note,
               "load_average_before": load_before, "tiny": args.tiny}
     results = {"header": header, "models": describe_models(dirs), "latency": latency}

@@ -24,7 +24,7 @@ import torch
 
 from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.teacher.pretrain import PretrainConfig, pretrain
 
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     training = next(r for r in results if r["kind"] == "training")
     heldout = [h for h in training["history"] if "eval" in h]
     header = {
-        "date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
+        "date": utc_now(), **cpu_summary(),
         "threads": torch.get_num_threads(), "packages": package_versions(), "note": args.note,
         "command": "python -m bench.pretrain " + " ".join(sys.argv[1:] if argv is None else argv),
     }

@@ -19,7 +19,7 @@ import torch
 
 from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.eval.heads import HeadsConfig, analyze_heads
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
 from compress.prune import PruneConfig, prune
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                                        "max_length": 64, "importance_examples": 512})
         heads = analyze_heads(teacher, args.out / "heads-sst2-teacher", hcfg, overwrite=True)
 
-    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
+    header = {"date": utc_now(), **cpu_summary(),
               "threads": torch.get_num_threads(), "packages": package_versions(),
               "command": "python -m bench.prune " + " ".join(sys.argv[1:])}
     write_json_atomic(args.out / "prune.json", {"header": header, "summary": summary, "latency": latency,

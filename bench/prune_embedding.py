@@ -26,7 +26,7 @@ from bench.embeddings import GLUE_SENTENCES, scores, teacher_folder
 from bench.pretrain import corpus_paths
 from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
 from compress.prune import EmbeddingPruneConfig, prune_embedding
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     run_prune(teacher, pruned, args.data, args)
     summary = next(r for r in read_metrics(pruned) if r["kind"] == "prune")
     results = {
-        "header": {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
+        "header": {"date": utc_now(), **cpu_summary(),
                    "threads": torch.get_num_threads(), "packages": package_versions(),
                    "command": "python -m bench.prune_embedding " + " ".join(sys.argv[1:])},
         "config": read_compression(pruned)["config"], "structure": read_compression(pruned)["structure"], "summary": summary,

@@ -21,7 +21,7 @@ import torch
 
 from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.quantize import QuantizeConfig, quantize
 
 MAX_LENGTH = {"sst2": 64, "mrpc": 128, "stsb": 128}
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
             print(f"== {task}: inc {scheme}", flush=True)
             rows.append(run(parent, args.models / f"teacher-{task}-inc-{scheme}", task, glue, scheme, args.steps, args.lr,
                             args.examples))
-    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
+    header = {"date": utc_now(), **cpu_summary(),
               "threads": torch.get_num_threads(), "packages": package_versions(),
               "command": "python -m bench.qat " + " ".join(sys.argv[1:] if argv is None else argv)}
     write_json_atomic(args.out / "qat.json", {"header": header, "rows": rows})

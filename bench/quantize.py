@@ -24,7 +24,7 @@ import torch
 from bench.headline import bert_base_shape
 from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
 from compress.quantize import QuantizeConfig, quantize
 
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
                 r[f"p50_b{batch}"], r[f"parent_p50_b{batch}"] = mine["p50_ms"], theirs["p50_ms"]
                 r[f"speedup_b{batch}"] = theirs["p50_ms"] / mine["p50_ms"]
                 r["size_mb"], r["parent_size_mb"] = mine["size_mb"], theirs["size_mb"]
-    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
-              "threads": torch.get_num_threads(), "flags": cpu_info().get("flags"), "packages": package_versions(),
+    header = {"date": utc_now(), **cpu_summary(),
+              "threads": torch.get_num_threads(), "packages": package_versions(),
               "command": "python -m bench.quantize " + " ".join(sys.argv[1:] if argv is None else argv)}
     write_json_atomic(args.out / "quantize.json", {"header": header, "runs": runs, "latency": latency})
     (args.out / "quantize.md").write_text(render(runs, latency, header), encoding="utf-8")

@@ -51,7 +51,7 @@ from bench.teachers import minilm_path
 from compress.core.artifacts import (build_lock, compression_record, load_tokenizer, read_compression, read_metrics,
                                      save_model_dir, utc_now, write_json_atomic)
 from compress.core.config import from_dict
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.core.runtime import load_model
 from compress.core.tasks import get_task
 from compress.distill import DistillConfig, distill
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     store = args.out / "retention.json"
     results = json.loads(store.read_text())["rows"] if store.is_file() else {}
     header = {
-        "date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"], "threads": torch.get_num_threads(),
+        "date": utc_now(), **cpu_summary(), "threads": torch.get_num_threads(),
         "packages": package_versions(), "command": "python -m bench.retention " + " ".join(sys.argv[1:] if argv is None else argv),
         "settings": {k: str(v) for k, v in vars(args).items()}, "note": args.note,
     }

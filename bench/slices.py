@@ -26,7 +26,7 @@ from scipy.stats import spearmanr
 
 from bench.teachers import minilm_path
 from compress.core.artifacts import load_tokenizer, utc_now, write_json_atomic
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.core.runtime import load_model
 from compress.core.shapes import Shape
 from compress.core.structure import count_parameters
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
                      "teacher_layers": info.get("teacher_layers"), "ablation": ablation, "params": count_parameters(model),
                      "spearman": round(100 * score, 2), "seconds": round(time.monotonic() - started, 1)})
         print(rows[-1], flush=True)
-    header = {"date": utc_now(), "cpu": cpu_info()["cpu"], "packages": package_versions(),
+    header = {"date": utc_now(), **cpu_summary(), "packages": package_versions(),
               "command": "python -m bench.slices " + " ".join(sys.argv[1:] if argv is None else argv)}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "slices.json", {"header": header, "rows": rows})

@@ -24,7 +24,7 @@ import torch
 
 from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.data import TaskData
-from compress.core.hardware import cpu_info, package_versions
+from compress.core.hardware import cpu_summary, package_versions
 from compress.core.tasks import get_task
 from compress.core.train import TrainConfig
 from compress.eval.references import published_score
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         rows = [r for r in rows if r["task"] != task] + [row]
         rows.sort(key=lambda r: TASKS.index(r["task"]) if r["task"] in TASKS else 99)
         header = {
-            "date": utc_now(), "cpu": cpu_info()["cpu"], "cores": cpu_info()["usable_cores"],
+            "date": utc_now(), **cpu_summary(),
             "threads": torch.get_num_threads(), "packages": package_versions(),
             "command": "python -m bench.teachers " + " ".join(sys.argv[1:] if argv is None else argv),
         }

@@ -451,6 +451,8 @@ def build_rows(
                 "floor_ms": floor if peak else None,
                 "x_floor": stats["p50_ms"] / floor if peak else None,
                 **({"note": result["note"]} if result.get("note") else {}),  # e.g. OpenVINO's inference precision
+                # what its matrix multiplications ran on, as the library reports (compress.eval.kernels)
+                "kernels": result.get("kernels"),
             })
     first = {(r["batch"], r["seq"]): r for r in rows[: len(results[0][0]["points"])]}
     ref = {b: _point_p50s(runs) for b, runs in (references or {}).items() if runs}
@@ -514,6 +516,7 @@ def reference_summary(name: str, references: dict[str, list[dict[str, Any]]]) ->
         return None
     return {"model": name, "p50_ms": {b: {f"b{bs},s{sq}": float(np.median(v)) for (bs, sq), v in _point_p50s(runs).items()}
                                       for b, runs in references.items()},
+            "kernels": {b: runs[0].get("kernels") for b, runs in references.items() if runs},  # what each backend ran on
             "gflops_per_seq": {b: {s: f / 1e9 for s, f in runs[0]["flops"].items()} for b, runs in references.items() if runs}}
 
 
@@ -533,7 +536,8 @@ def record_metrics(report: dict[str, Any], paths: list[Path]) -> None:
             "rows": rows,
             "speedup_vs": report["rows"][0]["model"],
             "peak_gflops": report["peak_gflops"],
-            "hardware": {"cpu": cpu["cpu"], "physical_cores": cpu["physical_cores"], "flags": cpu["flags"]},
+            "hardware": {"cpu": cpu["cpu"], "microarchitecture": cpu.get("microarchitecture"),
+                         "physical_cores": cpu["physical_cores"], "flags": cpu["flags"]},
             "when": report["when"],
         })
 
@@ -735,6 +739,7 @@ def format_markdown(report: dict[str, Any]) -> str:
             line += (f" {r['speedup_vs_best_fp32']:.2f}x ({r['speedup_vs_best_fp32_min']:.2f}x) |"
                      f" {_fmt(torch_eager, '.2f')}{'x' if torch_eager is not None else ''} |")
         lines.append(line)
+    lines += kernel_lines(report["rows"], ref)
     if ref:
         lines += ["", f"Reference: {ref['model']} in fp32 on " + "; ".join(
             f"{b} " + ", ".join(f"{k} {v:.2f} ms" for k, v in points.items()) for b, points in ref["p50_ms"].items())
@@ -742,6 +747,28 @@ def format_markdown(report: dict[str, Any]) -> str:
     if report.get("real_rows"):
         lines += ["", *format_real(report)]
     return "\n".join(lines) + "\n"
+
+
+def kernel_lines(rows: list[dict[str, Any]], reference: dict[str, Any] | None = None) -> list[str]:
+    """Under the table, one line per model and backend (the reference's too): what its matrix multiplications ran on.
+
+    "inferred" marks a runtime that reports nothing (ONNX Runtime's MLAS, fbgemm): its kernels follow from the flags.
+    """
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        if row.get("kernels"):
+            seen.setdefault((row["name"], row["backend"]), row["kernels"])
+    for backend, kernels in ((reference or {}).get("kernels") or {}).items():
+        if kernels and (reference["model"], backend) not in seen:  # the first model's own run on that backend: listed
+            seen[reference["model"], f"reference {backend}"] = kernels
+    if not seen:
+        return []
+    lines = ["", "Kernels (what each model's matrix multiplications ran on, as its library reports; ISA in brackets):", ""]
+    for (name, backend), k in seen.items():
+        isa = k.get("isa") or "ISA not reported"
+        lines.append(f"- {name} ({backend}): {k['summary']} [{isa}{'' if k.get('reported') else ', inferred'}]"
+                     + (f"; note: {k['note']}" if k.get("note") else ""))
+    return lines
 
 
 TABLE_HEAD = (
@@ -775,7 +802,8 @@ def _header(report: dict[str, Any]) -> list[str]:
     """Bullet lines: machine, threads, versions, date, GEMM peak and how to read the table."""
     hw, cfg, packages = report["hardware"], report.get("config", {}), report["packages"]
     lines = [
-        f"- CPU: {hw.get('cpu')} ({hw.get('arch')}{', ' + hw['generation'] if hw.get('generation') else ''}), "
+        f"- CPU: {hw.get('cpu')} ({hw.get('arch')}{', ' + hw['generation'] if hw.get('generation') else ''}"
+        f"{', ' + hw['core'] if hw.get('core') else ''}), "
         f"{hw.get('physical_cores')} physical / "
         f"{hw.get('logical_cores')} logical cores, {hw.get('usable_cores')} usable",
         f"- flags: {', '.join(hw.get('flags', [])) or 'none of interest'}",
@@ -806,23 +834,32 @@ def _header(report: dict[str, Any]) -> list[str]:
 
 
 def peak_lines(report: dict[str, Any]) -> list[str]:
-    """The measured GEMM peaks (best engine per precision, every engine's figure) and the paper ones."""
+    """The GEMM peaks: per precision, measured (best engine, every engine's figure) beside theoretical, and their ratio."""
     peaks, theory = report.get("peaks"), report.get("theoretical_peaks")
     if not peaks:
         return [f"- GEMM peak: {_fmt(report.get('peak_gflops'), '.1f')} GFLOP/s fp32"]
-    lines = []
+    lines = [f"- GEMM peaks (square n = {', '.join(map(str, peaks['sizes']))}; "
+             f"theoretical: {(theory or {}).get('basis', 'not computed')}):", "",
+             "  | precision | measured | best engine | every engine [kernels' ISA] | theoretical | measured / theoretical |",
+             "  |---|--:|---|---|--:|--:|"]
     for precision in PRECISIONS:
         p = peaks[precision]
-        engines = ", ".join(f"{name} {r['gflops']:.0f}" if "gflops" in r else f"{name} n/a"
+        engines = ", ".join(f"{name} {r['gflops']:.0f}{_isa(r.get('kernels'))}" if "gflops" in r else f"{name} n/a"
                             for name, r in p["engines"].items())
         bound = ((theory or {}).get(precision) or {}).get("gflops")
-        lines.append(f"- {precision} GEMM peak: {_fmt(p['gflops'], '.0f')} {p['unit']} ({p['best'] or 'no engine ran'}; "
-                     f"{engines}; square n = {', '.join(map(str, peaks['sizes']))})"
-                     + (f"; theoretical {bound:.0f}" if bound else ""))
-    if theory:
-        lines.append(f"- theoretical peaks: {theory.get('basis', '')}")
+        ratio = f"{p['gflops'] / bound:.0%}" if bound and p["gflops"] else "n/a"
+        lines.append(f"  | {precision} | {_fmt(p['gflops'], '.0f')} {p['unit']} | {p['best'] or 'no engine ran'} | "
+                     f"{engines} | {_fmt(bound, '.0f')} | {ratio} |")
+    lines.append("")
     lines.extend(f"- note: {note}" for note in report.get("peak_notes") or ())
     return lines
+
+
+def _isa(kernels: dict[str, Any] | None) -> str:
+    """`` [avx2]`` (`` [avx2, inferred]``) after an engine's figure: the ISA its kernels reported; empty when none."""
+    if not kernels or not kernels.get("isa"):
+        return ""
+    return f" [{kernels['isa']}{'' if kernels.get('reported') else ', inferred'}]"
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> Path:

@@ -34,6 +34,8 @@ from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner,
 from compress.core.registry import Registry
 from compress.core.runtime import NumpyRunner, load_model, parameter_count, structure_of
 from compress.core.structure import config_sizes, count_parameters, describe, model_inputs
+from compress.eval.kernels import kernels_used
+from compress.eval.peak import precision_of_backend
 
 
 class Options(Protocol):
@@ -66,6 +68,9 @@ class Session:
     backend: str = ""  # the backend that ran, as rows name it (e.g. onnxruntime-int8)
     note: str | None = None  # a caveat for the report (e.g. bf16 without native support)
     compile_for: Callable[[tuple[int, int]], Callable[[Any], Any]] | None = None
+    # Given a call that runs one forward pass, what the matrix multiplications ran on (compress.eval.kernels); the
+    # worker calls it once, after the timing.
+    kernels: Callable[[Callable[[], Any]], dict[str, Any]] | None = None
 
 
 # A backend: (model_dir, cfg) -> Session, called inside a worker process after the
@@ -102,8 +107,12 @@ def require_format(model_dir: Path, fmt: str, backend: str) -> None:
         raise CompressError(f"the {backend} latency backend runs {fmt} directories; {model_dir} is {found} (use --backend auto)")
 
 
+# A runner's format -> the runtime whose kernels it runs (compress.eval.kernels); anything else runs torch's.
+KERNEL_RUNTIMES = {"onnx": "onnxruntime", OPENVINO: "openvino"}
+
+
 def runtime_session(model, model_dir: Path, cfg: Options, backend: str, note: str | None = None,
-                    counted=None, structure: dict[str, Any] | None = None) -> Session:
+                    counted=None, structure: dict[str, Any] | None = None, runtime: str | None = None) -> Session:
     """A Session timing any model from ``compress.core.runtime`` (HF call convention, torch tensors in).
 
     ``counted``: an fp32 torch model to count parameters and shapes on; otherwise they come
@@ -125,7 +134,14 @@ def runtime_session(model, model_dir: Path, cfg: Options, backend: str, note: st
     else:
         prepare, forward = tensors, forward_of(model)
     sizes = config_sizes(config)
-    return Session(prepare, forward, sizes.vocab, params, structure, sizes.max_positions, backend, note)
+    runtime = runtime or KERNEL_RUNTIMES.get(getattr(model, "format", None), "torch")  # the library whose kernels ran
+    precision = precision_of_backend(backend, note)  # the precision the row's GEMMs ran in (an OpenVINO note may say bf16)
+    compiled = getattr(model, "compiled", None)  # an OpenVINO compiled model: its runtime graph names the primitives
+
+    def kernels(run: Callable[[], Any]) -> dict[str, Any]:
+        return kernels_used(runtime, run, precision, compiled)
+
+    return Session(prepare, forward, sizes.vocab, params, structure, sizes.max_positions, backend, note, kernels=kernels)
 
 
 def forward_of(model) -> Callable[[dict[str, torch.Tensor]], Any]:
@@ -140,7 +156,7 @@ def forward_of(model) -> Callable[[dict[str, torch.Tensor]], Any]:
 def torch_int8(model_dir: Path, cfg: Options) -> Session:
     """PyTorch eager with the directory's dynamic int8 Linears (``compress quantize --backend torch``)."""
     require_format(model_dir, "torch-int8-dynamic", "torch-int8")
-    return runtime_session(load_model(model_dir), model_dir, cfg, "torch-int8")
+    return runtime_session(load_model(model_dir), model_dir, cfg, "torch-int8", runtime="torch-fbgemm")
 
 
 @BACKENDS.register("torch-bf16")
@@ -206,12 +222,18 @@ def openvino_session(model_dir: Path, cfg: Options, precision: str = OPENVINO_PR
             + (f", real inputs padded to a multiple of {cfg.lengths_multiple} tokens, compiled per padded shape"
                if static and cfg.lengths else ""))
     session = runtime_session(model, model_dir, cfg, backend, note, structure=structure_of(ir))
+    latest = [model]  # the runner compiled last: the one the kernel probe reads
 
     def compile_for(shape: tuple[int, int], _keep=tmp) -> Callable[[Any], Any]:
-        return OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision, shape=shape).call
+        latest[-1] = OpenVINORunner(ir, config, head, threads=cfg.threads, precision=precision, shape=shape)
+        return latest[-1].call
+
+    def kernels(run: Callable[[], Any]) -> dict[str, Any]:
+        return kernels_used("openvino", run, precision_of_backend(backend, note), latest[-1].compiled)
 
     if static:
         session.compile_for = compile_for
+    session.kernels = kernels
     return session
 
 

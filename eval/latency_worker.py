@@ -117,6 +117,7 @@ class Timing:
         self.inputs: RealInputs | None = None  # the --lengths set, read at its first use
         self.real_timer: RealTimer | None = None  # the real-input batch size under way, timed in slices
         self.real: dict[str, dict[str, Any]] = {}  # batch size -> time_real's figures, once finished
+        self.probed: dict[str, Any] | None = None  # what the kernels were, read once after the timing
 
     def burst(self, batch: int, seq: int, passes: int, min_seconds: float = 0.0) -> list[float]:
         """Seconds of ``passes`` timed forwards at (batch, seq); the point's first burst warms up first."""
@@ -164,6 +165,18 @@ class Timing:
         self.real[key] = self.real_timer.result()  # kept (and its compiled models) for extra slices until the next batch size
         return False
 
+    def kernels(self) -> dict[str, Any] | None:
+        """What the matrix multiplications ran on (``compress.eval.kernels``): one more forward, after every timed one.
+
+        It runs the forward last compiled (a static OpenVINO shape) where its inputs are still prepared, else the
+        any-shape one, on a grid point's inputs; None before any point was timed.
+        """
+        if self.probed is None and self.session.kernels is not None and self.prepared:
+            point = next((p for p in self.shaped if p in self.prepared), next(iter(self.prepared)))
+            forward, prepared = self.shaped.get(point, self.session.forward), self.prepared[point]
+            self.probed = self.session.kernels(lambda: forward(prepared))
+        return self.probed
+
     def result(self) -> dict[str, Any]:
         """The points timed so far (passes pooled per point), real-length timings when asked, and what ran.
 
@@ -181,6 +194,7 @@ class Timing:
         return {
             "points": [{"batch": b, "seq": s, "seconds": self.seconds[b, s]} for b, s in cfg.grid() if (b, s) in self.seconds],
             **({"real": real} if real else {}),
+            "kernels": self.kernels(),
             "backend": session.backend or cfg.backend,
             "note": session.note,
             "params": session.params,

@@ -5,7 +5,7 @@ that can run them (torch, numpy's BLAS, ONNX Runtime, OpenVINO) and keeps the be
 precision: the hardware's attainable peak is what its best engine reaches, not what
 ``torch.mm`` happens to reach (engines differ by precision and by load: on an idle 2-core Zen 4
 EPYC the fp32 engines agree within 4% at ~205 GFLOP/s, while int8 ranges 850-901 GOP/s).
-``theoretical_peaks(flags, cores, ghz, ...)`` is the paper figure: cores x clock x
+``cpu_theoretical_peaks(cores)`` is the paper figure (``compress.core.cpu_peaks``): cores x clock x
 operations per cycle of the instruction set and microarchitecture, with its basis spelled out.
 ``floor_ms(flops, peak)`` is the time a model would take at that peak, and
 ``precision_of_backend(backend, note)`` says which precision's peak a latency row is bound by.
@@ -25,14 +25,15 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from compress.core.cpu_peaks import cpu_peaks
 from compress.core.hardware import cpu_info
 from compress.core.runtime import compile_openvino, inference_precision, layer_precisions
+from compress.eval.kernels import kernels_used
 
 try:  # optional: names the BLAS library and its thread count; scikit-learn brings it
     import threadpoolctl
@@ -54,8 +55,6 @@ REPEATS = 5
 SLOW_SECONDS = 1.0
 SEED = 0  # the same operands on every run
 
-PROC_CPUINFO = Path("/proc/cpuinfo")
-CPUFREQ_MAX = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")  # kHz
 
 
 # ---------------------------------------------------------------------------- engines
@@ -67,6 +66,8 @@ class Product:
 
     run: Callable[[], Any]  # inputs, weights and output buffers are built beforehand
     info: dict[str, Any]  # what ran, for the record (op, library, precision reported)
+    runtime: str | None = None  # whose kernels ran (compress.eval.kernels: torch, onnxruntime, openvino); None: not probed
+    compiled: Any = None  # an OpenVINO compiled model: its runtime graph names the kernels
 
 
 class WrongPrecision(Exception):
@@ -107,7 +108,7 @@ def _torch_pair(n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor,
 @engine("fp32", "torch")
 def torch_fp32(n: int, threads: int) -> Product:
     a, b, c = _torch_pair(n, torch.float32)
-    return Product(lambda: torch.mm(a, b, out=c), {"op": "torch.mm"})
+    return Product(lambda: torch.mm(a, b, out=c), {"op": "torch.mm"}, "torch")
 
 
 @engine("bf16", "torch")
@@ -116,7 +117,7 @@ def torch_bf16(n: int, threads: int) -> Product:
     # Without native bf16 instructions torch converts to fp32 inside the GEMM: still a bf16
     # product numerically, but bounded by fp32 speed; the record says which.
     native = bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]))
-    return Product(lambda: torch.mm(a, b, out=c), {"op": "torch.mm", "native_bf16": native})
+    return Product(lambda: torch.mm(a, b, out=c), {"op": "torch.mm", "native_bf16": native}, "torch")
 
 
 @engine("int8", "torch")
@@ -124,7 +125,7 @@ def torch_int8(n: int, threads: int) -> Product:
     a, b, c = _torch_pair(n, torch.int8)
     try:
         torch._int_mm(a, b, out=c)  # int8 x int8 -> int32; absent or CUDA-only in some builds
-        return Product(lambda: torch._int_mm(a, b, out=c), {"op": "torch._int_mm"})
+        return Product(lambda: torch._int_mm(a, b, out=c), {"op": "torch._int_mm"}, "torch")
     except (AttributeError, RuntimeError, NotImplementedError):
         pass
     # The fallback: a dynamically quantized Linear (int8 weights; it quantizes its fp32
@@ -139,7 +140,7 @@ def torch_int8(n: int, threads: int) -> Product:
         with torch.inference_mode():
             return linear(x)
 
-    return Product(run, {"op": "quantize_dynamic nn.Linear (torch._int_mm unavailable)"})
+    return Product(run, {"op": "quantize_dynamic nn.Linear (torch._int_mm unavailable)"}, "torch-fbgemm")
 
 
 @engine("fp32", "numpy")
@@ -207,7 +208,7 @@ def _ort_product(n: int, threads: int, integer: bool) -> Product:
         session.run_with_iobinding(binding)
         return c  # (n, n), written in place
 
-    return Product(run, {"op": op, "onnxruntime": ort.__version__})
+    return Product(run, {"op": op, "onnxruntime": ort.__version__}, "onnxruntime")
 
 
 @engine("fp32", "onnxruntime")
@@ -256,7 +257,8 @@ def _openvino_product(n: int, threads: int, precision: str) -> Product:
         raise WrongPrecision(f"OpenVINO ran the {precision} product in {what}, not {precision}", what)
     request = compiled.create_infer_request()
     request.set_input_tensor(ov.Tensor(a))  # shares a's memory; the output tensor is the request's own
-    return Product(request.infer, {"precision": what, "inference_precision": floating, "openvino": ov.get_version().split("-")[0]})
+    return Product(request.infer, {"precision": what, "inference_precision": floating, "openvino": ov.get_version().split("-")[0]},
+                   "openvino", compiled)
 
 
 @engine("fp32", "openvino")
@@ -302,6 +304,11 @@ def measure_peaks(threads: int, sizes: tuple[int, ...] = PEAK_SIZES, min_seconds
     return report
 
 
+def precision_of(make: Engine) -> str:
+    """The precision an engine is registered under (its kernels are judged against that precision's units)."""
+    return next((precision for precision, engines in ENGINES.items() if make in engines.values()), "fp32")
+
+
 def measure_engine(make: Engine, threads: int, sizes: tuple[int, ...], min_seconds: float) -> dict[str, Any]:
     """One engine's best rate over ``sizes`` (smallest first): ``{"gflops", "n", "seconds", ...info}`` or ``{"error"}``."""
     record: dict[str, Any] = {}
@@ -311,6 +318,8 @@ def measure_engine(make: Engine, threads: int, sizes: tuple[int, ...], min_secon
         try:
             product = make(n, threads)
             rate, info = best_rate(product.run, 2 * n**3, min_seconds), product.info
+            if product.runtime and "kernels" not in record:  # once per engine, after its first size's timing
+                record["kernels"] = kernels_used(product.runtime, product.run, precision_of(make), product.compiled)
         except Exception as err:  # any runtime's failure is a record, never the caller's exception
             if record:  # a larger size failed (e.g. out of memory): keep what the smaller ones measured
                 record["error_at"] = {"n": n, "error": one_line(err)}
@@ -352,202 +361,13 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
-# ---------------------------------------------------------------------------- on paper
-
-
-@dataclass(frozen=True)
-class Microarchitecture:
-    """What one core's vector units multiply-add per cycle, as far as the CPU's identity tells."""
-
-    name: str  # e.g. "AMD Zen 4"
-    fma_bits: int  # multiply-add datapath bits per cycle: FMA pipes x width (Zen 4: 2 x 256 = 512)
-    why: str  # how that width is known, or what was assumed
-
-
-# Intel family-6 models whose every SKU has two 512-bit FMA units: Ice Lake-SP (106, 108),
-# Sapphire Rapids (143), Emerald Rapids (207), Granite Rapids (173, 174). Skylake-SP /
-# Cascade Lake / Cooper Lake (85) have one or two by SKU; client cores have one.
-INTEL_TWO_FMA512 = {106, 108, 143, 173, 174, 207}
-INTEL_SKYLAKE_SP = 85
-
-
-def microarchitecture(flags: set[str], vendor: str | None, family: int | None, model: int | None,
-                      model_name: str | None) -> Microarchitecture:
-    """The core's multiply-add width per cycle from vendor, family, model and flags; conservative when unknown.
-
-    Sources: AMD Zen 4 runs 512-bit ops on its two 256-bit FMA pipes (numberworld.org, "Zen4
-    AVX512 teardown", 2022); Zen 5 widened them to 512 bits on desktop and server parts, not on
-    Strix/Krackan Point mobiles (numberworld.org "Zen5 AVX512 teardown", 2024; chipsandcheese.com
-    "AMD's Strix Point: Zen 5 hits mobile", 2024); Intel Haswell..Alder Lake P-cores have two
-    256-bit FMA pipes (ports 0, 1), AVX-512 client cores fuse them into one 512-bit pipe, and
-    Xeon Scalable adds a second 512-bit FMA on port 5 (all SKUs from Ice Lake-SP on).
-    Checked on a 2-core EPYC (family 25, model 17: Zen 4) with an assembly loop
-    timed against a chain of dependent adds: 1 zmm vfmadd231ps, 2 ymm vfmadd231ps, 1 zmm
-    vpdpbusd and 1 zmm vdpbf16ps per cycle, i.e. 32 / 128 / 64 ops per cycle as computed here.
-    """
-    avx512, avx2 = "avx512f" in flags, {"avx2", "fma"} <= flags
-    name = model_name or ""
-    if vendor == "AuthenticAMD" and family == 26:  # 0x1A: Zen 5
-        mobile = "Ryzen AI" in name and "Max" not in name  # Strix Halo (Ryzen AI Max) has the full width
-        if not name or mobile:
-            return Microarchitecture("AMD Zen 5 (256-bit datapath)", 512,
-                                     "mobile Zen 5 (Strix/Krackan Point) keeps 2 x 256-bit FMA pipes" if mobile else
-                                     "Zen 5 of unknown kind: assumed the mobile 2 x 256-bit FMA pipes (conservative; "
-                                     "desktop and server parts have 2 x 512-bit)")
-        return Microarchitecture("AMD Zen 5", 1024, "2 x 512-bit FMA pipes (native 512-bit datapath)")
-    if vendor == "AuthenticAMD" and family == 25:  # 0x19: Zen 3, or Zen 4 when it has AVX-512
-        if avx512:
-            return Microarchitecture("AMD Zen 4", 512, "2 x 256-bit FMA pipes; a 512-bit op occupies both (double-pumped)")
-        return Microarchitecture("AMD Zen 3", 512, "2 x 256-bit FMA pipes")
-    if vendor in ("AuthenticAMD", "HygonGenuine") and family in (23, 24):  # 0x17 Zen/Zen+/Zen 2; 0x18 Hygon (Zen)
-        if vendor == "AuthenticAMD" and model is not None and model >= 0x30:
-            return Microarchitecture("AMD Zen 2", 512, "2 x 256-bit FMA pipes")
-        return Microarchitecture("AMD Zen / Zen+", 256, "2 x 128-bit FMA pipes; a 256-bit op occupies both")
-    if vendor == "GenuineIntel" and avx512:
-        if model in INTEL_TWO_FMA512 or "amx_tile" in flags:
-            return Microarchitecture("Intel Xeon (Ice Lake-SP or later)", 1024, "2 x 512-bit FMA units (ports 0+1 fused, and port 5)")
-        if model == INTEL_SKYLAKE_SP:
-            return Microarchitecture("Intel Skylake-SP / Cascade Lake / Cooper Lake", 512,
-                                     "one or two 512-bit FMA units by SKU (two on most Xeon Gold 6xxx / Platinum); "
-                                     "assumed one (conservative)")
-        return Microarchitecture("Intel AVX-512 client core", 512, "one 512-bit FMA pipe (ports 0+1 fused)")
-    if vendor == "GenuineIntel" and avx2:
-        return Microarchitecture("Intel AVX2 core", 512, "2 x 256-bit FMA pipes (Haswell and later P-cores; E-cores have half)")
-    # An unknown vendor or family: the narrowest implementation of the ISA it reports.
-    if avx512:
-        return Microarchitecture("unknown AVX-512 core", 512,
-                                 "unknown microarchitecture: assumed one 512-bit FMA per cycle, the narrowest AVX-512 "
-                                 "implementation (conservative; two-FMA Xeons and Zen 5 do twice that)")
-    if avx2:
-        return Microarchitecture("unknown AVX2 core", 256,
-                                 "unknown microarchitecture: assumed 2 x 128-bit FMA pipes, the narrowest AVX2 implementation "
-                                 "(conservative; most do 2 x 256-bit)")
-    if "asimd" in flags:
-        return Microarchitecture("Arm core with NEON", 128, "assumed one 128-bit NEON FMA pipe (conservative; many have 2 to 4)")
-    return Microarchitecture("x86 core without FMA", 128, "SSE: one 128-bit multiply and one 128-bit add pipe")
-
-
-def theoretical_peaks(flags: list[str], cores: int, ghz: float | None, vendor: str | None = None, family: int | None = None,
-                      *, model: int | None = None, model_name: str | None = None, clock_source: str | None = None) -> dict[str, Any]:
-    """Cores x clock x operations per cycle per core, per precision, with the basis of each figure.
-
-    Returns ``{"fp32": {"gflops", "per_cycle", "basis"}, "bf16": {...}, "int8": {...}, "cores",
-    "ghz", "core", "basis"}``: ``per_cycle`` is operations per cycle per core (a multiply-add
-    counts 2), ``gflops`` is None when the clock is unknown or the precision has no native
-    instructions (the basis says why). Vector widths are in bits: W-bit vectors hold W/32
-    fp32/int32 lanes.
-    """
-    flagset = set(flags)
-    core = microarchitecture(flagset, vendor, family, model, model_name)
-    lanes = core.fma_bits // 32  # 32-bit multiply-add lanes per cycle per core (Zen 4: 512 / 32 = 16)
-    peaks: dict[str, Any] = {}
-
-    # fp32: each lane does one fused multiply-add = 2 FLOPs (vfmadd231ps).
-    if {"avx2", "fma"} <= flagset or "avx512f" in flagset or "asimd" in flagset:
-        peaks["fp32"] = (lanes * 2, f"{core.fma_bits} FMA bits/cycle = {lanes} fp32 lanes x 2 (FMA)")
-    else:
-        peaks["fp32"] = (8, "4 fp32 lanes x (1 multiply + 1 add) per cycle, no FMA")
-
-    # bf16: AMX tiles when present; else vdpbf16ps, 2 bf16 multiply-adds into each 32-bit lane = 4 FLOPs.
-    if "amx_bf16" in flagset:
-        peaks["bf16"] = (1024, "AMX TMUL: 1024 bf16 FLOPs/cycle/core (Intel, Sapphire Rapids)")
-    elif "avx512_bf16" in flagset:
-        peaks["bf16"] = (lanes * 4, f"vdpbf16ps: {lanes} lanes x 2 multiply-adds x 2, assumed at the FMA pipes' rate (as on Zen 4)")
-    else:
-        peaks["bf16"] = (None, "no native bf16 dot product (avx512_bf16 / amx_bf16): bf16 GEMMs widen to fp32, "
-                               "so the fp32 figure bounds them")
-
-    # int8: AMX tiles; else vpdpbusd (VNNI), 4 u8 x s8 multiply-adds into each 32-bit lane = 8 ops;
-    # else vpmaddubsw + vpmaddwd, two multiply instructions for the same 4 multiply-adds: half.
-    if "amx_int8" in flagset:
-        peaks["int8"] = (2048, "AMX TMUL: 2048 int8 ops/cycle/core (Intel, Sapphire Rapids)")
-    elif "avx512_vnni" in flagset and "avx512f" in flagset:
-        peaks["int8"] = (lanes * 8, f"vpdpbusd (AVX512-VNNI): {lanes} lanes x 4 multiply-adds x 2, at the FMA pipes' rate")
-    elif "avx_vnni" in flagset:
-        narrow = min(lanes, 16)  # VEX-encoded VNNI is 256 bits wide: at most 2 x 8 lanes per cycle
-        peaks["int8"] = (narrow * 8, f"vpdpbusd (AVX-VNNI, 256-bit): {narrow} lanes x 4 multiply-adds x 2")
-    elif "avx512bw" in flagset or "avx2" in flagset:
-        width = lanes if "avx512bw" in flagset else min(lanes, 16)
-        peaks["int8"] = (width * 4, f"no VNNI: vpmaddubsw + vpmaddwd, 2 instructions per 4 multiply-adds per lane: {width} lanes x 4 "
-                                    "(and vpmaddubsw saturates at int16)")
-    else:
-        peaks["int8"] = (None, "no x86 int8 dot-product instructions modelled for these flags")
-
-    result: dict[str, Any] = {}
-    for precision, (per_cycle, how) in peaks.items():
-        gflops = cores * ghz * per_cycle if per_cycle is not None and ghz else None
-        basis = how if per_cycle is None else f"{cores} cores x {_ghz(ghz)} x {per_cycle} ops/cycle/core; {how}"
-        result[precision] = {"gflops": gflops, "per_cycle": per_cycle, "basis": basis}
-    clock = f"clock {_ghz(ghz)} from {clock_source}" if clock_source else f"clock {_ghz(ghz)}"
-    result.update(cores=cores, ghz=ghz, core=core.name,
-                  basis=f"{core.name}: {core.why}; {clock}" + ("" if ghz else " (unknown: no GFLOP/s figures)"))
-    return result
-
-
-def _ghz(ghz: float | None) -> str:
-    return f"{ghz:.2f} GHz" if ghz else "? GHz"
-
-
-def cpu_clock(max_freq_path: Path | str = CPUFREQ_MAX, cpuinfo_path: Path | str = PROC_CPUINFO) -> tuple[float | None, str]:
-    """The core clock in GHz and where it came from: cpufreq's maximum, else /proc/cpuinfo.
-
-    ``cpuinfo_max_freq`` (kHz) is the highest clock the kernel may set, turbo included. Without
-    cpufreq (a VM) "cpu MHz" is the current clock on bare metal and usually the nominal one in
-    a VM, where the real core may boost higher; Intel's model name also states the nominal clock.
-    (An EPYC VM measured here says 2.60 GHz; a dependent-add loop runs there at 3.66 GHz.)
-    """
-    try:
-        khz = float(Path(max_freq_path).read_text().strip())
-        if khz > 0:
-            return khz / 1e6, f"{max_freq_path} (maximum, turbo included)"
-    except (OSError, ValueError):
-        pass
-    try:
-        text = Path(cpuinfo_path).read_text(errors="replace")
-    except OSError:
-        return None, "nowhere (no cpufreq, no /proc/cpuinfo)"
-    mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([0-9.]+)", text, flags=re.M)]
-    if mhz and max(mhz) > 0:
-        return max(mhz) / 1e3, f"{cpuinfo_path} 'cpu MHz' (current or, in a VM, nominal clock; boost may be higher)"
-    stated = re.search(r"^model name\s*:.*@\s*([0-9.]+)\s*GHz", text, flags=re.M)
-    if stated:
-        return float(stated.group(1)), f"{cpuinfo_path} model name (nominal clock; boost may be higher)"
-    return None, f"nowhere ({max_freq_path} and {cpuinfo_path} give no clock)"
-
-
-def cpu_clock_ghz(max_freq_path: Path | str = CPUFREQ_MAX, cpuinfo_path: Path | str = PROC_CPUINFO) -> float | None:
-    """The core clock in GHz (see :func:`cpu_clock`), or None when nothing states it."""
-    return cpu_clock(max_freq_path, cpuinfo_path)[0]
-
-
-def cpu_identity(cpuinfo_path: Path | str = PROC_CPUINFO) -> dict[str, Any]:
-    """Vendor, family, model number and model name of the first CPU in ``/proc/cpuinfo`` (None where absent).
-
-    ``compress.core.hardware.cpu_info`` gives the name, flags and cores but not the vendor and
-    family, which decide the microarchitecture. A VM reports what its hypervisor chooses.
-    """
-    found: dict[str, Any] = {"vendor": None, "family": None, "model": None, "model_name": None}
-    keys = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "model name": "model_name"}
-    try:
-        text = Path(cpuinfo_path).read_text(errors="replace")
-    except OSError:
-        return found
-    for line in text.splitlines():
-        if not line.strip() and any(v is not None for v in found.values()):
-            break  # the end of the first processor's block
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key in keys and found[keys[key]] is None:
-            found[keys[key]] = int(value) if key in ("cpu family", "model") and value.isdigit() else value
-    return found
+# ---------------------------------------------------------------------------- on paper (compress.core.cpu_peaks)
 
 
 def cpu_theoretical_peaks(cores: int | None = None) -> dict[str, Any]:
-    """:func:`theoretical_peaks` of this machine, on ``cores`` cores (default: its usable physical cores)."""
-    info, identity = cpu_info(), cpu_identity()
-    ghz, source = cpu_clock()
-    cores = cores or max(1, min(info["physical_cores"], info["usable_cores"]))
-    return theoretical_peaks(info["flags"], cores, ghz, identity["vendor"], identity["family"], model=identity["model"],
-                             model_name=identity["model_name"], clock_source=source)
+    """:func:`compress.core.cpu_peaks.cpu_peaks` of this machine, on ``cores`` cores (default: its usable physical cores)."""
+    info = cpu_info()
+    return cpu_peaks(cores or max(1, min(info["physical_cores"], info["usable_cores"])))
 
 
 def peak_notes(measured: dict[str, Any], theoretical: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from tests.conftest import make_tiny_model, save_tiny
 ROW_KEYS = {
     "model", "name", "backend", "batch", "seq", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
     "throughput", "params", "size_mb", "gflops_per_seq", "achieved_gflops", "pct_peak", "speedup",
-    "runs_p50_ms", "spread_pct", "speedup_min", "precision", "floor_ms", "x_floor", "slowest_run",
+    "runs_p50_ms", "spread_pct", "speedup_min", "precision", "floor_ms", "x_floor", "slowest_run", "kernels",
 }
 
 
@@ -81,7 +81,10 @@ def test_one_row_per_model_and_grid_point(grid_report):
     for r in rows:
         floor = r["gflops_per_seq"] * 1e9 * r["batch"] / (report["peak_gflops"] * 1e9) * 1e3  # ms at the peak
         assert r["floor_ms"] == pytest.approx(floor) and r["x_floor"] == pytest.approx(r["p50_ms"] / floor)
-    assert set(report["theoretical_peaks"]) >= {"fp32", "int8", "basis"}
+    assert set(report["theoretical_peaks"]) >= {"fp32", "int8", "basis", "microarchitecture"}
+    # what each model's GEMMs ran on, probed in its own worker (compress.eval.kernels)
+    assert all(r["kernels"]["runtime"] == "torch" and "ATen " in r["kernels"]["summary"] for r in rows)
+    assert report["hardware"]["microarchitecture"]
 
 
 def test_speedup_is_against_the_first_model(grid_report):
@@ -143,6 +146,13 @@ def test_markdown_has_header_and_one_row_per_result(grid_report):
     _, report, _ = grid_report
     text = format_markdown(report)
     assert report["hardware"]["cpu"] in text and "GEMM peak" in text and "speed-up vs first" in text
+    # the peaks, measured beside theoretical, and one kernel line per model under the table
+    assert "| precision | measured | best engine | every engine [kernels' ISA] | theoretical | measured / theoretical |" in text
+    fp32 = next(line for line in text.splitlines() if line.startswith("  | fp32 |"))
+    ratio = report["peaks"]["fp32"]["gflops"] / report["theoretical_peaks"]["fp32"]["gflops"]
+    assert fp32.endswith(f" | {ratio:.0%} |")
+    for row in report["rows"]:
+        assert f"- {row['name']} (torch): {row['kernels']['summary']}" in text
     table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model")]
     assert len(table) == len(report["rows"])
     for line, row in zip(table, report["rows"]):
@@ -626,5 +636,27 @@ def test_the_cpu_generation_is_read_from_cpuinfo_and_shown_in_the_header(grid_re
     assert parse_cpuinfo("processor\t: 0\nFeatures\t: asimd\n")["generation"] is None  # an ARM cpuinfo has no family
     _, measured, _ = grid_report
     report = {**measured, "hardware": {**measured["hardware"], "cpu": "AMD EPYC", "arch": "x86_64",
-                                       "generation": "family 26 model 2 stepping 1"}}
-    assert "- CPU: AMD EPYC (x86_64, family 26 model 2 stepping 1), " in format_markdown(report)
+                                       "generation": "family 26 model 2 stepping 1", "core": "AMD Zen 5"}}
+    assert "- CPU: AMD EPYC (x86_64, family 26 model 2 stepping 1, AMD Zen 5), " in format_markdown(report)
+
+
+def test_kernel_lines_name_each_model_and_reference_backend_once():
+    from compress.eval.latency import kernel_lines
+
+    torch_k = {"summary": "MKL SGEMM x12; ATen AVX2", "isa": None, "reported": True, "note": None}
+    ort_k = {"summary": "MLAS SGEMM FMA3 (by cpuid; inferred: ONNX Runtime reports no kernels)", "isa": "avx2",
+             "reported": False, "note": None}
+    ov_k = {"summary": "FullyConnected brgemm_avx512_amx_bf16 (bf16) x36; inference precision bf16", "isa": "amx",
+            "reported": True, "note": None}
+    rows = [{"name": "teacher", "backend": "torch", "kernels": torch_k}, {"name": "teacher", "backend": "torch", "kernels": torch_k},
+            {"name": "int8", "backend": "onnxruntime-int8", "kernels": None}]
+    # The torch reference is the first model's own run: listed once.
+    lines = kernel_lines(rows, {"model": "teacher", "kernels": {"torch": torch_k, "onnxruntime": ort_k, "openvino": ov_k}})
+    assert len(lines) == 6
+    assert lines[-3:] == [
+        "- teacher (torch): MKL SGEMM x12; ATen AVX2 [ISA not reported]",
+        "- teacher (reference onnxruntime): MLAS SGEMM FMA3 (by cpuid; inferred: ONNX Runtime reports no kernels) "
+        "[avx2, inferred]",
+        "- teacher (reference openvino): FullyConnected brgemm_avx512_amx_bf16 (bf16) x36; inference precision bf16 [amx]",
+    ]
+    assert kernel_lines([{"name": "m", "backend": "torch", "kernels": None}]) == []  # an old record: no section

@@ -1,7 +1,6 @@
 """compress.eval.peak: measured GEMM peaks per precision and engine, paper peaks, floors.
 
-The paper figures are checked against arithmetic done by hand here (cores x GHz x ops per
-cycle); measurement runs every real engine on tiny sizes, and made-up engines check the
+The paper figures themselves are tested in tests/test_cpu_peaks.py; measurement runs every real engine on tiny sizes, and made-up engines check the
 bookkeeping (best, errors, skipped sizes) without timing anything real.
 """
 
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from compress.core.cpu_peaks import theoretical_peaks
 from compress.eval import peak
 
 AVX512_FLAGS = ["avx2", "fma", "avx512f", "avx512bw"]
@@ -22,151 +22,7 @@ def approx(x):
     return pytest.approx(x, rel=1e-9)
 
 
-# ---------------------------------------------------------------------------- theoretical_peaks
-
-
-def test_avx2_only_intel_core():
-    # Haswell..Alder Lake P-core: 2 x 256-bit FMA = 16 fp32 lanes x 2 = 32 FLOP/cycle.
-    # No VNNI: vpmaddubsw + vpmaddwd, 4 multiply-adds per lane in 2 instructions: 16 lanes x 4 = 64.
-    got = peak.theoretical_peaks(["avx2", "fma"], 4, 3.0, "GenuineIntel", 6, model=60)
-    assert got["fp32"]["per_cycle"] == 32 and got["fp32"]["gflops"] == approx(4 * 3.0 * 32)  # 384
-    assert got["int8"]["per_cycle"] == 64 and got["int8"]["gflops"] == approx(4 * 3.0 * 64)  # 768
-    assert "vpmaddubsw" in got["int8"]["basis"]
-    assert got["bf16"]["gflops"] is None and got["bf16"]["per_cycle"] is None
-    assert "no native bf16" in got["bf16"]["basis"]
-
-
-def test_avx512_intel_xeon_with_two_fma_units_and_amx():
-    # Sapphire Rapids (model 143): 2 x 512-bit FMA = 32 lanes x 2 = 64 FLOP/cycle; AMX tiles
-    # give 1024 bf16 FLOPs and 2048 int8 ops per cycle per core.
-    flags = AVX512_FLAGS + ["avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
-    got = peak.theoretical_peaks(flags, 8, 2.0, "GenuineIntel", 6, model=143)
-    assert got["fp32"]["gflops"] == approx(8 * 2.0 * 64)  # 1024
-    assert got["bf16"]["gflops"] == approx(8 * 2.0 * 1024)  # 16384
-    assert got["int8"]["gflops"] == approx(8 * 2.0 * 2048)  # 32768
-    assert "AMX" in got["int8"]["basis"]
-
-
-def test_avx512_intel_ice_lake_sp_vnni_without_amx():
-    # Ice Lake-SP (model 106): 2 x 512-bit; vpdpbusd at that rate: 32 lanes x 4 multiply-adds x 2 = 256.
-    got = peak.theoretical_peaks(AVX512_FLAGS + ["avx512_vnni"], 2, 2.5, "GenuineIntel", 6, model=106)
-    assert got["fp32"]["per_cycle"] == 64 and got["int8"]["per_cycle"] == 256
-    assert got["int8"]["gflops"] == approx(2 * 2.5 * 256)  # 1280
-    assert got["bf16"]["gflops"] is None
-
-
-def test_skylake_sp_and_client_avx512_assume_one_512_bit_fma():
-    # Skylake-SP / Cascade Lake (model 85) has one or two FMA units by SKU: one is assumed, and said.
-    sky = peak.theoretical_peaks(AVX512_FLAGS + ["avx512_vnni"], 2, 2.0, "GenuineIntel", 6, model=85)
-    assert sky["fp32"]["per_cycle"] == 32 and sky["int8"]["per_cycle"] == 128
-    assert "assumed one" in sky["basis"]
-    client = peak.theoretical_peaks(AVX512_FLAGS, 4, 4.0, "GenuineIntel", 6, model=140)  # Tiger Lake
-    assert client["fp32"]["gflops"] == approx(4 * 4.0 * 32)  # 512
-    # No VNNI on a 512-bit core: vpmaddubsw path at 16 lanes x 4.
-    assert client["int8"]["per_cycle"] == 64
-
-
-def test_zen4_double_pumps_512_bit_ops():
-    # Zen 4 (family 25 with AVX-512), this repository's 2-core EPYC at its nominal 2.6 GHz:
-    # 2 x 256-bit FMA = 16 lanes: fp32 16 x 2 = 32, bf16 16 x 4 = 64, int8 16 x 8 = 128 per cycle.
-    flags = AVX512_FLAGS + ["avx512_vnni", "avx512_bf16"]
-    got = peak.theoretical_peaks(flags, 2, 2.6, "AuthenticAMD", 25, model=17, model_name="AMD EPYC")
-    assert got["core"] == "AMD Zen 4"
-    assert got["fp32"]["gflops"] == approx(2 * 2.6 * 32)  # 166.4
-    assert got["bf16"]["gflops"] == approx(2 * 2.6 * 64)  # 332.8
-    assert got["int8"]["gflops"] == approx(2 * 2.6 * 128)  # 665.6
-    assert "double-pumped" in got["basis"] and "2.60 GHz" in got["fp32"]["basis"]
-
-
-def test_zen5_server_is_twice_zen4_and_mobile_zen5_is_not():
-    flags = AVX512_FLAGS + ["avx512_vnni", "avx512_bf16"]
-    server = peak.theoretical_peaks(flags, 2, 2.6, "AuthenticAMD", 26, model_name="AMD EPYC 9555 64-Core Processor")
-    assert server["fp32"]["per_cycle"] == 64 and server["int8"]["per_cycle"] == 256 and server["bf16"]["per_cycle"] == 128
-    mobile = peak.theoretical_peaks(flags, 2, 2.6, "AuthenticAMD", 26, model_name="AMD Ryzen AI 9 HX 370")
-    assert mobile["fp32"]["per_cycle"] == 32
-    unnamed = peak.theoretical_peaks(flags, 2, 2.6, "AuthenticAMD", 26)
-    assert unnamed["fp32"]["per_cycle"] == 32 and "conservative" in unnamed["basis"]
-
-
-def test_zen3_has_no_avx512_bf16_or_vnni():
-    got = peak.theoretical_peaks(["avx2", "fma"], 8, 3.5, "AuthenticAMD", 25)
-    assert got["core"] == "AMD Zen 3"
-    assert got["fp32"]["gflops"] == approx(8 * 3.5 * 32)  # 896
-    assert got["int8"]["per_cycle"] == 64 and got["bf16"]["gflops"] is None
-
-
-def test_unknown_vendor_takes_the_narrowest_implementation_and_says_so():
-    avx512 = peak.theoretical_peaks(AVX512_FLAGS + ["avx512_vnni"], 2, 3.0, None, None)
-    assert avx512["fp32"]["per_cycle"] == 32 and avx512["int8"]["per_cycle"] == 128
-    assert "conservative" in avx512["basis"]
-    avx2 = peak.theoretical_peaks(["avx2", "fma"], 2, 3.0, "SomeVendor", 7)
-    assert avx2["fp32"]["gflops"] == approx(2 * 3.0 * 16)  # 2 x 128-bit FMA pipes: 8 lanes x 2
-    assert "conservative" in avx2["basis"]
-
-
-def test_unknown_clock_gives_per_cycle_figures_only():
-    got = peak.theoretical_peaks(AVX512_FLAGS, 2, None, "AuthenticAMD", 25)
-    assert got["fp32"]["gflops"] is None and got["fp32"]["per_cycle"] == 32
-    assert "unknown" in got["basis"]
-
-
-def test_the_clock_source_is_in_the_basis():
-    got = peak.theoretical_peaks(["avx2", "fma"], 1, 2.0, "GenuineIntel", 6, clock_source="/proc/cpuinfo 'cpu MHz'")
-    assert "/proc/cpuinfo 'cpu MHz'" in got["basis"]
-
-
-# ---------------------------------------------------------------------------- reading the CPU
-
-
-CPUINFO = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 17
-model name\t: AMD EPYC 9R14
-cpu MHz\t\t: 2596.146
-flags\t\t: fpu avx2 fma avx512f
-
-processor\t: 1
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 17
-model name\t: AMD EPYC 9R14
-cpu MHz\t\t: 3100.000
-"""
-
-
-def test_clock_from_cpufreq_first(tmp_path):
-    sysfs = tmp_path / "cpuinfo_max_freq"
-    sysfs.write_text("3700000\n")  # kHz
-    (tmp_path / "cpuinfo").write_text(CPUINFO)
-    ghz, source = peak.cpu_clock(sysfs, tmp_path / "cpuinfo")
-    assert ghz == approx(3.7) and "cpuinfo_max_freq" in source
-    assert peak.cpu_clock_ghz(sysfs, tmp_path / "cpuinfo") == approx(3.7)
-
-
-def test_clock_from_cpuinfo_mhz_without_cpufreq(tmp_path):
-    (tmp_path / "cpuinfo").write_text(CPUINFO)
-    ghz, source = peak.cpu_clock(tmp_path / "absent", tmp_path / "cpuinfo")
-    assert ghz == approx(3.1)  # the highest core's MHz
-    assert "cpu MHz" in source and "nominal" in source
-
-
-def test_clock_from_intel_model_name_then_none(tmp_path):
-    (tmp_path / "intel").write_text("vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz\n")
-    assert peak.cpu_clock_ghz(tmp_path / "absent", tmp_path / "intel") == approx(2.4)
-    (tmp_path / "bare").write_text("processor\t: 0\n")
-    ghz, source = peak.cpu_clock(tmp_path / "absent", tmp_path / "bare")
-    assert ghz is None and "nowhere" in source
-    assert peak.cpu_clock_ghz(tmp_path / "absent", tmp_path / "absent too") is None
-    (tmp_path / "zero").write_text("0\n")  # some drivers report 0: fall through, not 0 GHz
-    assert peak.cpu_clock_ghz(tmp_path / "zero", tmp_path / "intel") == approx(2.4)
-
-
-def test_cpu_identity_reads_the_first_processor(tmp_path):
-    (tmp_path / "cpuinfo").write_text(CPUINFO)
-    assert peak.cpu_identity(tmp_path / "cpuinfo") == {
-        "vendor": "AuthenticAMD", "family": 25, "model": 17, "model_name": "AMD EPYC 9R14"}
-    assert peak.cpu_identity(tmp_path / "absent") == {"vendor": None, "family": None, "model": None, "model_name": None}
+# ---------------------------------------------------------------------------- on paper (tests/test_cpu_peaks.py)
 
 
 def test_this_machine_gets_a_figure_with_a_basis():
@@ -212,6 +68,13 @@ def test_measure_peaks_on_every_real_engine_at_tiny_sizes():
         assert ran["bf16"] == "bf16"
     if "gflops" in report["int8"]["engines"]["openvino"]:
         assert set(ran["int8"].split(", ")) <= {"u8", "i8"}
+    # Each engine that ran says what its kernels were (compress.eval.kernels): numpy's BLAS is named by its own record.
+    engines = report["fp32"]["engines"]
+    assert engines["torch"]["kernels"]["runtime"] == "torch" and "kernels" not in engines["numpy"]
+    if "gflops" in engines["onnxruntime"]:
+        assert engines["onnxruntime"]["kernels"]["summary"].startswith("MLAS SGEMM")
+    if "gflops" in engines["openvino"]:
+        assert engines["openvino"]["kernels"]["reported"] and engines["openvino"]["kernels"]["inference_precision"] == "f32"
 
 
 def fake(seconds: float = 0.0, fail_at: int | None = None, error: Exception | None = None):
@@ -323,7 +186,7 @@ def test_an_openvino_note_says_what_the_matmuls_really_ran_in():
 
 
 def test_a_measured_peak_above_the_paper_one_is_pointed_out():
-    theory = peak.theoretical_peaks(AVX512_FLAGS, 2, 2.6, "AuthenticAMD", 25)  # fp32 166.4
+    theory = theoretical_peaks(AVX512_FLAGS, 2, 2.6, "AuthenticAMD", 25)  # fp32 166.4
     measured = {"fp32": {"gflops": 200.0, "best": "openvino"}, "int8": {"gflops": None, "best": None}}
     notes = peak.peak_notes(measured, theory)
     assert len(notes) == 1 and "fp32 200" in notes[0] and "openvino" in notes[0]

@@ -12,6 +12,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from compress.core.cpu_peaks import identify
+
 # Instruction-set flags that decide which int8/bf16 kernels a CPU can use.
 INTERESTING_FLAGS = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -26,12 +28,14 @@ PACKAGES = (
 
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> dict:
-    """CPU model, core counts, memory and the relevant instruction-set flags."""
+    """CPU model, its microarchitecture, core counts, memory and the relevant instruction-set flags."""
     name, flags, physical, generation = platform.processor() or platform.machine(), set(), set(), None
     cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        parsed = parse_cpuinfo(cpuinfo.read_text(errors="replace"))
+    text = cpuinfo.read_text(errors="replace") if cpuinfo.exists() else ""
+    if text:
+        parsed = parse_cpuinfo(text)
         name, flags, physical, generation = parsed["name"] or name, parsed["flags"], parsed["physical"], parsed["generation"]
+    core = identify(text)  # e.g. "Zen 4" (core "AMD Zen 4"); "unknown" (core "unknown AVX2 core")
     logical = os.cpu_count() or 1
     memory_gib = round(psutil.virtual_memory().total / 2**30, 1)
     physical_count = psutil.cpu_count(logical=False) or len(physical) or logical
@@ -48,7 +52,19 @@ def cpu_info() -> dict:
         "memory_gib": memory_gib,
         "flags": sorted(f for f in INTERESTING_FLAGS if f in flags),
         "generation": generation,
+        "microarchitecture": core.name,
+        "core": core.core,
     }
+
+
+def cpu_summary() -> dict:
+    """What a benchmark's header records of the CPU with every figure: model, microarchitecture, cores, flags."""
+    info = cpu_info()
+    # The model name with its microarchitecture ("AMD EPYC (Zen 4)"): a VM names Zen 4 and Zen 5 alike, and every
+    # header that prints "cpu" then says which it was.
+    named = f"{info['cpu']} ({info['microarchitecture']})" if info["microarchitecture"] != "unknown" else info["cpu"]
+    return {"cpu": named, "microarchitecture": info["microarchitecture"], "generation": info["generation"],
+            "cores": info["usable_cores"], "flags": info["flags"]}
 
 
 def parse_cpuinfo(text: str) -> dict:
