@@ -257,6 +257,7 @@ def test_init_student_errors(teacher):
 
 
 def test_explicit_shape_flags_override_the_preset():
+    from compress.core.shapes import resolve_shape
 
     def dims(s):
         return (s.layers, s.hidden, s.heads, s.ffn)
