@@ -15,8 +15,13 @@ BENCH_OUT  ?= bench/results/$(shell date -u +%F)/headline
 # make bench: retention.json files (comma-separated) whose per-task students join the report, e.g.
 # RETENTION=bench/results/2026-11-29/retention-3l-g4000/retention.json; none: the report has no per-task section.
 RETENTION ?=
+# make bench-glue: full-data GLUE teachers, students and int8 (models in GLUE_WORK, kept: a re-run resumes), report in GLUE_OUT;
+# GLUE_ARGS for reduced settings, e.g. GLUE_ARGS="--budget-hours 3" or "--tasks sst2 --max-train-examples 20000".
+GLUE_WORK ?= runs/glue
+GLUE_OUT  ?= bench/results/$(shell date -u +%F)/glue
+GLUE_ARGS ?=
 
-.PHONY: help venv test test-transformers4 test-all demo bench clean
+.PHONY: help venv test test-transformers4 test-all demo bench bench-glue clean
 
 help:
 	@echo "make demo                run the main job (offline, a few minutes on 2 CPU cores)"
@@ -26,6 +31,8 @@ help:
 	@echo "make bench               the headline benchmark on real data (needs DATA=$(DATA)); models in"
 	@echo "                         BENCH_WORK=$(BENCH_WORK) (kept: a re-run skips unchanged stages), report in BENCH_OUT;"
 	@echo "                         RETENTION=FILE[,...] adds the per-task students of those retention.json files"
+	@echo "make bench-glue          full-data GLUE: teachers, 3L-384/2L-384 students, int8, beside the published rows;"
+	@echo "                         models in GLUE_WORK=$(GLUE_WORK) (a re-run resumes), report in GLUE_OUT; GLUE_ARGS=\"--budget-hours 3\""
 
 venv: $(VENV)/.installed
 
@@ -49,6 +56,9 @@ demo: venv
 
 bench: venv
 	$(BIN)/python -m bench --data $(DATA) --work $(BENCH_WORK) --out $(BENCH_OUT) $(if $(RETENTION),--retention $(RETENTION))
+
+bench-glue: venv
+	$(BIN)/python -m bench.glue --data $(DATA) --work $(GLUE_WORK) --out $(GLUE_OUT) $(GLUE_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-transformers4 runs build *.egg-info
