@@ -175,6 +175,12 @@ def compare_outputs(source: Path, exported: Path, names: tuple[str, ...]) -> dic
                 x, y = getattr(a, name).float(), getattr(b, name).float()
                 if x.dim() >= 2 and x.shape[:2] == mask.shape:
                     x, y = x[mask], y[mask]  # padded positions are not outputs
+                for which, values in (("the source", x), ("the export", y)):
+                    if not bool(torch.isfinite(values).all()):  # NaN - NaN is NaN, which no tolerance rejects
+                        raise CompressError(
+                            f"{which} gives NaN or infinite {name} on the check sentences; nothing was written "
+                            f"(check {source} with compress eval: its weights or config overflow)"
+                        )
                 diffs.append(float((x - y).abs().max()))
                 if name == "logits" and x.dim() == 2:
                     agree += int((x.argmax(-1) == y.argmax(-1)).sum())

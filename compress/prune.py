@@ -219,7 +219,7 @@ def ffn_to_keep(scores: Sequence[Sequence[float]], fraction: float, scope: str) 
     if scope == "uniform":
         keep = []
         width = min(len(s) for s in scores)
-        k = max(1, int(round(width * (1 - fraction))))
+        k = max(1, int(round(width * (1 - fraction))))  # at least 1: _check_ffn_amount refused fewer up front
         for s in scores:
             order = sorted(range(len(s)), key=lambda i: -float(s[i]))
             keep.append(sorted(order[:k]))
@@ -327,6 +327,23 @@ def _check_plan(model, cfg: PrunePlan) -> None:
                 f"--remove-heads {cfg.remove_heads:g} would remove {target} of {heads} heads, but every one of the {n_layers} "
                 f"layers keeps at least one; remove at most {heads - n_layers} or drop layers with --remove-layers"
             )
+    if cfg.remove_ffn is not None:
+        _check_ffn_amount(st.ffn_widths(model), cfg.remove_ffn, cfg.ffn_scope)
+
+
+def _check_ffn_amount(widths: list[int], fraction: float, scope: str) -> None:
+    """Refuse a --remove-ffn fraction that rounds to every neuron of a layer (uniform) or of all but one per layer (global)."""
+    if scope == "uniform":
+        width = min(widths)
+        if round(width * (1 - fraction)) < 1:
+            raise CompressError(f"--remove-ffn {fraction:g} would remove all {width} FFN neurons of a layer; every layer "
+                                f"keeps at least one, so the fraction must be at most {(width - 1) / width:.4g}")
+        return
+    total, n_layers = sum(widths), len(widths)
+    if round(total * fraction) > total - n_layers:
+        raise CompressError(f"--remove-ffn {fraction:g} would remove {round(total * fraction)} of {total} FFN neurons, "
+                            f"but each of the {n_layers} layers keeps at least one; the fraction must be at most "
+                            f"{(total - n_layers) / total:.4g}")
 
 
 def _method(cfg: PrunePlan, recovery: str) -> str:

@@ -710,6 +710,9 @@ def check_outputs(reference, quantized, calibration: Calibration, names: tuple[s
     """
     batches = calibration.check_batches()
     ref = collect_outputs(reference, batches, names)
+    if not np.isfinite(ref).all():  # nothing to compare with (and NaN - NaN passes no check): the fp32 model is broken
+        raise CompressError(f"the fp32 model gives NaN or infinite outputs on {len(ref)} check examples, so its int8 "
+                            "cannot be checked and was not written; check the fp32 model with compress eval")
     got = collect_outputs(quantized, batches, names)
     problem = degenerate(ref, got)
     if problem:

@@ -223,7 +223,6 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     check_head(model_dir, task)  # before load_model would put a fresh, untrained head on it
     model = _load(model_dir, task.behaviour.head, cfg.runtime)  # config and weights first: their errors are the clearest
     tokenizer = load_tokenizer(model_dir)
-    check_vocab(tokenizer, model.config, model_dir)
     per_kind.check(model.config, task)  # fail before loading any data
     model_max = config_sizes(model.config).max_positions
     max_length = cfg.max_length if cfg.max_length is not None else min(task.behaviour.max_length, model_max)
@@ -283,7 +282,6 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
             raise CompressError(f"{task.display} {split.name} has no labels to score embeddings against; use --split dev")
     model = load_model(model_dir, head="base")
     tokenizer = load_tokenizer(model_dir)
-    check_vocab(tokenizer, model.config, model_dir)
     spec = read_spec(model_dir)
     model_max = config_sizes(model.config).max_positions
     max_length = cfg.max_length if cfg.max_length is not None else spec.max_length(tokenizer, model_max)
@@ -311,15 +309,6 @@ def check_head(model_dir: Path, task: Task) -> None:
         raise CompressError(
             f"{model_dir} has {has} but {task.display} is scored with a {wanted} head; "
             f"evaluate it on a task its head was trained for, or fine-tune it on {task.display} first"
-        )
-
-
-def check_vocab(tokenizer, config, model_dir) -> None:
-    vocab = config_sizes(config).vocab
-    if len(tokenizer) > vocab:
-        raise CompressError(
-            f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the model's embedding has "
-            f"{vocab}; the tokenizer belongs to another model"
         )
 
 

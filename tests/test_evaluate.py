@@ -219,7 +219,7 @@ def test_vocab_mismatch_is_caught(tmp_path, tokenizer):
     model = make_tiny_model(vocab_size=20)  # the tokenizer has more tokens than the embedding
     model_dir = save_tiny(model, tokenizer, tmp_path / "m")
     _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood .\t1\n")
-    with pytest.raises(CompressError, match="tokens but the model's embedding has 20"):
+    with pytest.raises(CompressError, match="gives ids up to 97, but the model's embedding matrix has 20 rows"):
         evaluate(model_dir, EvalConfig(task="sst2", data_dir=str(tmp_path)))
 
 

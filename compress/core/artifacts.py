@@ -21,6 +21,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -35,9 +36,11 @@ import transformers
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertTokenizerFast
+from transformers.activations import ACT2FN
 
 from compress.core import card
 from compress.core import structure as st
+from compress.core.config import loads_json
 from compress.core.errors import CompressError
 from compress.core.families import class_names, family_of, get_family
 from compress.core.hardware import git_revision, hardware, package_versions
@@ -45,6 +48,7 @@ from compress.core.hardware import git_revision, hardware, package_versions
 # torch; the stages import them from here.
 from compress.core.preflight import _nearest_existing, _writable, check_output, require_model_dir  # noqa: F401
 from compress.core.structure import apply_structure
+from compress.core.weight_checks import check_shard_names, check_tensors
 
 try:
     import fcntl  # POSIX file locks, for build_lock
@@ -77,6 +81,8 @@ INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its pr
 HEADS = class_names()
 # BERT's class per head: what teacher creation and pretraining build (other families are loaded, not created).
 HEAD_CLASSES = dict(get_family("bert").classes)
+# Heads that exist only by training on a task: a folder saved with one must hold all its weights.
+TRAINED_HEADS = ("sequence-classification", "token-classification", "question-answering")
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +205,7 @@ def _json_default(obj: Any) -> Any:
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return loads_json(Path(path).read_text(encoding="utf-8"), path)
     except FileNotFoundError:
         raise CompressError(f"{path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -288,31 +294,51 @@ def dir_hash(path: Path | str) -> str:
 
 def parent_path(record: dict[str, Any]) -> str | None:
     """The parent directory a ``compression.json`` record names (None for a model made from nothing)."""
-    return (record.get("parent") or {}).get("path")
+    parent = record.get("parent")
+    if parent is None:
+        return None
+    path = parent.get("path") if isinstance(parent, dict) else parent
+    if not isinstance(parent, dict) or not isinstance(path, (str, type(None))):
+        raise CompressError(f"a compression.json names its parent as {parent!r}, not as {{\"path\": DIR, ...}}; "
+                            "restore the file or remove its \"parent\" entry")
+    return path or None
 
 
 def lineage(path: Path | str, limit: int = 64) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(directory, its compression.json) for ``path``, then its parent, grandparent, ... (resolved paths).
 
     A parent that no longer exists is yielded with an empty record and ends the chain, as
-    does a directory that names no parent, a cycle, or ``limit`` ancestors; an unreadable
-    compression.json raises as :func:`read_compression` does.
+    does a directory that names no parent or ``limit`` ancestors; a loop (a folder that is its
+    own ancestor) is refused, and an unreadable compression.json raises as :func:`read_compression` does.
     """
-    current, seen = Path(path).resolve(), set()
-    while current not in seen and len(seen) <= limit:
-        seen.add(current)
+    current, seen = Path(path).resolve(), []
+    while len(seen) <= limit:
+        seen.append(current)
         record = read_compression(current) if current.is_dir() else {}
         yield current, record
         parent = parent_path(record)
         if not parent:
             return
         current = Path(parent).resolve()
+        if current in seen:
+            loop = " -> ".join(str(p) for p in [*seen[seen.index(current):], current])
+            raise CompressError(f"the compression.json files form a loop ({loop}): a model cannot be its own ancestor; "
+                                f"fix \"parent\" in {seen[-1] / COMPRESSION_FILE}")
 
 
 def read_compression(path: Path | str) -> dict[str, Any]:
     """The directory's ``compression.json`` ({} for a plain Hugging Face folder)."""
     file = Path(path) / COMPRESSION_FILE
-    return read_json(file) if file.exists() else {}
+    if not file.exists():
+        return {}
+    record = read_json(file)
+    if not isinstance(record, dict):
+        raise CompressError(f"{file} holds {type(record).__name__}, not a record; restore the file or remove it")
+    parent = parent_path(record)  # also refuses a parent that is not {"path": ...}
+    if parent and Path(parent).resolve() == Path(path).resolve():
+        raise CompressError(f"{file} names its own folder as its parent: a model cannot be its own ancestor; "
+                            "fix or remove \"parent\" in it")
+    return record
 
 
 def compression_record(
@@ -520,6 +546,8 @@ CONFIG_SIZES = {
 }
 CONFIG_MIN = {"type_vocab_size": 0, "num_labels": 1}
 EMBEDDING_BYTES = 64e9  # vocabulary x width x 4 bytes above this cannot be a model to compress here
+ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation")  # BERT/ELECTRA, ModernBERT, DistilBERT
+EPSILON_KEYS = ("layer_norm_eps", "norm_eps")
 
 
 def check_config_values(raw: dict, where: str) -> None:
@@ -535,6 +563,26 @@ def check_config_values(raw: dict, where: str) -> None:
     if isinstance(raw.get("vocab_size"), int) and isinstance(width, int) and raw["vocab_size"] * width * 4 > EMBEDDING_BYTES:
         raise CompressError(f"{where}: vocab_size {raw['vocab_size']:,} x width {width:,} would need "
                             f"{raw['vocab_size'] * width * 4 / 1e9:.0f} GB of embeddings; fix or re-create the file")
+    for hidden, heads in (("hidden_size", "num_attention_heads"), ("dim", "n_heads")):
+        if isinstance(raw.get(hidden), int) and isinstance(raw.get(heads), int) and raw[hidden] % raw[heads]:
+            raise CompressError(f"{where}: {heads} {raw[heads]} does not divide {hidden} {raw[hidden]}; every head must have "
+                                f"the same width, so {heads} must be a divisor of {raw[hidden]}. Fix or re-create the file")
+    for key in ACTIVATION_KEYS:
+        value = raw.get(key)
+        if isinstance(value, str) and value not in ACT2FN:
+            raise CompressError(f"{where}: {key} {value!r} is not an activation transformers knows; valid: "
+                                f"{', '.join(sorted(ACT2FN))}. Fix or re-create the file")
+    for key, value in raw.items():
+        if "dropout" in key and value is not None and not (_is_number(value) and 0 <= value <= 1):
+            raise CompressError(f"{where}: {key} is {value!r}; a dropout probability must be a number from 0 to 1 "
+                                "(or null where the default applies). Fix or re-create the file")
+        if key in EPSILON_KEYS and not (_is_number(value) and 0 < value < 1):
+            raise CompressError(f"{where}: {key} is {value!r}; it must be a small positive number (BERT's is 1e-12). "
+                                "Fix or re-create the file")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def saved_head(path: Path | str) -> str:
@@ -563,7 +611,19 @@ def load_tokenizer(path: Path | str):
             raise CompressError(f"cannot load the tokenizer in {path}: {str(err).splitlines()[0]}") from None
     if not getattr(tok, "is_fast", False):
         raise CompressError(f"the tokenizer in {path} is not a fast tokenizer; save it with tokenizers' tokenizer.json")
+    _check_ids_fit(tok, path)
     return check_tokenizer(tok, str(path))
+
+
+def _check_ids_fit(tok, path: Path) -> None:
+    """Refuse a tokenizer whose ids run past the folder's embedding matrix (an index error deep in the forward)."""
+    raw = read_json(path / "config.json")
+    rows = raw.get("vocab_size") if isinstance(raw, dict) else None
+    top = max(tok.get_vocab().values(), default=-1)
+    if isinstance(rows, int) and top >= rows:
+        raise CompressError(f"the tokenizer in {path} gives ids up to {top}, but the model's embedding matrix has {rows} rows "
+                            "(config.json vocab_size); the tokenizer belongs to another model, copy the tokenizer files of "
+                            "the model these weights came from")
 
 
 def check_tokenizer(tok, where: str):
@@ -586,26 +646,37 @@ def check_tokenizer(tok, where: str):
 
 
 def _read_weights(path: Path) -> dict:
+    """The folder's tensors by name, checked (:mod:`compress.core.weight_checks`) before anything uses them."""
     index = path / WEIGHTS_INDEX
+    file = path / WEIGHTS_FILE
     try:
-        if (path / WEIGHTS_FILE).is_file():
-            return load_file(path / WEIGHTS_FILE)
+        if file.is_file():
+            state = load_file(file)
+            check_tensors(state, file)
+            return state
         if index.is_file():
-            shards = sorted(set(read_json(index)["weight_map"].values()))
+            raw = read_json(index)
+            shards = check_shard_names(path, index, raw.get("weight_map") if isinstance(raw, dict) else None)
             state = {}
             for shard in shards:
-                state.update(load_file(path / shard))
+                part = load_file(path / shard)
+                check_tensors(part, path / shard)
+                state.update(part)
             return state
     except (SafetensorError, OSError, ValueError, KeyError) as err:
         raise CompressError(
-            f"{path}/{WEIGHTS_FILE} is corrupt or truncated ({str(err).splitlines()[0]}); re-create the model directory"
+            f"{file} is corrupt or truncated ({str(err).splitlines()[0]}); re-create the model directory"
         ) from None
     if (path / LEGACY_WEIGHTS).is_file():
         try:
             # weights_only: a checkpoint must never be able to run code on load.
-            return torch.load(path / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
+            state = torch.load(path / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
         except Exception as err:
             raise CompressError(f"cannot read {path}/{LEGACY_WEIGHTS} safely: {str(err).splitlines()[0]}") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise CompressError(f"{path}/{LEGACY_WEIGHTS} is not a state dict of tensors; re-save the model with save_pretrained")
+        check_tensors(state, path / LEGACY_WEIGHTS)
+        return state
     if (path / ONNX_FILE).is_file():
         raise CompressError(f"{path} holds an ONNX model (model.onnx), which has no PyTorch weights; use a PyTorch model directory for this stage")
     raise CompressError(f"{path} has no weights (model.safetensors); is the directory complete?")
@@ -665,7 +736,9 @@ def load_torch_model(
         model = cls(config)  # transformers 4.x builds pruned heads from config.pruned_heads
     if structure:
         apply_structure(model, structure)
-    missing = _load_weights_into(model, _read_weights(path), path, drop_head)
+    # A task head the folder says it was trained with must be in the file, not drawn afresh.
+    trained_head = head == saved and not drop_head and head in TRAINED_HEADS
+    missing = _load_weights_into(model, _read_weights(path), path, drop_head, trained_head=trained_head)
     model.tie_weights()
     model.eval()
     model.to(torch.float32)
@@ -674,11 +747,12 @@ def load_torch_model(
     return model
 
 
-def _load_weights_into(model, weights: dict, path: Path, drop_head: bool) -> list[str]:
+def _load_weights_into(model, weights: dict, path: Path, drop_head: bool, *, trained_head: bool = False) -> list[str]:
     """Load a folder's tensors into ``model`` (names aligned to its base-model prefix); the names left fresh.
 
     Refuses tensors whose shapes disagree with the built model, and a missing encoder weight
-    (only a head's or the optional pooler's may be missing: they start fresh).
+    (only a head's or the optional pooler's may be missing: they start fresh), and with
+    ``trained_head`` (config.json names the task head being loaded) any missing weight at all.
     """
     state = {_rename_legacy(k): v for k, v in weights.items()}
     prefix = model.base_model_prefix  # "bert", "roberta", "distilbert", "electra", "model" (ModernBERT)
@@ -712,6 +786,12 @@ def _load_weights_into(model, weights: dict, path: Path, drop_head: bool) -> lis
             return False
         return not (key[len(prefix) + 1:] if wants_prefix else key).startswith("pooler.")
 
+    if trained_head and missing:
+        raise CompressError(
+            f"{path}/config.json says the model is a fine-tuned {type(model).__name__}, but its weights lack "
+            f"{len(missing)} of its tensors (e.g. {missing[0]}), which would be drawn at random; copy the complete "
+            "weights from the fine-tuned model, or remove \"architectures\" from config.json to use it as a base encoder"
+        )
     lost = [k for k in missing if encoder_weight(k)]
     if lost:
         raise CompressError(

@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import sys
 import types
 import typing
 from pathlib import Path
@@ -72,6 +73,16 @@ def choices_of(f: dataclasses.Field) -> list[str] | None:
     return choices() if callable(choices) else list(choices)
 
 
+def loads_json(text: str, where: Path | str) -> Any:
+    """``json.loads`` whose nesting is bounded: a document nested past Python's recursion limit (a few thousand
+    levels; no data or config file needs ten) is refused naming ``where``. Syntax errors raise as json's own."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise CompressError(f"{where} nests its JSON deeper than Python can read (over {sys.getrecursionlimit()} "
+                            "levels); it cannot be a data or config file, restore or re-create it") from None
+
+
 def load_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (``yaml.safe_load``: no arbitrary objects) or JSON mapping."""
     path = Path(path)
@@ -82,9 +93,12 @@ def load_file(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as err:
         raise CompressError(f"cannot read config file {path}: {err}") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = loads_json(text, path) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise CompressError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {str(err).splitlines()[0]}") from None
+    except RecursionError:  # YAML's composer recurses once per level, as json's parser does
+        raise CompressError(f"{path} nests deeper than Python can read (over {sys.getrecursionlimit()} levels); "
+                            "an options file needs a few levels, fix the file") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
 
-from compress.core.config import flat_keywords, option
+from compress.core.config import flat_keywords, loads_json, option
 from compress.core.errors import CompressError
 from compress.core.files import (  # noqa: F401  (read_text_file, read_tsv_rows re-exported)
     Record,
@@ -605,7 +605,7 @@ def read_squad_json(path: Path):
     import datasets
 
     try:
-        doc = json.loads(read_text_file(path))
+        doc = loads_json(read_text_file(path), path)
     except json.JSONDecodeError as err:
         raise CompressError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):

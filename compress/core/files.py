@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from compress.core.config import loads_json
 from compress.core.errors import CompressError
 
 # A text field of any length is read (a 40,000-word sentence is truncated later, with a count).
@@ -161,7 +162,7 @@ def read_json_records(path: Path) -> list[Record]:
     text = read_text_file(path)
     if text.lstrip().startswith("["):
         try:
-            data = json.loads(text)
+            data = loads_json(text, path)
         except json.JSONDecodeError as err:
             raise CompressError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
         if not all(isinstance(r, dict) for r in data):
@@ -172,7 +173,7 @@ def read_json_records(path: Path) -> list[Record]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads_json(line, f"{path}:{n}")
         except json.JSONDecodeError as err:
             raise CompressError(f"{path}:{n}: malformed JSON line ({err.msg})") from None
         if not isinstance(record, dict):
@@ -294,7 +295,7 @@ def label_list(raw: Any, sep: str | None, where: str) -> list[str]:
     if text.startswith("["):
         try:
             value = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not a JSON list: read as one label below
             value = None
         if isinstance(value, list):
             return [str(x).strip() for x in value]

@@ -233,7 +233,7 @@ def heads_to_remove(scores: Sequence[Sequence[float]], count: int, scope: str = 
     if count > removable:
         raise CompressError(
             f"cannot remove {count} heads: only {removable} can go while keeping one per layer "
-            f"(heads per layer {sizes}); drop whole layers with --layers instead"
+            f"(heads per layer {sizes}); drop whole layers with --remove-layers instead"
         )
     chosen: dict[int, list[int]] = {}
     if scope == "layer":

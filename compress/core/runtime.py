@@ -80,6 +80,7 @@ from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.structure import apply_structure, config_sizes, count_parameters, describe, input_names
 from compress.core.tasks import Task
+from compress.core.weight_checks import check_tensors
 
 PT2_FILE = "model.pt2"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the order exported graphs take (those of them the family has)
@@ -769,6 +770,7 @@ def load_torch_int8(path: Path, options: dict[str, Any]):
         state = load_file(str(file))
     except (SafetensorError, OSError, ValueError) as err:
         raise CompressError(f"{file} is missing or corrupt ({str(err).splitlines()[0]}); re-create the model directory") from None
+    check_tensors(state, file, integer={INT8_WEIGHT: (torch.int8,), INT8_ZERO: (torch.int64,)})
     names = sorted(k[: -len(INT8_WEIGHT)] for k in state if k.endswith(INT8_WEIGHT))
     int8_keys = {n + s for n in names for s in (INT8_WEIGHT, INT8_SCALE, INT8_ZERO)}
     model = build_architecture(path, config, saved, empty=True)
