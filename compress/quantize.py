@@ -46,6 +46,14 @@ its dev split (at the eval batch size ``compress eval`` uses by default, recorde
 int8 scores move with batch composition); with ``max_drop`` a larger drop of the primary
 metric moves the result to ``<out>.rejected`` and fails. The command prints both scores,
 the drop and the output check.
+
+A sentence-embedding folder (a base encoder, sentence-transformers files beside it) has no
+task: with ``corpus`` / ``sentences_from`` its unlabelled sentences (gathered as embedding
+distillation gathers them) calibrate the static schemes, tokenised as SentenceTransformer
+tokenises them, and a disjoint held-out set checks the result: the mean cosine between each
+sentence's fp32 and int8 embeddings (pooled and normalised as the folder says), refused
+below ``min_cosine``, and with ``eval_tasks`` the pair tasks' embedding scores, refused
+when one drops more than ``max_drop``.
 """
 
 from __future__ import annotations
@@ -89,7 +97,7 @@ from compress.core.artifacts import (
     write_json_atomic,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import TaskData, encode_examples, load_split
+from compress.core.data import TaskData, check_max_length, encode_examples, load_split
 from compress.core.errors import CompressError
 from compress.core.logs import show_bars
 from compress.core.export import OUTPUTS, _Positional, copy_sidecars, export_onnx
@@ -110,15 +118,20 @@ from compress.core.openvino import (
 from compress.core.registry import Registry
 from compress.core.resolve import resolve_task, task_fields, task_of_model
 from compress.core.runtime import INPUTS, PT2_FILE, Runner, load_model, quantize_linears, structure_of, write_torch_int8
-from compress.core.sentence import copy_sentence_files
+from compress.core.sentence import SentenceSpec, copy_sentence_files, finish, pooled, prepare_texts, read_spec
 from compress.core.structure import config_sizes, describe, input_names, layers_path, model_inputs
 from compress.core.tasks import Task, get_task, is_kind, task_choices
+from compress.distill_embedding import EmbeddingDistillConfig, embedding_scorers, embedding_sentences
+from compress.eval.embeddings import EMBEDDING_EVAL, embedding_record
+from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, format_table, split_records
 from compress.eval.latency import megabytes, size_on_disk
 
 SCHEMES = ("dynamic", "static", "qat")
 PRESETS = ("auto", "avx512_vnni", "avx2", "arm64")
 CALIBRATION_BATCH = 8  # sequences per calibration forward pass
+# The backends that calibrate a sentence-embedding folder (a bare encoder): INC's PT2E annotator fails on its graph.
+EMBEDDING_STATIC = ("onnxruntime", "openvino")
 CHECK_EXAMPLES = 16  # examples run through fp32 and int8 side by side
 CHECK_POSITIONS = 4  # per-token outputs (MLM logits) are compared on the first positions only
 RANDOM_CHECK_LENGTH = 32  # tokens per random check sequence when no task is given
@@ -147,11 +160,27 @@ class QuantizeConfig:
                          choices=SCHEMES)
     task: str = option("", "task whose train split calibrates static ranges and whose dev split scores the result "
                        "(default with --train-file/--dev-file: the model's own task)", choices=task_choices)
-    calibration_examples: int = option(128, "training examples for static calibration (a seeded random sample)")
+    calibration_examples: int = option(128, "training examples (with --corpus/--sentences-from: sentences) for static "
+                                       "calibration (a seeded random sample)")
+    corpus: tuple[str, ...] = option(
+        (), "for a sentence-embedding folder (no task): unlabelled text whose sentences calibrate static int8 and check "
+        "the int8 embeddings: text files or folders of *.txt, datasets save_to_disk folders, or hf:NAME[:CONFIG]",
+        metavar="PATH[,...]")
+    sentences_from: tuple[str, ...] = option(
+        (), "for a sentence-embedding folder (no task): GLUE tasks whose training sentences are added to that text "
+        "(both sides of a pair; labels unused; read from --data-dir)", metavar="TASK[,...]")
     preset: str = option("auto", "onnxruntime kernels: auto (from the CPU's flags), avx512_vnni, avx2, arm64", choices=PRESETS)
     per_channel: bool = option(True, "one weight scale per output channel (else one per tensor)")
-    max_drop: float | None = option(None, "refuse the result when the dev primary metric drops by more than this many points")
-    seed: int = option(0, "seed for choosing the calibration examples")
+    max_drop: float | None = option(None, "refuse the result when the dev primary metric (with --eval-tasks: each task's "
+                                    "embedding score) drops by more than this many points")
+    check_sentences: int = option(256, "with --corpus/--sentences-from: held-out sentences (never calibrated on; at most "
+                                       "half the text) embedded by the fp32 and the int8 model and compared by cosine")
+    min_cosine: float | None = option(None, "with --corpus/--sentences-from: refuse the result when the mean cosine of its "
+                                            "embeddings to the fp32 ones is below this (0 < X <= 1)")
+    eval_tasks: tuple[str, ...] = option(
+        (), "with --corpus/--sentences-from: pair tasks whose dev split scores the fp32 and int8 embeddings: stsb (cosine "
+        "Spearman), mrpc, qqp, rte ... (retrieval MRR)", metavar="TASK[,...]")
+    seed: int = option(0, "seed for choosing the calibration examples (and the held-out check sentences)")
     qat_steps: int = option(200, "qat: optimizer steps of quantization-aware training (batches of 8 calibration examples)")
     qat_lr: float = option(1e-6, "qat: AdamW learning rate (small: int8 grid steps are ~1e-3 of the weights)")
     data: TaskData = field(default_factory=TaskData)
@@ -165,14 +194,9 @@ class QuantizeConfig:
                 f"the {self.backend} backend does not do {self.scheme} quantization; "
                 f"it does {', '.join(backend.schemes)}"
             )
-        if self.scheme in ("static", "qat") and not self.has_task:
-            use = "to calibrate on" if self.scheme == "static" else "to train on"
-            raise CompressError(f"{self.scheme} quantization needs a task's training examples {use}; pass --task, e.g. "
-                                "--task sst2, or your task's --train-file and --dev-file")
+        self._validate_data()
         if self.qat_steps < 1 or self.qat_lr <= 0:
             raise CompressError(f"--qat-steps must be at least 1 and --qat-lr positive, got {self.qat_steps} and {self.qat_lr}")
-        if self.max_drop is not None and not self.has_task:
-            raise CompressError("--max-drop compares dev scores; pass --task too (or your task's --train-file and --dev-file)")
         if self.task and not is_kind(self.task):
             get_task(self.task)
         if self.calibration_examples < 1:
@@ -182,10 +206,48 @@ class QuantizeConfig:
         if self.preset != "auto" and self.backend != "onnxruntime":
             raise CompressError(f"--preset chooses ONNX Runtime kernels; the {self.backend} backend has none (leave it at auto)")
 
+    def _validate_data(self) -> None:
+        """What calibrates and what scores: a task's rows, or a sentence-embedding folder's unlabelled sentences."""
+        if self.embedding and self.has_task:
+            raise CompressError("--corpus/--sentences-from are for a sentence-embedding folder without a task; with --task "
+                                "(or --train-file) the task's own training rows calibrate, so drop --corpus/--sentences-from")
+        if self.scheme == "static" and not self.has_task and not self.embedding:
+            raise CompressError("static quantization needs a task's training examples to calibrate on; pass --task, e.g. "
+                                "--task sst2, or your task's --train-file and --dev-file; for a sentence-embedding folder, "
+                                "unlabelled sentences: --corpus FILE_OR_DIR[,...] or --sentences-from TASK[,...]")
+        if self.scheme == "qat" and not self.has_task:
+            raise CompressError("qat quantization needs a task's training examples to train on; pass --task, e.g. "
+                                "--task sst2, or your task's --train-file and --dev-file")
+        if self.embedding and self.scheme == "static" and self.backend not in EMBEDDING_STATIC:
+            raise CompressError(f"static int8 of a sentence-embedding folder runs on --backend {' or '.join(EMBEDDING_STATIC)}; "
+                                f"the {self.backend} backend fails on a bare encoder's graph")
+        if self.max_drop is not None and not self.has_task and not self.eval_tasks:
+            raise CompressError("--max-drop compares dev scores; pass --task too (or your task's --train-file and --dev-file), "
+                                "or --eval-tasks for a sentence-embedding folder")
+        if (self.min_cosine is not None or self.eval_tasks) and not self.embedding:
+            raise CompressError("--min-cosine and --eval-tasks check a sentence-embedding folder's int8 embeddings; pass the "
+                                "unlabelled text they are checked on too: --corpus FILE_OR_DIR[,...] or --sentences-from TASK[,...]")
+        if self.min_cosine is not None and not 0 < self.min_cosine <= 1:
+            raise CompressError(f"--min-cosine is a mean cosine similarity: pass a number in (0, 1], got {self.min_cosine:g}")
+        if self.check_sentences < 1:
+            raise CompressError(f"--check-sentences must be at least 1, got {self.check_sentences}")
+        if self.embedding:
+            self.sentence_config().validate()  # the sentence sources and eval tasks, checked as distillation checks them
+
     @property
     def has_task(self) -> bool:
         """Whether a task's data is given: a task name, or a user's files (the task is then the model's own)."""
         return bool(self.task or self.data.train_file)
+
+    @property
+    def embedding(self) -> bool:
+        """Whether unlabelled sentences are given: a sentence-embedding folder is calibrated and checked on them."""
+        return bool(self.corpus or self.sentences_from)
+
+    def sentence_config(self) -> EmbeddingDistillConfig:
+        """The sentence sources as embedding distillation reads them (its seeded order is this config's seed)."""
+        return EmbeddingDistillConfig(corpus=self.corpus, sentences_from=self.sentences_from, data_dir=self.data.data_dir,
+                                      eval_tasks=self.eval_tasks, heldout_sentences=0, seed=self.seed)
 
 
 # ---------------------------------------------------------------------------- backends
@@ -490,7 +552,7 @@ def _quantize_openvino(job: Job) -> dict[str, Any]:
         if head:
             settings["ignored_scope"] = nncf.IgnoredScope(names=head)
         control = None
-        if job.cfg.max_drop is not None:
+        if job.cfg.max_drop is not None and job.task is not None:  # with --eval-tasks the guard after quantizing decides
             quantized, control = _openvino_accuracy_control(nncf, job, converted, calibration, settings, weights)
         else:
             quantized = nncf.quantize(converted.model, calibration, advanced_parameters=weights, **settings)
@@ -663,6 +725,46 @@ def random_calibration(tokenizer, max_positions: int, seed: int) -> Calibration:
     return Calibration(_batches(enc, CHECK_EXAMPLES), {"task": None, "split": None, "examples": CHECK_EXAMPLES, "inputs": "random token ids"})
 
 
+@dataclass
+class SentenceCheck:
+    """A sentence-embedding folder's held-out check: sentences never calibrated on, and how the folder embeds them."""
+
+    sentences: list[str]
+    spec: SentenceSpec  # pooling, normalisation, lower-casing
+    max_length: int  # tokens per sentence, as SentenceTransformer truncates them
+    scorers: dict[str, tuple[Any, Any, Any]]  # --eval-tasks: task name -> (task, dev split, score(model))
+
+
+def sentence_calibration(model_dir: Path, tokenizer, cfg: QuantizeConfig, max_positions: int) -> tuple[Calibration, SentenceCheck]:
+    """A sentence-embedding folder's unlabelled sentences: a seeded calibration sample and disjoint check sentences.
+
+    The sentences are gathered as embedding distillation gathers them (distinct, of at least
+    ``min_words`` words, in the order ``cfg.seed`` shuffles them): the first ``check_sentences``
+    (at most half) are held out for the cosine check, the next ``calibration_examples`` (the
+    output check's few when nothing is calibrated) calibrate, tokenised as SentenceTransformer
+    tokenises them, truncated at the folder's length and padded to the sample's longest.
+    """
+    spec = read_spec(model_dir)
+    max_length = cfg.data.max_length or spec.max_length(tokenizer, max_positions)
+    check_max_length(max_length, max_positions)
+    sentence_cfg = cfg.sentence_config()
+    sentences, sources = embedding_sentences(sentence_cfg)  # at least 2, or a one-line error
+    n_check = min(cfg.check_sentences, len(sentences) // 2)  # a short text keeps at least half for calibration
+    wanted = cfg.calibration_examples if cfg.scheme == "static" else CHECK_EXAMPLES
+    held, chosen = sentences[:n_check], sentences[n_check : n_check + wanted]
+    enc = tokenizer(prepare_texts(chosen, spec), padding="longest", truncation="longest_first", max_length=max_length,
+                    return_tensors="np")  # (examples, the longest one's tokens)
+    source = {
+        "task": None, "split": None, "inputs": "unlabelled sentences", "examples": len(chosen), "sources": sources,
+        "corpus": list(cfg.corpus), "sentences_from": list(cfg.sentences_from),
+        "data": cfg.data.describe() if cfg.sentences_from else None, "min_words": sentence_cfg.min_words,
+        "seed": cfg.seed, "max_length": max_length, "padded_length": int(enc["input_ids"].shape[1]),
+        "check_sentences": n_check,
+    }
+    check = SentenceCheck(held, spec, max_length, embedding_scorers(sentence_cfg, tokenizer, spec))
+    return Calibration(_batches(enc, len(chosen)), source), check
+
+
 def _batches(enc, n: int) -> list[dict[str, Any]]:
     """Cut (n, length) arrays into int64 batches of CALIBRATION_BATCH rows."""
 
@@ -752,9 +854,12 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
     reference = load_model(model_dir)  # the fp32 parent: quantized from (torch backends) and compared with
     max_positions = config_sizes(reference.config).max_positions
     max_length = cfg.data.resolved_max_length(task, max_positions) if task else None
+    sentences = None  # a sentence-embedding folder's held-out check sentences
     if task:
         n = cfg.calibration_examples if cfg.scheme in ("static", "qat") else CHECK_EXAMPLES
         calibration = task_calibration(task, tokenizer, cfg, max_length, n)
+    elif cfg.embedding:
+        calibration, sentences = sentence_calibration(model_dir, tokenizer, cfg, max_positions)
     else:
         calibration = random_calibration(tokenizer, max_positions, cfg.seed)
     dev = _dev_splits(task, cfg.data) if task else None
@@ -770,12 +875,15 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
         quantized = runtime.load_model(tmp)  # looked up on the module at call time: tests break the runtime
         names = tuple(record["outputs"])
         record["check"] = check_outputs(reference, quantized, calibration, names, cfg.backend, per_row=head == "sequence-classification")
+        rejection = None
         if task:
             rejection = _accuracy_guard(reference, quantized, task, tokenizer, dev, max_length, cfg, record, tmp)
-            if rejection:
-                write_json_atomic(tmp / COMPRESSION_FILE, record)
-                rejected = _reject(tmp, out)
-                raise CompressError(f"{rejection}; the rejected int8 model is in {rejected}")
+        elif sentences is not None:
+            rejection = _embedding_guard(reference, quantized, tokenizer, sentences, cfg, record, tmp)
+        if rejection:
+            write_json_atomic(tmp / COMPRESSION_FILE, record)
+            rejected = _reject(tmp, out)
+            raise CompressError(f"{rejection}; the rejected int8 model is in {rejected}")
         write_json_atomic(tmp / COMPRESSION_FILE, record)
     return out
 
@@ -783,6 +891,9 @@ def quantize(model_dir: str | Path, out: str | Path, cfg: QuantizeConfig, *, ove
 def _check_head(backend: Backend, cfg: QuantizeConfig, head: str, model_dir: Path, task: Task | None) -> None:
     if backend.heads is not None and head not in backend.heads:
         raise CompressError(f"the {cfg.backend} backend quantizes {', '.join(backend.heads)} models; {model_dir} is a {head} model")
+    if cfg.embedding and head != "base":
+        raise CompressError(f"{model_dir} is a {head} model; --corpus/--sentences-from are for sentence-embedding (base "
+                            "encoder) folders: calibrate a task model on its task's rows with --task")
     if task is not None:
         wanted = task.behaviour.head
         if head != wanted:
@@ -857,18 +968,64 @@ def _accuracy_guard(reference, quantized, task: Task, tokenizer, dev, max_length
     )
 
 
+COSINE_CHECK = "mean cosine to fp32"  # the check of a sentence-embedding folder's int8 (compression.json "accuracy")
+
+
+def _embedding_guard(reference, quantized, tokenizer, check: SentenceCheck, cfg: QuantizeConfig, record, tmp: Path) -> str | None:
+    """Embed the held-out sentences with fp32 and int8 and compare them by cosine, score any --eval-tasks,
+    record both in compression.json and metrics.json; the reason to reject, or None."""
+    def embed(model) -> torch.Tensor:  # (sentences, d): pooled and normalised as the folder says
+        return finish(pooled(model, tokenizer, check.sentences, check.spec, max_length=check.max_length), check.spec)
+
+    cosine = torch.nn.functional.cosine_similarity(embed(quantized).double(), embed(reference).double(), dim=-1)  # (sentences,)
+    mean, low = float(cosine.mean()), float(cosine.min())
+    reasons = []
+    if cfg.min_cosine is not None and mean < cfg.min_cosine:
+        reasons.append(f"the int8 embeddings of {len(cosine)} held-out sentences have a mean cosine of {mean:.5f} to the "
+                       f"fp32 ones, below --min-cosine {cfg.min_cosine:g}")
+    tasks, reason = _embedding_task_scores(reference, quantized, check, cfg, tmp)
+    reasons += [reason] if reason else []
+    accuracy = {"check": COSINE_CHECK, "sentences": len(cosine), "mean_cosine": mean, "min_cosine": low,
+                "min_required": cfg.min_cosine, "max_length": check.max_length, "tasks": tasks, "max_drop": cfg.max_drop,
+                "passed": not reasons}
+    record["accuracy"] = accuracy
+    summary = {k: v for k, v in accuracy.items() if k != "check"}
+    append_metrics(tmp, {"kind": "quantize", "embedding": True, "measure": COSINE_CHECK, **summary,
+                         "metrics": {"mean_cosine": mean, "min_cosine": low}, "check": record.get("check")})
+    return "; ".join(reasons) or None
+
+
+def _embedding_task_scores(reference, quantized, check: SentenceCheck, cfg: QuantizeConfig, tmp: Path) -> tuple[dict, str | None]:
+    """Each --eval-tasks dev score of the fp32 and the int8 embeddings (the int8 records appended to metrics.json),
+    and the reason to reject (a drop above --max-drop), or None."""
+    tasks, reasons = {}, []
+    for name, (task, ds, score) in check.scorers.items():
+        (before, _), (after, details) = score(reference), score(quantized)
+        append_metrics(tmp, embedding_record(task, "dev", len(ds), after, details, check.spec, data=cfg.data.describe("dev")))
+        metric = embedding_primary_metric(task)
+        drop = before[metric] - after[metric]  # in points: metrics are percentages
+        tasks[name] = {"metric": metric, "parent": before[metric], "quantized": after[metric], "drop": drop}
+        if cfg.max_drop is not None and drop > cfg.max_drop:
+            reasons.append(f"int8 {task.display} dev {metric} of the embeddings dropped {drop:.2f} points "
+                           f"({before[metric]:.2f} -> {after[metric]:.2f}), more than --max-drop {cfg.max_drop:g}")
+    return tasks, "; ".join(reasons) or None
+
+
 def summarize(out: Path, cfg: QuantizeConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
     """What ``compress quantize`` prints: backend, scheme and weights on disk before and after, the dev results,
-    the fp32 and int8 scores with the drop, and the output check (all as recorded in metrics.json / compression.json)."""
+    the fp32 and int8 scores with the drop (a sentence-embedding folder: the mean cosine of int8 to fp32 embeddings
+    and any eval task's scores), and the output check (all as recorded in metrics.json / compression.json)."""
     record = read_compression(out)
     before, after = size_on_disk(inputs["model"]), size_on_disk(out)
     lines = [f"{record.get('backend')} {record.get('scheme')} int8: weights {megabytes(before):.1f} MB -> {megabytes(after):.1f} MB"]
     results = read_metrics(out)
-    evals = [r for r in results if r.get("kind") == "eval"]
+    evals = [r for r in results if r.get("kind") in ("eval", EMBEDDING_EVAL)]
     if evals:
         lines.append(format_table(evals))
     summary = next((r for r in reversed(results) if r.get("kind") == "quantize"), None)
-    if summary:
+    if summary and summary.get("embedding"):
+        lines.extend(format_cosine(summary))
+    elif summary:
         lines.append(f"{summary['task']} dev {summary['metric']}: fp32 {summary['parent']:.2f} -> int8 {summary['quantized']:.2f}, "
                      f"drop {summary['drop']:.2f} points (eval batch size {summary.get('batch_size')})")
     else:
@@ -877,6 +1034,19 @@ def summarize(out: Path, cfg: QuantizeConfig, inputs: dict[str, Any]) -> tuple[s
     if check:
         lines.append(format_check(check))
     return "\n".join(lines), []
+
+
+def format_cosine(summary: dict[str, Any]) -> list[str]:
+    """A sentence-embedding folder's check (:func:`_embedding_guard`): the cosine line, and a line per eval task."""
+    line = (f"embeddings of {summary['sentences']} held-out sentences: mean cosine int8 to fp32 {summary['mean_cosine']:.5f} "
+            f"(lowest {summary['min_cosine']:.5f})")
+    if summary.get("min_required") is not None:
+        line += f", required at least {summary['min_required']:g}"
+    lines = [line]
+    for name, t in (summary.get("tasks") or {}).items():
+        lines.append(f"{name} dev {t['metric']} of the embeddings: fp32 {t['parent']:.2f} -> int8 {t['quantized']:.2f}, "
+                     f"drop {t['drop']:.2f} points")
+    return lines
 
 
 def format_check(check: dict[str, Any]) -> str:

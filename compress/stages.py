@@ -413,7 +413,9 @@ register(Stage(
   compress quantize --model models/sst2 --backend onnxruntime --out models/sst2-int8          # dynamic, preset from CPU flags
   compress quantize --model models/sst2 --backend onnxruntime --scheme static --task sst2 --data-dir ~/glue_data \\
       --max-drop 0.5 --out models/sst2-int8-static      # calibrated, refused if it loses more than 0.5 dev points
-  compress quantize --model models/sst2 --backend openvino --scheme static --task sst2 --data-dir ~/glue_data --out models/ov""",
+  compress quantize --model models/sst2 --backend openvino --scheme static --task sst2 --data-dir ~/glue_data --out models/ov
+  compress quantize --model models/all-minilm --backend openvino --scheme static --corpus wiki/ --sentences-from stsb \\
+      --data-dir ~/glue_data --min-cosine 0.99 --out models/minilm-ov   # a sentence-embedding folder: no task, cosine check""",
     "compress.quantize:QuantizeConfig", "compress.quantize:quantize",
     (Input("model", "--model", "fp32 model directory"),),
     out_help="int8 model directory",

@@ -480,6 +480,15 @@ def test_inc_compiled_matches_eager(env):
     ({"calibration_examples": 0}, "--calibration-examples must be at least 1"),
     ({"preset": "avx9"}, "unknown --preset 'avx9'; valid: auto, avx512_vnni, avx2, arm64"),
     ({"backend": "torch", "preset": "avx2"}, "--preset chooses ONNX Runtime kernels"),
+    ({"scheme": "static"}, r"for a sentence-embedding folder, unlabelled sentences: --corpus FILE_OR_DIR\[,...\] or --sentences-from"),
+    ({"corpus": ["c.txt"], "task": "sst2"}, "with --task .* the task's own training rows calibrate, so drop --corpus/--sentences-from"),
+    ({"sentences_from": ["stsb"], "train_file": "t.csv", "dev_file": "d.csv"}, "drop --corpus/--sentences-from"),
+    ({"min_cosine": 0.9}, "--min-cosine and --eval-tasks check a sentence-embedding folder's int8 embeddings; pass"),
+    ({"eval_tasks": ["stsb"]}, "--min-cosine and --eval-tasks check a sentence-embedding folder's int8 embeddings; pass"),
+    ({"corpus": ["c.txt"], "min_cosine": 0}, r"--min-cosine is a mean cosine similarity: pass a number in \(0, 1\], got 0"),
+    ({"corpus": ["c.txt"], "check_sentences": 0}, "--check-sentences must be at least 1, got 0"),
+    ({"sentences_from": ["squad"]}, "--sentences-from takes GLUE tasks"),
+    ({"backend": "inc", "scheme": "static", "corpus": ["c.txt"]}, "sentence-embedding folder runs on --backend onnxruntime or openvino"),
 ])
 def test_bad_configurations_are_one_line_errors(changes, match):
     with pytest.raises(CompressError, match=match) as err:
