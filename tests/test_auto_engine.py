@@ -106,6 +106,7 @@ def test_resume_reopens_the_study_and_retries_what_a_dead_run_left_running(tmp_p
     assert [t.state.name for t in fresh.get_trials(deepcopy=False)] == ["WAITING"] * 3
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_choose_the_same_shape(teacher, tmp_path):  # noqa: F811
     teacher_dir, data = teacher
     chosen, trials = {}, {}

@@ -76,6 +76,7 @@ PRETRAIN = ["teacher", "pretrain", "--corpus", "corpus.txt", "--tokenizer", "voc
             "--seed", "11"]
 
 
+@pytest.mark.slow
 def test_pretrain_killed_three_times_resumes_to_identical_weights(workspace):
     _finish([*PRETRAIN, "--out", "ref"], workspace)
     reference = _weights(workspace / "ref")
@@ -92,6 +93,7 @@ def test_pretrain_killed_three_times_resumes_to_identical_weights(workspace):
     assert not work.exists()  # checkpoints are cleaned up after success
 
 
+@pytest.mark.slow
 def test_distill_killed_and_resumed_matches(workspace):
 
     from tests.conftest import make_tiny_model, save_tiny
@@ -132,6 +134,7 @@ def test_fp16_on_a_cpu_leaves_no_work_dir(workspace):
     assert not (workspace / ".fp16.work").exists() and not (workspace / "fp16").exists()
 
 
+@pytest.mark.slow
 def test_diverged_resume_then_the_advised_lower_lr_finishes(workspace):
     """kill -9, resume with an overflowing --lr (a clean stop naming the checkpoint), then do what it says."""
     import json

@@ -75,6 +75,7 @@ def _close(a: Path, b: Path, atol: float) -> float:
         ("distill", "kd,hard,hidden", 5e-3),
     ],
 )
+@pytest.mark.slow
 def test_two_processes_match_one(workspace, command, losses, atol):
     common = ["--task", "sst2", "--data-dir", "data", "--epochs", "2", "--batch-size", "16", "--lr", "1e-3",
               "--seed", "7", "--no-group-by-length", "--eval-every", "1000"]
@@ -102,6 +103,7 @@ def test_two_processes_match_one(workspace, command, losses, atol):
         assert read_compression(workspace / f"{name}-2")["extra_data"]["augment"]["default"] is True
 
 
+@pytest.mark.slow
 def test_accelerate_launch_matches_one_process(workspace):
     args = ["teacher", "finetune", "--model", "teacher", "--task", "sst2", "--data-dir", "data", "--epochs", "1",
             "--batch-size", "16", "--lr", "1e-3", "--seed", "3", "--no-group-by-length", "--eval-every", "1000"]

@@ -365,6 +365,7 @@ def test_markdown_flags_rows_above_the_peak(grid_report):
     assert "exceed the measured GEMM peak" in format_markdown({**report, "rows": [{**r, "pct_peak": 106.0} for r in report["rows"]]})
 
 
+@pytest.mark.slow
 def test_real_lengths_time_every_sentence_at_its_own_length(two_models, tmp_path):
     texts = ["the movie was good .", "bad", "the plot was not very fun and the actor was awful .", "great film", "a dog sat"]
     source = tmp_path / "texts.txt"
@@ -499,6 +500,7 @@ def test_bursts_take_turns_on_the_real_inputs_until_the_last_model_is_done(monke
                       + [("teacher", "finish"), ("student", "finish")])
 
 
+@pytest.mark.slow
 def test_bursts_real_workers_time_the_real_inputs_as_one_shot_workers_do(two_models, tmp_path):
     """Served worker processes taking turns on the real inputs: every pass over every sentence, as one-shot workers
     (the model done last times its passes; the other, extra ones while it waited)."""
@@ -551,6 +553,7 @@ def test_bursts_close_every_worker_when_one_fails(monkeypatch, two_models):
     assert closed == ["teacher", "student"]
 
 
+@pytest.mark.slow
 def test_bursts_real_workers_time_every_pass(two_models):
     """Two served worker processes: each model's passes of a point pooled, the same report as one-shot workers."""
     report = measure_latency(two_models, fast(repeats=6, bursts=3, record=False, repeat_runs=2))

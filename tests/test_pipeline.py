@@ -40,6 +40,7 @@ def _recipe(data, init, epochs=1, **extra):
     }
 
 
+@pytest.mark.slow
 def test_run_skip_and_rerun(inputs, tmp_path):
     data, init = inputs
     run = tmp_path / "run"
@@ -90,6 +91,7 @@ def _as_if_run_before(run, recipe, drops: dict[str, list[tuple[str, ...]]]) -> N
     path.write_text(json.dumps(manifest))
 
 
+@pytest.mark.slow
 def test_an_option_added_since_a_stage_ran_reruns_nothing_at_its_default(inputs, tmp_path):
     data, init = inputs
     run = tmp_path / "run"
@@ -203,6 +205,7 @@ def test_general_then_task_distillation_on_augmented_data_in_one_recipe(inputs, 
         load_recipe(recipe)
 
 
+@pytest.mark.slow
 def test_report_lands_at_the_top_of_the_run(inputs, tmp_path):
     data, init = inputs
     run = run_recipe({**_recipe(data, init), "report": True}, tmp_path / "run", say=lambda _: None)

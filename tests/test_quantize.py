@@ -523,6 +523,7 @@ def latency(dirs, **changes) -> dict:
     return measure_latency(dirs, cfg)
 
 
+@pytest.mark.slow
 def test_latency_auto_picks_each_directory_s_runtime(env):
     dirs = [env.parent] + [quantized_dir(env, *c) for c in CASES]
     report = latency(dirs)  # backend auto, the default
