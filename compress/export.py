@@ -16,6 +16,12 @@ inc-pt2e                refused: the same
 Every export is checked: the exported model and the source run on the same sentences and
 the largest absolute output difference is recorded (``compression.json``'s ``check``) and
 printed; a difference above ``cfg.tolerance`` removes the output and fails.
+
+``--fuse`` (ONNX, an fp32 source) writes ONNX Runtime's transformer-optimised graph instead of
+the plain one (:func:`compress.core.export.fuse_onnx`: Attention, SkipLayerNormalization,
+EmbedLayerNormalization, Gelu nodes of the ``com.microsoft`` domain); the number of each fused
+operator is recorded (``fusion``) and printed, and a graph where neither Attention nor
+SkipLayerNormalization fused is refused. It is checked like any export.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from compress.core.artifacts import (
     COMPRESSION_FILE,
     METRICS_FILE,
     ONNX,
+    ONNX_FILE,
     TORCH,
     artifact_format,
     check_output,
     compression_record,
     is_quantized,
+    load_config,
     load_tokenizer,
     output_dir,
     parent_path,
@@ -46,11 +54,11 @@ from compress.core.artifacts import (
 )
 from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.export import OUTPUTS, export_onnx
+from compress.core.export import OUTPUTS, export_onnx, format_fusion, fuse_onnx
 from compress.core.openvino import export_openvino
 from compress.core.registry import Registry
 from compress.core.resolve import task_fields, task_of_model
-from compress.core.runtime import load_model
+from compress.core.runtime import load_model, structure_of
 from compress.core.structure import model_inputs
 
 # Sentences both models run on for the check: short and long, with a pair (token types).
@@ -68,6 +76,14 @@ class ExportConfig:
     opset: int = option(17, "ONNX opset of a torch -> ONNX export")
     tolerance: float | None = option(None, "largest output difference accepted by the check (default: 1e-3 for fp32 "
                                            "sources, 0.5 for int8 ones, whose graphs a converter may re-fuse)")
+    fuse: bool = option(False, "onnx: write ONNX Runtime's transformer-optimised graph (fused Attention, SkipLayerNormalization, "
+                               "EmbedLayerNormalization, Gelu nodes of the com.microsoft domain, which ONNX Runtime runs) "
+                               "instead of the plain one; the number of each fused operator is recorded")
+
+    def validate(self) -> None:
+        if self.fuse and self.format != "onnx":
+            raise CompressError(f"--fuse writes ONNX Runtime's fused graph, an ONNX file; use it with --format onnx "
+                                f"(--format {self.format} converts the plain graph and fuses it in its own compiler)")
 
 Exporter = Callable[[Path, Path, ExportConfig], None]  # (source, staged output dir, cfg) -> files written
 EXPORTERS: Registry[dict[str, Exporter]] = Registry("export format")
@@ -116,9 +132,13 @@ EXPORTERS.register("openvino", {
 
 def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwrite: bool = False) -> Path:
     """Write ``model_dir`` as ``cfg.format`` to ``out`` and check its outputs against the source's."""
+    cfg.validate()
     check_output(out, overwrite, inputs=model_dir)
     source = require_model_dir(model_dir)
     fmt = artifact_format(source)
+    if cfg.fuse and is_quantized(source):
+        raise CompressError(f"{source} is int8; --fuse optimises an fp32 graph: export its fp32 parent with --fuse, or "
+                            "quantize that parent's fused graph with compress quantize --backend onnxruntime --fuse")
     exporter = EXPORTERS.get(cfg.format).get(fmt)
     if exporter is None:
         raise CompressError(f"{source} has format {fmt}, which compress export does not know; "
@@ -133,6 +153,7 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
         for item in staged.iterdir():
             item.rename(tmp / item.name)
         staged.rmdir()
+        fusion = _fuse(source, tmp) if cfg.fuse else {}
         check = compare_outputs(source, tmp, OUTPUTS[head])
         if check["max_abs_diff"] > tolerance:
             raise CompressError(
@@ -148,11 +169,20 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
             extra={**{k: before[k] for k in ("head", "task", "precision", "backend", "scheme") if k in before},
                    **{k: written[k] for k in ("format", "backend", "precision", "inference_precision") if k in written},
                    **(task_fields(own) if own is not None else {}),
-                   "format": written.get("format") or fmt, "source_format": fmt, "check": {**check, "tolerance": tolerance}},
+                   "format": written.get("format") or fmt, "source_format": fmt, "check": {**check, "tolerance": tolerance},
+                   **fusion},
         )
         write_json_atomic(tmp / COMPRESSION_FILE, record)
         write_json_atomic(tmp / METRICS_FILE, {"results": []})
     return Path(out)
+
+
+def _fuse(source: Path, tmp: Path) -> dict[str, Any]:
+    """Fuse the exported ``tmp/model.onnx`` in place; the record's ``fusion`` (operator -> count) and ``fused`` (how)."""
+    # The graph's structure: the export's record, else (a copied ONNX folder) the source's.
+    structure = read_compression(tmp).get("structure") or structure_of(source)
+    done = fuse_onnx(tmp / ONNX_FILE, structure, load_config(source).model_type, source)
+    return {"fusion": done["counts"], "fused": done["settings"]}
 
 
 def compare_outputs(source: Path, exported: Path, names: tuple[str, ...]) -> dict[str, Any]:
@@ -198,4 +228,6 @@ def summarize(out: Path, cfg: ExportConfig, inputs: dict[str, Any]) -> tuple[str
             f"{check['max_abs_diff']:.2e} (tolerance {check['tolerance']:g}) on {check['examples']} sentences")
     if "argmax_agreement" in check:
         text += f", argmax agreement {100 * check['argmax_agreement']:.0f}%"
+    if record.get("fusion"):
+        text += "\n" + format_fusion(record["fusion"])
     return text + "\n", []

@@ -11,9 +11,14 @@
 * ``onnxruntime``: the plain fp32 ONNX export (``compress.core.export``) quantized by
   ``onnxruntime.quantization`` with the CPU's preset (the presets Optimum's
   ``AutoQuantizationConfig`` names), dynamic or static (min-max calibration on training
-  examples). Stored as ``model.onnx`` (format ``onnx``). The export is quantized
-  *unfused*: ONNX Runtime's quantizer fails on an ORT-optimised graph, and the session
-  applies the fusions at load anyway.
+  examples). Stored as ``model.onnx`` (format ``onnx``). By default the export is quantized
+  *unfused* (the session applies its own fusions at load). With ``fuse`` the graph is first
+  fused by ONNX Runtime's transformer optimizer (``compress.core.export.fuse_onnx``) and typed
+  by its symbolic shape inference, without which the quantizer fails on the com.microsoft
+  nodes (dynamic: no type for the MatMul after an Attention; static: activations left
+  unquantized, or no scale for a shared bias). Dynamic then quantizes the fused Attention
+  (QAttention) and EmbedLayerNormalization too; static QDQ has no Attention quantizer, so the
+  fused attention (its Q/K/V projection included) stays fp32 there.
 * ``inc``: Intel Neural Compressor 3.x static post-training quantization on a
   ``torch.export`` (PT2E) graph with dynamic batch and sequence dimensions, int8
   weights folded in, saved with ``torch.export.save`` as ``model.pt2`` (format
@@ -88,6 +93,7 @@ from compress.core.artifacts import (
     check_output,
     compression_record,
     is_quantized,
+    load_config,
     load_tokenizer,
     output_dir,
     read_compression,
@@ -99,8 +105,8 @@ from compress.core.artifacts import (
 from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, check_max_length, encode_examples, load_split
 from compress.core.errors import CompressError
-from compress.core.logs import show_bars
-from compress.core.export import OUTPUTS, _Positional, copy_sidecars, export_onnx
+from compress.core.logs import quiet_root_logger, show_bars
+from compress.core.export import OUTPUTS, _Positional, copy_sidecars, export_onnx, format_fusion, fuse_onnx
 from compress.core.openvino import (
     INT8_TYPES,
     OPENVINO,
@@ -171,6 +177,9 @@ class QuantizeConfig:
         "(both sides of a pair; labels unused; read from --data-dir)", metavar="TASK[,...]")
     preset: str = option("auto", "onnxruntime kernels: auto (from the CPU's flags), avx512_vnni, avx2, arm64", choices=PRESETS)
     per_channel: bool = option(True, "one weight scale per output channel (else one per tensor)")
+    fuse: bool = option(False, "onnxruntime: quantize ONNX Runtime's transformer-optimised graph (fused Attention, "
+                               "SkipLayerNormalization, EmbedLayerNormalization, Gelu nodes) instead of the plain export; "
+                               "dynamic quantizes the fused Attention too, static leaves it fp32")
     max_drop: float | None = option(None, "refuse the result when the dev primary metric (with --eval-tasks: each task's "
                                     "embedding score) drops by more than this many points")
     check_sentences: int = option(256, "with --corpus/--sentences-from: held-out sentences (never calibrated on; at most "
@@ -205,6 +214,8 @@ class QuantizeConfig:
             raise CompressError(f"unknown --preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         if self.preset != "auto" and self.backend != "onnxruntime":
             raise CompressError(f"--preset chooses ONNX Runtime kernels; the {self.backend} backend has none (leave it at auto)")
+        if self.fuse and self.backend != "onnxruntime":
+            raise CompressError(f"--fuse quantizes ONNX Runtime's fused graph; use it with --backend onnxruntime, not {self.backend}")
 
     def _validate_data(self) -> None:
         """What calibrates and what scores: a task's rows, or a sentence-embedding folder's unlabelled sentences."""
@@ -324,13 +335,16 @@ class _CalibrationReader:
 
 
 def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
-    """onnxruntime.quantization on the plain fp32 export; the result is this directory's model.onnx.
+    """onnxruntime.quantization on the plain fp32 export (with ``fuse``: the fused one); the result is this
+    directory's model.onnx.
 
     Dynamic: integer ops (QOperator), weights per preset, activations quantized at run time.
     Static: QDQ nodes with min/max ranges from the calibration batches. The quantizer
     classes are driven exactly as Optimum's ``ORTQuantizer`` drives them (same options, the
     graph as exported, no shape-inference pass), so the int8 graph is the same on every
     transformers version, including 5.x where Optimum's ONNX Runtime integration is absent.
+    A fused graph is the exception: it gets ONNX Runtime's symbolic shape inference first
+    (:func:`_fp32_graph`).
     """
     # deferred: a heavy import, paid only where it is used
     import onnx
@@ -358,14 +372,7 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=".work-", dir=job.out) as work, quiet_root_logger():
         work = Path(work)
         fp32 = work / "fp32"
-        if artifact_format(job.parent_dir) == "onnx":
-            fp32.mkdir()
-            shutil.copy2(job.parent_dir / ONNX_FILE, fp32 / ONNX_FILE)
-            copy_sidecars(job.parent_dir, fp32)
-            structure = structure_of(job.parent_dir)
-        else:
-            export_onnx(job.parent_dir, fp32)
-            structure = structure_of(fp32)  # the graph's: a classifier's last layer computes the first token only
+        structure, fusion = _fp32_graph(job, fp32)
         common = {
             "model": onnx.load(fp32 / ONNX_FILE), "per_channel": job.cfg.per_channel, "reduce_range": reduce_range,
             "weight_qType": getattr(QuantType, weight_type), "activation_qType": QuantType.QUInt8,
@@ -391,7 +398,49 @@ def _quantize_onnxruntime(job: Job) -> dict[str, Any]:
             "format": "QDQ" if static else "QOperator", "mode": "QLinearOps" if static else "IntegerOps",
             "weights": weight_type, "activations": "QUInt8", "operators": operators,
         },
+        **fusion,
     }
+
+
+def _fp32_graph(job: Job, fp32: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write the fp32 graph to quantize into ``fp32``: the parent's ONNX, or its export; with ``fuse``, ONNX Runtime's
+    fused graph. The graph's structure and the record's ``fusion``/``fused`` fields (empty when not fused)."""
+    if artifact_format(job.parent_dir) == "onnx":
+        fp32.mkdir()
+        shutil.copy2(job.parent_dir / ONNX_FILE, fp32 / ONNX_FILE)
+        copy_sidecars(job.parent_dir, fp32)
+        structure = structure_of(job.parent_dir)
+    else:
+        export_onnx(job.parent_dir, fp32)
+        structure = structure_of(fp32)  # the graph's: a classifier's last layer computes the first token only
+    parent = read_compression(job.parent_dir)
+    if job.cfg.fuse:
+        done = fuse_onnx(fp32 / ONNX_FILE, structure, load_config(job.parent_dir).model_type, job.parent_dir)
+        fusion = {"fusion": done["counts"], "fused": done["settings"]}
+    elif parent.get("fused"):  # a `compress export --fuse` folder: its graph is fused already
+        fusion = {"fusion": parent.get("fusion"), "fused": parent["fused"]}
+    else:
+        return structure, {}
+    _infer_shapes(fp32 / ONNX_FILE)
+    return structure, {**fusion, "fused": {**fusion["fused"], "shape_inference": "onnxruntime symbolic"}}
+
+
+def _infer_shapes(path: Path) -> None:
+    """ONNX Runtime's symbolic shape inference, in place. The quantizer needs every MatMul input's type, and ONNX's
+    own inference gives none after a com.microsoft node: without this, dynamic quantization of a fused graph stops
+    ("Unable to find data type for weight_name") and static calibration leaves activations unquantized or fails."""
+    # deferred: a heavy import, paid only where it is used
+    import onnx
+
+    # deferred: a heavy import, paid only where it is used
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(onnx.load(path), auto_merge=True)
+    except Exception as err:  # bare Exception ("Incomplete symbolic shape inference"), ValueError, TypeError
+        raise CompressError(f"ONNX Runtime's symbolic shape inference failed on the fused graph, which its quantizer "
+                            f"needs: {str(err).splitlines()[0]}; quantize without --fuse") from None
+    onnx.save(inferred, path)
 
 
 def _quantize_inc(job: Job) -> dict[str, Any]:
@@ -496,18 +545,6 @@ def drop_unused_parameters(graph_module) -> list[str]:
         owner, _, leaf = name.rpartition(".")
         delattr(graph_module.get_submodule(owner) if owner else graph_module, leaf)
     return dropped
-
-
-@contextmanager
-def quiet_root_logger() -> Iterator[None]:
-    """ONNX Runtime's quantization tool warns per node on the root logger ("expected bias ... initializer")."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
 
 
 @contextmanager
@@ -1014,7 +1051,8 @@ def _embedding_task_scores(reference, quantized, check: SentenceCheck, cfg: Quan
 def summarize(out: Path, cfg: QuantizeConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
     """What ``compress quantize`` prints: backend, scheme and weights on disk before and after, the dev results,
     the fp32 and int8 scores with the drop (a sentence-embedding folder: the mean cosine of int8 to fp32 embeddings
-    and any eval task's scores), and the output check (all as recorded in metrics.json / compression.json)."""
+    and any eval task's scores), the output check and, for a fused graph, its fused operators (all as recorded in
+    metrics.json / compression.json)."""
     record = read_compression(out)
     before, after = size_on_disk(inputs["model"]), size_on_disk(out)
     lines = [f"{record.get('backend')} {record.get('scheme')} int8: weights {megabytes(before):.1f} MB -> {megabytes(after):.1f} MB"]
@@ -1033,6 +1071,8 @@ def summarize(out: Path, cfg: QuantizeConfig, inputs: dict[str, Any]) -> tuple[s
     check = (summary or {}).get("check") or record.get("check")
     if check:
         lines.append(format_check(check))
+    if record.get("fusion"):
+        lines.append(format_fusion(record["fusion"]))
     return "\n".join(lines), []
 
 

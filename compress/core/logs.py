@@ -208,3 +208,16 @@ def configured(level: str | int = "info", *, quiet: bool = False, bars: bool | N
         for module, was_on in bars_on.items():  # turn back on what this block turned off
             if was_on and not after[module]:
                 getattr(sys.modules[module], BAR_SWITCHES[module][2])()
+
+
+@contextlib.contextmanager
+def quiet_root_logger() -> Iterator[None]:
+    """Errors only on the root logger for a block: ONNX Runtime's quantization and transformer-optimizer tools
+    warn per node on it or on loggers of their own top-level module names ("fusion_attention"), which inherit it."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
