@@ -112,11 +112,16 @@ def test_per_layer_head_counts_fuse_every_layer_with_its_own_count(env, tmp_path
     out = export(pruned, tmp_path / "out", ExportConfig(fuse=True))
     attention = [n for n in onnx.load(str(out / "model.onnx")).graph.node if n.op_type == "Attention"]
     assert [next(a.i for a in n.attribute if a.name == "num_heads") for n in attention] == [2, 3]
-    assert read_compression(out)["fused"]["attention_heads_corrected"] == 1 and read_compression(out)["check"]["max_abs_diff"] < 1e-3
-    # The optimizer alone gives every layer the one count it is told: the 3-head layer split in 2 fails the check.
-    monkeypatch.setattr("compress.core.export.set_attention_heads", lambda model, head_size: 0)
-    with pytest.raises(CompressError, match="differs from it by"):
-        export(pruned, tmp_path / "wrong", ExportConfig(fuse=True))
+    record = read_compression(out)
+    assert record["check"]["max_abs_diff"] < 1e-3
+    # Where the optimizer gives every layer the one count it is told (the transformers 5 graph), the 3-head layer is
+    # corrected, and without the correction it is split in 2 and fails the check. (On the transformers 4.57 graph the
+    # optimizer already fused each layer with its own count: nothing to correct.)
+    if record["fused"]["attention_heads_corrected"]:
+        assert record["fused"]["attention_heads_corrected"] == 1
+        monkeypatch.setattr("compress.core.export.set_attention_heads", lambda model, head_size: 0)
+        with pytest.raises(CompressError, match="differs from it by"):
+            export(pruned, tmp_path / "wrong", ExportConfig(fuse=True))
 
 
 def test_modernbert_fuses_its_layer_norms_but_not_its_attention(tmp_path):
