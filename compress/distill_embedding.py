@@ -305,7 +305,7 @@ def _embedding_task_records(scorers: dict, student_model, teach: Teacher, spec: 
         metrics, details = score(student_model)
         records.append(embedding_record(task, "dev", len(ds), metrics, details, spec, data=cfg.data_dir or "the Hugging Face hub"))
         primary = embedding_primary_metric(task)
-        teacher_value = _teacher_embedding_score(teach, task, primary, score)
+        teacher_value = teacher_embedding_score(teach, task, primary, score)
         records.append({
             "kind": "retention", "task": task.name, "metric": primary, "embedding": True, "student": metrics[primary],
             "teacher": teacher_value, "ratio": metrics[primary] / teacher_value if teacher_value else None, "when": utc_now(),
@@ -313,7 +313,7 @@ def _embedding_task_records(scorers: dict, student_model, teach: Teacher, spec: 
     return records
 
 
-def _teacher_embedding_score(teach: Teacher, task, metric: str, score) -> float | None:
+def teacher_embedding_score(teach: Teacher, task, metric: str, score) -> float | None:
     """The teacher's dev score on ``task``'s embeddings: from its metrics.json when recorded, else measured now."""
     for r in reversed(read_metrics(teach.dir)):
         if r.get("kind") == EMBEDDING_EVAL and r.get("task") == task.name and r.get("split") == "dev":

@@ -366,6 +366,20 @@ register(Stage(
 ))
 
 register(Stage(
+    "distill-static", "distill-static",
+    "distil a sentence-embedding model into a static one with model2vec (a vector per token), optionally refined on sentences",
+    """\
+  compress distill-static --teacher models/all-minilm --eval-tasks stsb --data-dir ~/glue_data --out models/minilm-static
+  compress distill-static --teacher models/all-minilm --pca-dims 128 --corpus wiki/ --sentences-from stsb,sst2 \\
+      --data-dir ~/glue_data --epochs 3 --eval-tasks stsb --out models/minilm-static-refined   # refined on sentences
+  compress latency --model models/all-minilm models/minilm-static   # eval --embedding and latency read it as any model""",
+    "compress.distill_static:StaticDistillConfig", "compress.distill_static:distill_static",
+    (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL", check=HUB),),
+    out_help="output static folder (model2vec.StaticModel.from_pretrained(DIR) and SentenceTransformer(DIR) load it)",
+    report="compress.distill_static:summarize_static",
+))
+
+register(Stage(
     "prune", "prune",
     "remove attention heads, whole layers and FFN neurons (physically: smaller and faster), then optionally recover",
     """\
@@ -473,7 +487,7 @@ def _run(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
 
 
 register(Command(
-    "run", "run a recipe: stages (pretrain, finetune, auto, distill, distill-general, distill-embedding, prune, prune-embedding, quantize, export, eval, latency, heads, leaderboard) chained",
+    "run", "run a recipe: stages (pretrain, finetune, auto, distill, distill-general, distill-embedding, distill-static, prune, prune-embedding, quantize, export, eval, latency, heads, leaderboard) chained",
     """\
   compress run recipes/bert-base-sst2.yaml --out runs/sst2 --var glue=~/glue_data
   compress run recipes/bert-base-sst2.yaml --out runs/sst2      # again: unchanged stages are skipped

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from compress.core.artifacts import (
+    STATIC,
     append_metrics,
     artifact_format,
     atomic_path,
@@ -303,6 +304,9 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
 def check_head(model_dir: Path, task: Task) -> None:
     """Refuse a model whose saved head is not the one ``task`` is scored with (a question-answering
     model on SST-2, a classifier on SQuAD, a bare encoder): it would be scored through a fresh, random head."""
+    if artifact_format(model_dir) == STATIC:
+        raise CompressError(f"{model_dir} is a static (model2vec) folder: token vectors with no task head; score its "
+                            "sentence embeddings with --embedding (on a pair task such as stsb or mrpc)")
     head, wanted = saved_head(model_dir), task.behaviour.head
     if head != wanted:
         has = "no task head (a bare encoder)" if head == "base" else f"a {head} head"

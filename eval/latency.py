@@ -66,6 +66,7 @@ from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_info, hardware, package_versions
 from compress.core.logs import progress
+from compress.core.static import STATIC, max_length_of, static_config
 from compress.core.structure import config_sizes
 from compress.core.tasks import Task
 from compress.eval.latency_backends import AUTO_BACKENDS, BACKENDS
@@ -374,8 +375,11 @@ def best_peaks(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 def precheck(path: Path, cfg: LatencyConfig, reads: Task | None = None) -> None:
     """Fail before spawning anything on a missing directory or a too-long sequence."""
     require_model_dir(path)
-    config = load_config(path)  # config.json only: no torch, no weights
-    check_seq(cfg.seq, config_sizes(config).max_positions, path)
+    if artifact_format(path) == STATIC:  # a model2vec config.json: no encoder family, only its own max_length
+        longest = max_length_of(static_config(path))
+    else:
+        longest = config_sizes(load_config(path)).max_positions  # config.json only: no torch, no weights
+    check_seq(cfg.seq, longest, path)
     if cfg.lengths:  # a wrong task, file or data folder is said now, not after minutes of timing
         real_inputs(cfg.lengths, load_tokenizer(path), data_dir=cfg.data_dir, limit=1, task=reads)
 
@@ -427,7 +431,8 @@ def build_rows(
             flops = result["flops"][str(seq)]  # per sequence, whole encoder
             achieved = flops * batch / p50_s / 1e9
             runs_p50 = [st["p50_ms"] for st in per_run]
-            floor = floor_ms(flops * batch, peak) if peak else None
+            measured = peak if flops else None  # no FLOPs (a static model): no floor, no share of a peak
+            floor = floor_ms(flops * batch, measured) if measured else None
             rows.append({
                 "model": str(path),
                 "name": name,
@@ -446,10 +451,10 @@ def build_rows(
                 "size_mb": size_mb,
                 "gflops_per_seq": flops / 1e9,
                 "achieved_gflops": achieved,
-                "pct_peak": 100.0 * achieved / peak if peak else None,
+                "pct_peak": 100.0 * achieved / measured if measured else None,
                 # FLOPs at the peak of its precision: what no engine measured here could beat
-                "floor_ms": floor if peak else None,
-                "x_floor": stats["p50_ms"] / floor if peak else None,
+                "floor_ms": floor,
+                "x_floor": stats["p50_ms"] / floor if floor else None,
                 **({"note": result["note"]} if result.get("note") else {}),  # e.g. OpenVINO's inference precision
                 # what its matrix multiplications ran on, as the library reports (compress.eval.kernels)
                 "kernels": result.get("kernels"),

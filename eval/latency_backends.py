@@ -6,7 +6,7 @@ name ``compress latency --backend`` takes. It runs inside a latency worker
 runtime freely. ``auto`` picks by the directory's format: ``torch`` (fp32 eager),
 ``torch-int8`` (dynamic int8 Linears), ``onnxruntime`` (an ONNX directory, or an fp32
 PyTorch one exported inside the worker), ``inc`` (Neural Compressor PT2E,
-inductor-compiled), ``openvino`` (an OpenVINO IR, or an fp32 PyTorch / ONNX directory
+inductor-compiled), ``static`` (a model2vec folder: token vectors, a mean and a normalisation), ``openvino`` (an OpenVINO IR, or an fp32 PyTorch / ONNX directory
 converted inside the worker; f32, PERFORMANCE_HINT=LATENCY; with a ``compile_for`` that
 compiles once more for a fixed shape); ``torch-bf16`` casts an fp32 model to bfloat16 and
 ``openvino-bf16`` asks OpenVINO for bf16. All load through ``compress.core.runtime``, as
@@ -33,6 +33,8 @@ from compress.core.hardware import cpu_info
 from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner, export_openvino, layer_precisions
 from compress.core.registry import Registry
 from compress.core.runtime import NumpyRunner, load_model, parameter_count, structure_of
+from compress.core.sentence import finish, mean_pooling, read_spec
+from compress.core.static import STATIC, structure as static_structure
 from compress.core.structure import config_sizes, count_parameters, describe, model_inputs
 from compress.eval.kernels import kernels_used
 from compress.eval.peak import precision_of_backend
@@ -88,7 +90,7 @@ def torch_fp32(model_dir: Path, cfg: Options) -> Session:
 
 # The backend ``auto`` picks for each directory format (compression.json "format").
 AUTO_BACKENDS = {"torch": "torch", "torch-int8-dynamic": "torch-int8", "onnx": "onnxruntime", "inc-pt2e": "inc",
-                 OPENVINO: "openvino"}
+                 OPENVINO: "openvino", STATIC: "static"}
 
 
 @BACKENDS.register("auto")
@@ -150,6 +152,31 @@ def forward_of(model) -> Callable[[dict[str, torch.Tensor]], Any]:
         with torch.inference_mode():
             return model(**inputs)
     return forward
+
+
+@BACKENDS.register("static")
+def static_session(model_dir: Path, cfg: Options) -> Session:
+    """A model2vec folder in PyTorch: each sentence's token vectors, their mean over the mask, the folder's normalisation.
+
+    The whole sentence embedding is timed, not only the lookup an encoder's ``last_hidden_state``
+    would stand for: with no layers, the mean and the normalisation are much of the work. It has no
+    matrix multiplication, so no FLOPs and no kernels to report.
+    """
+    require_format(model_dir, STATIC, "static")
+    model, spec = load_model(model_dir), read_spec(model_dir)
+    tokens, width = model.embedding.weight.shape
+
+    def tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask")}
+
+    def forward(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.inference_mode():
+            hidden = model(**inputs).last_hidden_state  # (batch, seq, d)
+            return finish(mean_pooling(hidden, inputs["attention_mask"]), spec)  # (batch, d)
+
+    sizes = config_sizes(model.config)
+    return Session(tensors, forward, tokens, count_parameters(model), static_structure(tokens, width), sizes.max_positions,
+                   "static")
 
 
 @BACKENDS.register("torch-int8")

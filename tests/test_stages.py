@@ -46,7 +46,7 @@ def config_flags(cls: type, skip: tuple[str, ...]) -> set[str]:
 
 def test_the_registry_holds_every_stage():
     assert set(STAGE_NAMES) == {"eval", "latency", "teacher pretrain", "teacher finetune", "distill",
-                                "distill-general", "distill-embedding", "prune", "prune-embedding", "heads", "quantize",
+                                "distill-general", "distill-embedding", "distill-static", "prune", "prune-embedding", "heads", "quantize",
                                 "export", "leaderboard", "auto"}
     assert set(COMMANDS.names()) == {*STAGE_NAMES, "tasks", "init", "run", "demo"}
 

@@ -35,7 +35,7 @@ import torch
 import transformers
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, BertTokenizerFast
+from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
 from transformers.activations import ACT2FN
 
 from compress.core import card
@@ -74,6 +74,7 @@ TORCH_INT8 = "torch-int8-dynamic"
 ONNX = "onnx"
 INC_PT2E = "inc-pt2e"
 OPENVINO = "openvino"
+STATIC = "static"  # model2vec static token vectors (compress.core.static); config.json's model_type is "model2vec"
 INT8_FORMATS = (TORCH_INT8, INC_PT2E)  # an "onnx" directory is int8 when its precision says so
 
 # Architectures the loader builds, by the name in config.json's "architectures", for
@@ -406,7 +407,7 @@ def write_model_card(path: Path | str, name: str | None = None) -> None:
     file = path / CARD_FILE
     if not (path / "config.json").is_file() or not (path / COMPRESSION_FILE).is_file() or file.is_symlink():
         return
-    if file.exists() and not file.read_text(encoding="utf-8", errors="replace").startswith(card.MARKER):
+    if file.exists() and not card.written_here(file.read_text(encoding="utf-8", errors="replace")):
         return
     config, record = read_json(path / "config.json"), read_compression(path)
     head = record.get("head") or HEADS.get((config.get("architectures") or [""])[0], "base")
@@ -488,13 +489,25 @@ def is_model_dir(path: Path | str) -> bool:
 
 
 def model_format(path: Path | str) -> str:
-    """``torch`` (safetensors / .bin weights), ``onnx`` (model.onnx) or ``openvino`` (openvino_model.xml), from the files present."""
+    """``torch`` (safetensors / .bin weights), ``onnx`` (model.onnx), ``openvino`` (openvino_model.xml) or ``static``
+    (a model2vec folder, written elsewhere), from the files present."""
     path = Path(path)
+    if _model_type(path) == "model2vec":
+        return STATIC
     if (path / ONNX_FILE).is_file() and not (path / WEIGHTS_FILE).is_file():
         return "onnx"
     if (path / OPENVINO_FILE).is_file() and not (path / WEIGHTS_FILE).is_file():
         return OPENVINO
     return "torch"
+
+
+def _model_type(path: Path) -> str | None:
+    """config.json's ``model_type`` (None without a readable one: the loaders say what is wrong with it)."""
+    try:
+        raw = loads_json((path / "config.json").read_text(encoding="utf-8"), path / "config.json")
+    except (OSError, ValueError, CompressError):
+        return None
+    return raw.get("model_type") if isinstance(raw, dict) else None
 
 
 def artifact_format(path: Path | str) -> str:
@@ -603,7 +616,10 @@ def load_tokenizer(path: Path | str):
     if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
         raise CompressError(f"{path} has no tokenizer (tokenizer.json or vocab.txt); copy the parent model's tokenizer files into it")
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False, use_fast=True)
+        if model_format(path) == STATIC:  # AutoTokenizer would read model2vec's config.json as a transformers config
+            tok = _static_tokenizer(path)
+        else:
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False, use_fast=True)
     except Exception as err:
         try:
             tok = BertTokenizerFast.from_pretrained(path, local_files_only=True)
@@ -613,6 +629,15 @@ def load_tokenizer(path: Path | str):
         raise CompressError(f"the tokenizer in {path} is not a fast tokenizer; save it with tokenizers' tokenizer.json")
     _check_ids_fit(tok, path)
     return check_tokenizer(tok, str(path))
+
+
+def _static_tokenizer(path: Path):
+    """A model2vec folder's tokenizer.json as a fast tokenizer; one saved without padding pads with its id 0 (padded
+    positions are masked out, so any token does)."""
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+    if tok.pad_token is None:
+        tok.pad_token = tok.convert_ids_to_tokens(0)
+    return tok
 
 
 def _check_ids_fit(tok, path: Path) -> None:

@@ -39,6 +39,14 @@ PIPELINES = {
 }
 
 
+def written_here(text: str) -> bool:
+    """Whether a README.md is a card this module wrote (its marker first, after a metadata block if any)."""
+    if text.startswith("---\n"):
+        end = text.find("\n---\n", 4)
+        text = text[end + 5 :] if end >= 0 else text
+    return text.startswith(MARKER)
+
+
 def stock_loader(record: dict[str, Any], config: dict[str, Any]) -> tuple[bool, str]:
     """(loads with stock transformers, why) for a directory's records; pure."""
     fmt = record.get("format") or "torch"
@@ -49,6 +57,7 @@ def stock_loader(record: dict[str, Any], config: dict[str, Any]) -> tuple[bool, 
             "onnx": "it holds an ONNX graph (model.onnx), not PyTorch weights",
             "openvino": "it holds an OpenVINO IR (openvino_model.xml/.bin), not PyTorch weights",
             "inc-pt2e": "it holds a quantized torch.export program (model.pt2), not PyTorch weights",
+            "static": "it holds model2vec static token vectors, not an encoder",
         }.get(fmt, f"its format is {fmt}")
     structure = record.get("structure") or {}
     ffn, heads = structure.get("ffn") or [], structure.get("heads") or []
@@ -70,6 +79,9 @@ def model_card(name: str, record: dict[str, Any], config: dict[str, Any], result
     stage, method = record.get("stage", "?"), record.get("method", "?")
     parent = (record.get("parent") or {}).get("path")  # (artifacts.parent_path: this module stays below artifacts)
     lines = [MARKER, "", f"# {name}", ""]
+    if fmt == "static":  # model2vec reads a card's metadata block when it loads the folder (and warns without one)
+        lines = ["---", "library_name: model2vec", "tags: [embeddings, static-embeddings, sentence-transformers]", "---",
+                 *lines]
     made = f"Produced by `compress {stage}` ({method})"
     if parent:
         made += f" from `{parent}`"
@@ -106,6 +118,9 @@ def _task_lines(spec: dict[str, Any] | None) -> list[str]:
 
 
 def _structure_lines(structure: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    if structure.get("static"):
+        return [f"- static token vectors (model2vec): {structure.get('vocabulary')} tokens x {structure.get('hidden_size')}, "
+                "no layers; a sentence is the mean of its tokens' vectors"]
     if not structure:
         return [f"- {config.get('model_type', '?')}, {config.get('num_hidden_layers', '?')} layers, "
                 f"hidden {config.get('hidden_size', '?')}"]
@@ -161,6 +176,10 @@ def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], confi
     elif fmt == "openvino":
         lines.append("Without it: `openvino.Core().compile_model(\"DIR/openvino_model.xml\", \"CPU\")`. "
                      f"Stock transformers refuses it ({why}).")
+    elif fmt == "static":
+        lines.append("Without it: `model2vec.StaticModel.from_pretrained(\"DIR\")` or "
+                     "`sentence_transformers.SentenceTransformer(\"DIR\")` (its StaticEmbedding module) give the same "
+                     f"normalised embeddings. Stock transformers refuses it ({why}).")
     elif fmt == "inc-pt2e":
         lines.append("Without it: `torch.export.load(\"DIR/model.pt2\").module()` (fast only under `torch.compile` with "
                      f"inductor freezing). Stock transformers refuses it ({why}).")

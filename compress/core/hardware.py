@@ -23,6 +23,7 @@ INTERESTING_FLAGS = (
 PACKAGES = (
     "torch", "transformers", "tokenizers", "datasets", "accelerate", "optimum", "optimum-onnx",
     "onnxruntime", "onnx", "openvino", "nncf", "neural-compressor-pt", "torch-pruning", "safetensors", "numpy",
+    "model2vec", "skeletoken",  # distill-static (the static extra)
 )
 
 

@@ -78,6 +78,7 @@ from compress.core.artifacts import (  # noqa: F401  (re-exported)
 from compress.core.compat import no_init_weights
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
+from compress.core.static import STATIC, load_static
 from compress.core.structure import apply_structure, config_sizes, count_parameters, describe, input_names
 from compress.core.tasks import Task
 from compress.core.weight_checks import check_tensors
@@ -618,6 +619,12 @@ def _port_name(port, known: tuple[str, ...]) -> str:
 @FORMATS.register(OPENVINO)
 def _load_openvino(path: Path, options: dict[str, Any]):
     return _load_runner(path, options, OPENVINO, OPENVINO_FILE, OpenVINORunner)
+
+
+@FORMATS.register(STATIC)
+def _load_static(path: Path, options: dict[str, Any]):
+    """A model2vec static folder (compress.core.static): each token's vector as ``last_hidden_state``."""
+    return load_static(path, options)
 
 
 # ---------------------------------------------------------------------------- torch.export archives

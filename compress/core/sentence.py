@@ -17,10 +17,11 @@ sentence-transformers makes of a plain Hugging Face encoder: mean pooling, no
 normalisation.
 
 Supported modules: Transformer (at the root), Pooling with one of the modes ``mean``,
-``cls`` or ``max``, and Normalize. :func:`encode` reproduces ``SentenceTransformer.encode``
-for exactly these (same truncation length, pooling over real tokens, L2 normalisation);
-anything else (Dense layers, several pooling modes at once, prompts) is refused by name
-rather than silently encoded differently.
+``cls`` or ``max``, and Normalize; or a model2vec folder's StaticEmbedding (at the root,
+optionally followed by Normalize: a mean of token vectors, see ``compress.core.static``).
+:func:`encode` reproduces ``SentenceTransformer.encode`` for exactly these (same truncation
+length, pooling over real tokens, L2 normalisation); anything else (Dense layers, several
+pooling modes at once, prompts) is refused by name rather than silently encoded differently.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from compress.core.artifacts import load_config, read_json, write_json_atomic
+from compress.core.artifacts import STATIC, load_config, model_format, read_json, write_json_atomic
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.registry import Registry
 from compress.core.runtime import model_device
+from compress.core.static import max_length_of, static_config
 from compress.core.structure import config_sizes, model_inputs
 
 MODULES_FILE = "modules.json"
@@ -60,6 +62,7 @@ MODULE_TYPES = {  # modules.json "type" (last dotted component) -> what it is
     "Transformer": "transformer",
     "Pooling": "pooling",
     "Normalize": "normalize",
+    "StaticEmbedding": "static",
 }
 
 
@@ -104,6 +107,7 @@ class SentenceSpec:
     do_lower_case: bool = False  # lower-case texts before tokenising
     dimension: int | None = None  # the pooled width as the folder states it
     sentence_transformers: bool = False  # the folder has modules.json (else: a plain encoder, ST's defaults)
+    strip: bool = True  # strip texts before tokenising (ST's Transformer module does; StaticEmbedding and model2vec do not)
 
     def max_length(self, tokenizer, max_positions: int) -> int:
         """Tokens per text, as SentenceTransformer truncates them."""
@@ -120,8 +124,8 @@ def is_sentence_folder(path: Path | str) -> bool:
 def read_spec(path: Path | str) -> SentenceSpec:
     """The pooling, normalisation and truncation a folder asks for; a plain encoder gets ST's defaults."""
     path = Path(path)
-    if not is_sentence_folder(path):
-        return SentenceSpec()
+    if not is_sentence_folder(path):  # a model2vec folder saved before it wrote modules.json still has its own reading
+        return _static_spec(path, None) if model_format(path) == STATIC else SentenceSpec()
     modules = read_json(path / MODULES_FILE)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise CompressError(f"{path}/{MODULES_FILE} must be a list of modules")
@@ -133,6 +137,8 @@ def read_spec(path: Path | str) -> SentenceSpec:
             "Transformer + Pooling (+ Normalize) folders"
         )
     order = [kind for kind, _ in kinds]
+    if order[:1] == ["static"]:
+        return _static_spec(path, kinds)
     if order not in (["transformer", "pooling"], ["transformer", "pooling", "normalize"]):
         raise CompressError(f"{path}/{MODULES_FILE} lists {order}; compress supports transformer, pooling[, normalize] in that order")
     transformer, pooling = kinds[0][1], kinds[1][1]
@@ -148,6 +154,24 @@ def read_spec(path: Path | str) -> SentenceSpec:
         pooling=mode, normalize=order[-1] == "normalize", max_seq_length=tf.get("max_seq_length"),
         do_lower_case=bool(tf.get("do_lower_case", False)), dimension=dimension, sentence_transformers=True,
     )
+
+
+def _static_spec(path: Path, kinds: list[tuple[str | None, dict]] | None) -> SentenceSpec:
+    """A model2vec folder: the mean of its token vectors, normalised as config.json and modules.json (if any) both say."""
+    config = static_config(path)
+    normalize = bool(config.get("normalize", False))
+    if kinds is not None:
+        order = [kind for kind, _ in kinds]
+        if order not in (["static"], ["static", "normalize"]) or str(kinds[0][1].get("path", "")).strip("./"):
+            raise CompressError(f"{path}/{MODULES_FILE} lists {order}; compress supports a StaticEmbedding at the root, "
+                                "optionally followed by Normalize")
+        normalize = order[-1] == "normalize"
+    if bool(config.get("normalize", False)) != normalize:
+        raise CompressError(f"{path}: config.json says normalize={bool(config.get('normalize'))} but {MODULES_FILE} "
+                            f"{'has' if normalize else 'has no'} Normalize module, so model2vec and sentence-transformers "
+                            "encode differently; make the two agree")
+    return SentenceSpec(pooling="mean", normalize=normalize, max_seq_length=max_length_of(config),
+                        dimension=config.get("hidden_dim"), sentence_transformers=kinds is not None, strip=False)
 
 
 def _pooling_mode(folder: Path) -> tuple[str, int | None]:
@@ -229,8 +253,8 @@ def finish(embeddings: Tensor, spec: SentenceSpec) -> Tensor:
 
 
 def prepare_texts(texts: list[str], spec: SentenceSpec) -> list[str]:
-    """Texts as SentenceTransformer tokenises them: stripped, and lower-cased when the folder says so."""
-    texts = [str(t).strip() for t in texts]
+    """Texts as SentenceTransformer tokenises them: stripped (not for a static folder), lower-cased when the folder says so."""
+    texts = [str(t).strip() if spec.strip else str(t) for t in texts]
     return [t.lower() for t in texts] if spec.do_lower_case else texts
 
 
