@@ -100,21 +100,27 @@ class EmbeddingDistillConfig:
     def validate(self) -> None:
         if not self.corpus and not self.sentences_from:
             raise CompressError("no sentences to distil on; pass --corpus FILE_OR_DIR[,...] and/or --sentences-from TASK[,...]")
-        for name in self.sentences_from:
-            if get_task(name).name not in GLUE_TASKS:
-                raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
-        for name in self.eval_tasks:
-            check_embedding_task(get_task(name))
-        for term in self.losses:
-            EMBEDDING_TERMS.get(term)
-        if not self.losses:
-            raise CompressError("--losses is empty; pass e.g. --losses mse,cosine")
-        if self.min_words < 1 or self.heldout_sentences < 0 or self.teacher_batch_size < 1:
-            raise CompressError("--min-words and --teacher-batch-size must be at least 1, --heldout-sentences at least 0")
-        if self.max_sentences is not None and self.max_sentences < 1:
-            raise CompressError(f"--max-sentences must be at least 1, got {self.max_sentences}")
+        check_sentence_options(self)
         if self.max_length < 8:
             raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
+
+
+def check_sentence_options(cfg) -> None:
+    """The sentence sources, eval tasks, loss terms and counts an embedding distillation config holds (the
+    transformer student's here, the static student's in distill_static), each refused in one line."""
+    for name in cfg.sentences_from:
+        if get_task(name).name not in GLUE_TASKS:
+            raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
+    for name in cfg.eval_tasks:
+        check_embedding_task(get_task(name))
+    for term in cfg.losses:
+        EMBEDDING_TERMS.get(term)
+    if not cfg.losses:
+        raise CompressError("--losses is empty; pass e.g. --losses mse,cosine")
+    if cfg.min_words < 1 or cfg.heldout_sentences < 0 or cfg.teacher_batch_size < 1:
+        raise CompressError("--min-words and --teacher-batch-size must be at least 1, --heldout-sentences at least 0")
+    if cfg.max_sentences is not None and cfg.max_sentences < 1:
+        raise CompressError(f"--max-sentences must be at least 1, got {cfg.max_sentences}")
 
 
 def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistillConfig, *, overwrite: bool = False) -> Path:

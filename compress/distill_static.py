@@ -44,21 +44,21 @@ from compress.core.artifacts import (
 )
 from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
-from compress.core.logs import progress
+from compress.core.logs import errors_only, progress
 from compress.core.runtime import load_model
 from compress.core.sentence import SentenceSpec, pooled, read_spec
 from compress.core.static import structure as static_structure
 from compress.core.structure import config_sizes
-from compress.core.tasks import GLUE_TASKS, get_task
 from compress.core.train import Phase, TrainConfig, is_main_process, prepare_work_dir, work_dir_for
 from compress.distill_embedding import (
     EMBEDDING_TERMS,
+    check_sentence_options,
     embedding_scorers,
     embedding_sentences,
     teacher_embedding_score,
 )
 from compress.distill_steps import Teacher, device_for, open_teacher, train_keeping_best
-from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embedding_record, embedding_scorer
+from compress.eval.embeddings import EMBEDDING_EVAL, embedding_record, embedding_scorer
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import format_table
 from compress.teacher.presets import resolve_model
@@ -117,19 +117,7 @@ class StaticDistillConfig:
                 re.compile(self.token_remove_pattern)
             except re.error as err:
                 raise CompressError(f"--token-remove-pattern {self.token_remove_pattern!r} is not a regex: {err}") from None
-        for name in self.sentences_from:
-            if get_task(name).name not in GLUE_TASKS:
-                raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
-        for name in self.eval_tasks:
-            check_embedding_task(get_task(name))
-        for term in self.losses:
-            EMBEDDING_TERMS.get(term)
-        if not self.losses:
-            raise CompressError("--losses is empty; pass e.g. --losses mse,cosine")
-        if self.min_words < 1 or self.heldout_sentences < 0 or self.teacher_batch_size < 1:
-            raise CompressError("--min-words and --teacher-batch-size must be at least 1, --heldout-sentences at least 0")
-        if self.max_sentences is not None and self.max_sentences < 1:
-            raise CompressError(f"--max-sentences must be at least 1, got {self.max_sentences}")
+        check_sentence_options(self)
         if not self.refining:
             self._no_refinement_options()
 
@@ -255,17 +243,10 @@ def _zero_unknown(static) -> None:
         static.embedding[unk] = 0.0
 
 
-@contextlib.contextmanager
-def _quiet_skeletoken() -> Iterator[None]:
+def _quiet_skeletoken():
     """Errors only from skeletoken's tokenizer conversion for the block: it warns that a toolkit tokenizer.json has
     no padding set, which the toolkit clears on save by design (noise to a user)."""
-    logger = logging.getLogger("skeletoken.transformers_compat")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return errors_only(logging.getLogger("skeletoken.transformers_compat"))
 
 
 @contextlib.contextmanager

@@ -105,7 +105,7 @@ from compress.core.artifacts import (
 from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, check_max_length, encode_examples, load_split
 from compress.core.errors import CompressError
-from compress.core.logs import quiet_root_logger, show_bars
+from compress.core.logs import errors_only, quiet_root_logger, show_bars
 from compress.core.export import OUTPUTS, _Positional, copy_sidecars, export_onnx, format_fusion, fuse_onnx
 from compress.core.openvino import (
     INT8_TYPES,
@@ -553,13 +553,8 @@ def quiet_inc() -> Iterator[None]:
     # deferred: a heavy import, paid only where it is used
     from neural_compressor.common.utils.logger import Logger
 
-    inc_logger = Logger().get_logger()  # the singleton resets the level when first created
-    level = inc_logger.level
-    inc_logger.setLevel(logging.ERROR)
-    try:
+    with errors_only(Logger().get_logger()):  # the singleton resets the level when first created
         yield
-    finally:
-        inc_logger.setLevel(level)
 
 
 # ---------------------------------------------------------------------------- openvino (NNCF)

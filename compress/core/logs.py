@@ -211,13 +211,17 @@ def configured(level: str | int = "info", *, quiet: bool = False, bars: bool | N
 
 
 @contextlib.contextmanager
-def quiet_root_logger() -> Iterator[None]:
-    """Errors only on the root logger for a block: ONNX Runtime's quantization and transformer-optimizer tools
-    warn per node on it or on loggers of their own top-level module names ("fusion_attention"), which inherit it."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
+def errors_only(logger: logging.Logger) -> Iterator[None]:
+    """Errors only from ``logger`` for a block; its own level comes back afterwards."""
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        root.setLevel(level)
+        logger.setLevel(level)
+
+
+def quiet_root_logger():
+    """Errors only on the root logger for a block: ONNX Runtime's quantization and transformer-optimizer tools
+    warn per node on it or on loggers of their own top-level module names ("fusion_attention"), which inherit it."""
+    return errors_only(logging.getLogger())
