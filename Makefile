@@ -8,6 +8,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Extra pip arguments, e.g. PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cu124"
 PIP_ARGS ?=
+# Test processes (pytest-xdist; each test file stays in one process, each process uses one thread).
+TEST_WORKERS ?= 2
 DATA   ?= ../shared/data
 # make bench: where its models go (re-used by the next run: unchanged stages are skipped) and its report.
 BENCH_WORK ?= runs/bench
@@ -43,13 +45,13 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest -m "not slow and not data"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not data"
 
 test-transformers4:
 	$(MAKE) test CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum VENV=.venv-transformers4
 
 test-all: venv
-	COMPRESS_DATA=$(DATA) $(BIN)/python -m pytest
+	COMPRESS_DATA=$(DATA) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 demo: venv
 	$(BIN)/compress demo --out runs/demo --overwrite

@@ -22,6 +22,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # running beside the suite) oversubscribing 2 cores slow OpenMP down many times over.
 torch.set_num_threads(1)
 
+# `make test` hands whole files to two processes (pytest-xdist --dist loadfile) in collection
+# order: the files that take minutes go first, so neither process is left with one at the end.
+LONGEST_FILES = (
+    "test_squad_training.py", "test_auto_engine.py", "test_auto.py", "test_latency.py", "test_quantize.py",
+    "test_openvino.py", "test_families.py", "test_distributed.py", "test_layering.py", "test_own_tasks.py",
+    "test_distill.py", "test_cli.py", "test_crash.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: other files keep their order
 
 
 @pytest.fixture(autouse=True)
