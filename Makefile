@@ -1,7 +1,7 @@
 # Every target creates or updates the virtual environment in $(VENV) by itself.
 PYTHON ?= python3
 # The tested set to install: constraints.txt (transformers 5, the default) or
-# constraints-transformers4.txt (transformers 4.57; use EXTRAS=dev,optimum and its own VENV).
+# constraints-transformers4.txt (transformers 4.57; use EXTRAS=dev,optimum,sentence and its own VENV).
 CONSTRAINTS ?= constraints.txt
 EXTRAS ?= dev,sentence,static
 VENV   ?= .venv
@@ -48,7 +48,7 @@ test: venv
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not data"
 
 test-transformers4:
-	$(MAKE) test CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum VENV=.venv-transformers4
+	$(MAKE) test CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum,sentence VENV=.venv-transformers4
 
 test-all: venv
 	COMPRESS_DATA=$(DATA) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile

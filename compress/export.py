@@ -22,10 +22,16 @@ the plain one (:func:`compress.core.export.fuse_onnx`: Attention, SkipLayerNorma
 EmbedLayerNormalization, Gelu nodes of the ``com.microsoft`` domain); the number of each fused
 operator is recorded (``fusion``) and printed, and a graph where neither Attention nor
 SkipLayerNormalization fused is refused. It is checked like any export.
+
+A sentence-embedding folder stays one: its pooling files travel with the graph, which is
+stored once at the root (``model.onnx`` or ``openvino_model.xml``), where sentence-transformers'
+``backend="onnx"``/``"openvino"``, Optimum, Text Embeddings Inference (ONNX) and compress read
+it; the card names the exact ``SentenceTransformer(...)`` call (``compress.core.card``).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +58,7 @@ from compress.core.artifacts import (
     saved_head,
     write_json_atomic,
 )
+from compress.core.card import sentence_transformers_call
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.export import OUTPUTS, export_onnx, format_fusion, fuse_onnx
@@ -59,6 +66,7 @@ from compress.core.openvino import export_openvino
 from compress.core.registry import Registry
 from compress.core.resolve import task_fields, task_of_model
 from compress.core.runtime import load_model, structure_of
+from compress.core.sentence import is_sentence_folder
 from compress.core.structure import model_inputs
 
 # Sentences both models run on for the check: short and long, with a pair (token types).
@@ -230,4 +238,7 @@ def summarize(out: Path, cfg: ExportConfig, inputs: dict[str, Any]) -> tuple[str
         text += f", argmax agreement {100 * check['argmax_agreement']:.0f}%"
     if record.get("fusion"):
         text += "\n" + format_fusion(record["fusion"])
+    call = sentence_transformers_call(record["format"]) if is_sentence_folder(out) else None
+    if call:  # the card's call (README.md; an ONNX card also says how Text Embeddings Inference reads the folder)
+        text += "\nsentence-transformers loads it: " + call.replace('"DIR"', json.dumps(str(out)))
     return text + "\n", []

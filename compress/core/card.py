@@ -11,10 +11,19 @@ loads with ``AutoModel*.from_pretrained`` when its config.json expresses its sha
 FFN width; all heads, or heads removed and recorded in ``config.pruned_heads`` on
 transformers 4.x); otherwise the stock loader refuses it with a size-mismatch error, and
 the card says so and names the export.
+
+A sentence-embedding folder's card also names the exact ``SentenceTransformer(...)`` call
+that loads it (:func:`sentence_transformers_call`) and, for an ONNX folder, how Text
+Embeddings Inference reads it. Each runtime's file is written once, at the folder's root:
+sentence-transformers (``backend/load.py``, 5.x and 6.x) looks for ``model_kwargs``'
+``file_name`` at the root before its ``onnx/`` / ``openvino/`` subfolder, Text Embeddings
+Inference's ONNX Runtime backend opens ``model.onnx`` at the root before ``onnx/model.onnx``,
+and Optimum and compress read the root only; so no copy or link is needed.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from compress.core.compat import STOCK_PRUNED_HEADS
@@ -37,6 +46,24 @@ PIPELINES = {
     "sequence-classification": '"text-classification"',
     "token-classification": '"token-classification", aggregation_strategy="simple"',
 }
+
+
+# SentenceTransformer(DIR, backend=..., model_kwargs=...) per folder format: the file at the root (see the module
+# docstring). OpenVINO: f32, as compress compiles it; left to itself the CPU plugin runs fp32 layers in bf16 on CPUs
+# with bf16 kernels, and the embeddings move to bf16's precision.
+ST_BACKENDS = {
+    "onnx": {"file_name": "model.onnx"},
+    "openvino": {"file_name": "openvino_model.xml", "ov_config": {"INFERENCE_PRECISION_HINT": "f32"}},
+}
+
+
+def sentence_transformers_call(fmt: str) -> str | None:
+    """The ``SentenceTransformer(...)`` call that loads a sentence folder of format ``fmt``; None: none does."""
+    if fmt in ("torch", "static"):
+        return 'SentenceTransformer("DIR")'  # the default (PyTorch) backend; a static folder's StaticEmbedding
+    if fmt in ST_BACKENDS:  # JSON: a Python literal as well, with the double quotes the rest of the card uses
+        return f'SentenceTransformer("DIR", backend="{fmt}", model_kwargs={json.dumps(ST_BACKENDS[fmt])})'
+    return None
 
 
 def written_here(text: str) -> bool:
@@ -160,8 +187,6 @@ def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], confi
         if head in PIPELINES:
             lines.append(f"As a pipeline: `transformers.pipeline({PIPELINES[head]}, model=\"DIR\")` names the labels as "
                          "config.json's id2label does.")
-        if sentence:
-            lines.append("`sentence_transformers.SentenceTransformer(\"DIR\")` encodes with the same pooling.")
     elif fmt == "torch":
         lines.append(f"Stock transformers refuses this folder: {why}. To run it without compress: "
                      "`compress export --model DIR --format onnx --out DIR-onnx` (or `--format openvino`).")
@@ -183,4 +208,33 @@ def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], confi
     elif fmt == "inc-pt2e":
         lines.append("Without it: `torch.export.load(\"DIR/model.pt2\").module()` (fast only under `torch.compile` with "
                      f"inductor freezing). Stock transformers refuses it ({why}).")
+    if sentence and (fmt != "torch" or ok):
+        lines += _sentence_lines(fmt, config)
+    return lines
+
+
+def _sentence_lines(fmt: str, config: dict[str, Any]) -> list[str]:
+    """How sentence-transformers (and, for ONNX, Text Embeddings Inference) load a sentence-embedding folder of ``fmt``."""
+    call = sentence_transformers_call(fmt)
+    if fmt == "torch":
+        return ["", "Sentence embeddings:", f"- sentence-transformers: `{call}` (its default PyTorch backend) encodes as "
+                "`compress eval --embedding` does."]
+    if fmt not in ST_BACKENDS:  # a static folder's line names it already; other formats load in no stock tool
+        return []
+    lines = ["", "Sentence embeddings:",
+             f"- sentence-transformers (through Optimum: `pip install sentence-transformers[{fmt}]`): `{call}` encodes as "
+             "`compress eval --embedding` does; its default PyTorch backend finds no PyTorch weights here."]
+    tei = fmt == "onnx" and "hidden_size" in config and "num_hidden_layers" in config
+    if fmt == "onnx" and not tei:  # DistilBERT's config.json says dim and n_layers
+        lines.append("- Text Embeddings Inference refuses it: its ONNX Runtime backend reads hidden_size and "
+                     "num_hidden_layers from config.json, which names them otherwise for this family.")
+    if tei:
+        lines.append("- Text Embeddings Inference (its ONNX Runtime backend): `text-embeddings-router --model-id DIR` opens "
+                     "`model.onnx` at the root (where it looks first, before `onnx/model.onnx`) and reads config.json, "
+                     "tokenizer.json, `1_Pooling/config.json` (it pools by mean or CLS token only) and "
+                     "sentence_bert_config.json's max_seq_length; it L2-normalises unless a request says "
+                     "`\"normalize\": false`.")
+    readers = "sentence-transformers, Optimum, Text Embeddings Inference" if tei else "sentence-transformers, Optimum"
+    lines.append(f"- Layout: the model is stored once, at the root, where {readers} and compress all read it "
+                 f"(no copy in `{fmt}/`).")
     return lines

@@ -6,7 +6,9 @@ would lose them). The graph takes the inputs the model's family takes (``input_i
 ``attention_mask``, and ``token_type_ids`` except for DistilBERT and ModernBERT). The
 output is a model directory like any other: ``model.onnx`` plus ``config.json``, the
 tokenizer and ``compression.json`` (stage ``export``), and a sentence-transformers
-folder's pooling files when the source is one.
+folder's pooling files when the source is one. ``model.onnx`` stays at the root, the one place
+every reader looks: sentence-transformers' ``backend="onnx"`` (before ``onnx/``), Text
+Embeddings Inference (before ``onnx/model.onnx``), Optimum and ``runtime.load_model``.
 
 A sequence-classification graph computes its last layer for the first token only (its
 head reads nothing else; see ``first_token_only``): the same logits for less work. At batch

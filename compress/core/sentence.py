@@ -195,7 +195,10 @@ def write_sentence_files(directory: Path | str, spec: SentenceSpec, dimension: i
     """Write modules.json, sentence_bert_config.json, the pooling config (and Normalize) into ``directory``.
 
     The files use the layout every sentence-transformers release since 2.0 reads. Returns
-    the files written.
+    the files written. sentence_bert_config.json is left out when it would say nothing but
+    the defaults (no ``max_seq_length``, no lower-casing): Text Embeddings Inference refuses
+    one without ``max_seq_length``, and without the file both it and sentence-transformers
+    take the model's own limit.
     """
     directory = Path(directory)
     modules = [
@@ -214,6 +217,9 @@ def write_sentence_files(directory: Path | str, spec: SentenceSpec, dimension: i
         f"{POOLING_DIR}/config.json": pooling,
         ST_CONFIG: {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
     }
+    if not transformer and not spec.do_lower_case:
+        del files[TRANSFORMER_CONFIG]
+        (directory / TRANSFORMER_CONFIG).unlink(missing_ok=True)  # a stale one would still be read
     written = []
     for name, content in files.items():
         write_json_atomic(directory / name, content)
