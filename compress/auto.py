@@ -37,6 +37,11 @@ earlier searches of other budgets (their probe, their candidates trained alike) 
 and their models trained further that fit this budget and beat its finalists join them. The report
 (``OUT/search/report.md``, ``search.json``, ``pareto.png``) lists every candidate with
 its predicted and measured latency, accuracy and time spent.
+
+With ``--embedding`` the teacher is a sentence-embedding model and the same four steps search its students
+(:mod:`compress.auto_embedding`): distilled on unlabelled sentences (``--corpus``, ``--sentences-from``) by
+``distill-embedding``, a static (model2vec) student beside them, and every model scored by the embedding check (STS-B
+Spearman of cosine, or the mean cosine to the teacher's embeddings on held-out sentences) instead of a dev set.
 """
 
 from __future__ import annotations
@@ -53,7 +58,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from compress import auto_embedding
 from compress.augment import AugmentConfig
+from compress.auto_embedding import STATIC_LABEL, STATIC_VARIANT, EmbeddingSearch, EmbeddingTarget
 from compress.auto_engine import Place, Plan, TrainerSpec, check_url, finish, join, joinable, run_halving, study_place
 from compress.auto_report import report_data, write_report
 from compress.core.artifacts import (
@@ -75,7 +82,8 @@ from compress.core.errors import CompressError
 from compress.core.runtime import load_model
 from compress.core.shapes import Shape
 from compress.core.structure import config_sizes
-from compress.core.resolve import resolve_task
+from compress.core.resolve import resolve_task, task_of_model
+from compress.core.sentence import is_sentence_folder
 from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.core.train import TrainConfig, work_dir_for
 from compress.distill import DistillConfig, distill
@@ -98,6 +106,9 @@ VARIANTS = {
     "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-int8", ("quantize", "openvino", "static"))),
     "inc": (("inc-int8", ("quantize", "inc", "static")),),
 }
+# What a search stands on: a task (scored on its dev set), or an --embedding search's sentences and embedding check.
+Target = Task | EmbeddingTarget
+TASK_LOSSES = ("kd", "hard")  # the candidates' distillation terms unless --losses says otherwise
 RESERVE = 0.15  # the share of --time-limit kept for quantizing the finalists and the final measurement
 
 
@@ -125,7 +136,8 @@ class AutoConfig:
                                        "onnxruntime (int8), openvino (fp32, NNCF int8), inc (static int8)", metavar="NAME[,...]")
     time_limit: str = option("90m", "wall-clock limit of the whole search (90m, 1.5h); 15% of it is kept for the last step")
     shapes: tuple[str, ...] = option((), "candidate student shapes (default: depths 1-6 x widths down to a third of the teacher's x "
-                                     "the teacher's FFN ratio or half of it)",
+                                     "the teacher's FFN ratio or half of it; with --embedding: the teacher's width at depths "
+                                     "1-6 x its FFN, half and a quarter of it)",
                                      metavar="SHAPE[,...]")
     probes: int = option(8, "shapes timed to fit the latency model (spread over the candidates), plus 3 held out to test it")
     candidates: int = option(6, "shapes trained in the first round: the best by the prior among those predicted to fit")
@@ -136,13 +148,16 @@ class AutoConfig:
     final_runs: int = option(3, "the final measurement repeats the whole run (every finalist in turn) this many times; a "
                              "budget is met only if met in every run, so a model that fits by luck once is not chosen",
                              metavar="K")
-    losses: tuple[str, ...] = option(("kd", "hard"), "distillation terms of every candidate (see compress distill)", metavar="TERM[,...]")
+    losses: tuple[str, ...] = option(TASK_LOSSES, "distillation terms of every candidate (see compress distill; with "
+                                     "--embedding those of compress distill-embedding, mse,cosine unless given)",
+                                     metavar="TERM[,...]")
     init_from: str | None = option(None, "cut the candidates that fit inside it from this encoder DIR instead of the teacher "
                                    "(see compress distill --init-from)", metavar="DIR")
     tie: float = option(0.4, "dev points within which finalists count as equally accurate; among them the one with the most "
                         "room under the timed budgets is chosen, as one that fits by a hair may miss in the next run "
                         "(0: the most accurate)")
-    max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points")
+    max_drop: float | None = option(1.0, "refuse an int8 variant that loses more than this many dev points (with "
+                                    "--embedding: points of the embedding score)")
     resume: bool = option(False, "continue an interrupted search: finished probes and candidates are reused")
     compare: tuple[str, ...] = option((), "model folders to measure in the final run beside the finalists and show in the "
                                       "report (e.g. hand-made students; their dev score is read from their metrics.json); "
@@ -159,15 +174,24 @@ class AutoConfig:
                                  "needs it on a shared file system", metavar="URL")
     extra_data: AugmentConfig = field(default_factory=AugmentConfig)
     data: TaskData = field(default_factory=TaskData)
+    sentences: EmbeddingSearch = field(default_factory=EmbeddingSearch)
     train: TrainConfig = field(default_factory=_auto_defaults)
+
+    @property
+    def embedding(self) -> bool:
+        """A search of sentence-embedding students (``--embedding``), not of a task model."""
+        return self.sentences.embedding
 
     def validate(self) -> None:
         if self.task and not is_kind(self.task):
             get_task(self.task)
         budget_option(self.budget)
+        if self.embedding:  # a task search's options first: "drop --task" says more than "pass --corpus"
+            self._check_embedding()
+        self.sentences.validate()
         for name in self.backends:
-            if name not in VARIANTS:
-                raise CompressError(f"unknown backend {name!r} in --backends; valid: {', '.join(VARIANTS)}")
+            if name not in _variant_table(self):
+                raise CompressError(f"unknown backend {name!r} in --backends; valid: {', '.join(_variant_table(self))}")
         parse_minutes(self.time_limit)
         for name, value in (("probes", self.probes), ("candidates", self.candidates), ("rounds", self.rounds),
                             ("repeats", self.repeats), ("final-runs", self.final_runs)):
@@ -191,6 +215,25 @@ class AutoConfig:
             if not (work_dir_for(Path(folder)) / "state.json").is_file():
                 raise CompressError(f"--reuse {folder}: no search was found there (its work folder "
                                     f"{work_dir_for(Path(folder))} holds no state.json); give the --out folder of an earlier search")
+
+    def _check_embedding(self) -> None:
+        """Refuse, one line each, the options of a task search given to an --embedding one."""
+        if self.task:
+            raise CompressError(f"--embedding searches sentence-embedding students, which have no task: drop --task {self.task} "
+                                "(or drop --embedding to search students of the task)")
+        if self.data.train_file or self.data.dev_file:
+            raise CompressError("--train-file/--dev-file are a task's data; an --embedding search distils on unlabelled "
+                                "sentences: pass them as --corpus FILE_OR_DIR[,...]")
+        if self.init_from:
+            raise CompressError("--init-from cuts task students from another encoder; an --embedding search cuts its "
+                                "students from the teacher: drop --init-from")
+        if self.extra_data != AugmentConfig():
+            raise CompressError("--augment and --transfer-text enlarge a task's training set; an --embedding search "
+                                "distils on --corpus/--sentences-from: drop them")
+        if "inc" in self.backends:
+            raise CompressError("--backends inc cannot calibrate a sentence-embedding folder; with --embedding choose among "
+                                f"{', '.join(auto_embedding.VARIANTS)}")
+        auto_embedding.embedding_losses(self.losses, TASK_LOSSES)
 
 
 # A timer: (model dirs, (batch, seq) points, repeats, runs) -> rows as `compress latency` makes them
@@ -268,9 +311,10 @@ class _Earlier:
 def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bool = False, timer: Timer | None = None) -> Path:
     """Find, train and measure the most accurate student of ``teacher`` on its task that meets ``cfg.budget``.
 
-    The task is what ``cfg.task`` names (a preset, or a kind with ``--train-file``), else the teacher's own. A linear
-    sequence of steps: open the search, probe and shortlist the shapes, train them by successive halving, measure the
-    finalists and write the chosen one.
+    The task is what ``cfg.task`` names (a preset, or a kind with ``--train-file``), else the teacher's own; with
+    ``cfg.embedding`` there is none: the teacher is a sentence-embedding model and its students are scored by the
+    embedding check (:mod:`compress.auto_embedding`). A linear sequence of steps: open the search, probe and shortlist
+    the shapes, train them by successive halving, measure the finalists and write the chosen one.
     """
     cfg.validate()
     timer = timer or measured_latency
@@ -284,16 +328,19 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     keys = _keys(teacher_dir, task, cfg, budgets, at)
     place = study_place(cfg.storage, work_dir_for(out), keys[0])
     if cfg.storage and not cfg.resume and joinable(place):  # a search under way: this process only trains
-        return _join(teacher_dir, task, cfg, out, place, keys[2])
+        return _join(teacher_dir, cfg, out, place, keys[2])
+    shapes = (auto_embedding.candidate_shapes if cfg.embedding else candidate_shapes)(load_config(teacher_dir), cfg.shapes)
     search, earlier = _open_search(out, keys, cfg)
-    shapes = candidate_shapes(load_config(teacher_dir), cfg.shapes)
+    if cfg.embedding:  # the sentences split once into held-out and training ones, the teacher's score
+        task = auto_embedding.prepare(teacher_dir, cfg.sentences, cfg.data.data_dir, cfg.train.seed, search.work)
     probe = search.state["probe"] or earlier.probe or _probe(teacher_dir, task, shapes, cfg, at, search, timer)
     search.state["probe"] = probe
     search.save()
     model, predicted, shortlist = _shortlist(probe, shapes, budgets, at, cfg, load_config(teacher_dir))
+    static = _static_candidate(teacher_dir, task, cfg, search)
     halving, finalists = _halve(teacher_dir, task, shortlist, cfg, search, earlier,
                                 deadline - RESERVE * (deadline - started), place, out)
-    finalists += _earlier_finalists(earlier, finalists, predicted, search)
+    finalists += _earlier_finalists(earlier, finalists, predicted, search) + static
     artifacts = _finalists(teacher_dir, task, finalists, predicted, cfg, search)
     compared = [Path(c) for c in cfg.compare]
     rows = timer([teacher_dir, *[Path(a["dir"]) for a in artifacts], *compared], at, 2 * cfg.repeats, cfg.final_runs)
@@ -310,7 +357,7 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     return _write_chosen(Path(chosen["dir"]), out, report, overwrite)
 
 
-def _keys(teacher_dir: Path, task: Task, cfg: AutoConfig, budgets, at) -> tuple[str, str, str]:
+def _keys(teacher_dir: Path, task: Target, cfg: AutoConfig, budgets, at) -> tuple[str, str, str]:
     """The search's key (its study's name derives from it), and the keys of what its probe and its trainings depend on."""
     # A preset given as --task is keyed by it as before (earlier searches stay reusable); any other task by its name.
     common = [str(teacher_dir.resolve()), cfg.task if cfg.task and not task.user else task.name]
@@ -318,7 +365,8 @@ def _keys(teacher_dir: Path, task: Task, cfg: AutoConfig, budgets, at) -> tuple[
     # What a probe and a trained candidate depend on: another budget with the same keys can reuse them.
     probe_key = json.dumps(common + [list(cfg.backends), at, list(cfg.shapes), cfg.probes, cfg.repeats])
     train_key = json.dumps(common + [list(cfg.losses), asdict(cfg.extra_data), asdict(cfg.data), asdict(cfg.train)]
-                           + ([dir_hash(Path(cfg.init_from))] if cfg.init_from else []), default=str)
+                           + ([dir_hash(Path(cfg.init_from))] if cfg.init_from else [])
+                           + ([asdict(cfg.sentences)] if cfg.embedding else []), default=str)
     return key, probe_key, train_key
 
 
@@ -345,7 +393,7 @@ def _shortlist(probe: dict, shapes: list[Shape], budgets, at, cfg: AutoConfig, t
     return model, predicted, shortlist
 
 
-def _halve(teacher_dir: Path, task: Task, shortlist: list[Shape], cfg: AutoConfig, search: "_Search", earlier: "_Earlier",
+def _halve(teacher_dir: Path, task: Target, shortlist: list[Shape], cfg: AutoConfig, search: "_Search", earlier: "_Earlier",
            training_deadline: float, place: Place, out: Path):
     """Successive halving over the shortlist as an Optuna study (:mod:`compress.auto_engine`; each round's training only
     where it ends before the deadline); the halving record and the finalists (those that reached the deepest round, and
@@ -368,10 +416,11 @@ def _halve(teacher_dir: Path, task: Task, shortlist: list[Shape], cfg: AutoConfi
     return halving, finalists
 
 
-def _join(teacher_dir: Path, task: Task, cfg: AutoConfig, out: Path, place: Place, train_key: str) -> Path:
+def _join(teacher_dir: Path, cfg: AutoConfig, out: Path, place: Place, train_key: str) -> Path:
     """Train candidates of a search another ``compress auto`` coordinates (same --out and --storage) until its queue
     is done; the coordinator measures and writes ``out``."""
     plan = joinable(place)
+    task = worker_task(teacher_dir, cfg, work_dir_for(out))
     trainer = _Trainer.of(teacher_dir, task, cfg, work_dir_for(out), plan["shapes"], plan["reused"])
     ran = join(place, train_key, trainer, _spec(teacher_dir, out, cfg), cfg.workers)
     log.info("trained %d candidate(s) of the search in %s; its coordinator writes %s", ran, place.url, out)
@@ -390,9 +439,9 @@ def _spec(teacher_dir: Path, out: Path, cfg: AutoConfig) -> TrainerSpec:
 def candidate_trainer(teacher: str, out: str, cfg: dict, attrs: dict) -> "_Trainer":
     """A worker process's trainer, from its :class:`TrainerSpec` and the study's plan (``attrs["plan"]``)."""
     config = from_dict(AutoConfig, cfg, validate=False)
-    teacher_dir = Path(teacher)
+    teacher_dir, work = Path(teacher), work_dir_for(Path(out))
     plan = attrs["plan"]
-    return _Trainer.of(teacher_dir, search_task(teacher_dir, config), config, work_dir_for(Path(out)), plan["shapes"], plan["reused"])
+    return _Trainer.of(teacher_dir, worker_task(teacher_dir, config, work), config, work, plan["shapes"], plan["reused"])
 
 
 @dataclass(frozen=True)
@@ -401,14 +450,14 @@ class _Trainer:
     study records each round)."""
 
     teacher_dir: Path
-    task: Task
+    task: Target
     cfg: AutoConfig
     work: Path
     shapes: dict[str, Shape]
     reused: dict[tuple[str, int, int], dict]  # (label, round, epochs) -> an entry trained before: --reuse or --resume
 
     @classmethod
-    def of(cls, teacher_dir: Path, task: Task, cfg: AutoConfig, work: Path, shapes: dict, reused) -> "_Trainer":
+    def of(cls, teacher_dir: Path, task: Target, cfg: AutoConfig, work: Path, shapes: dict, reused) -> "_Trainer":
         return cls(teacher_dir, task, cfg, work, {k: Shape(**v) for k, v in shapes.items()},
                    {(e["label"], e["round"], e["epochs"]): e for e in reused})
 
@@ -434,14 +483,28 @@ def _refuse_nothing_fits(out: Path, report: dict, results: list[dict], budgets, 
         f"the search's report is in {work_dir_for(out) / 'search'}")
 
 
-def search_task(teacher_dir: Path, cfg: AutoConfig) -> Task:
+def search_task(teacher_dir: Path, cfg: AutoConfig) -> Target:
     """The task of the search, resolved once (a preset, a kind and its training file, or the teacher's own), and
-    refused now when its data cannot be read later: a user's task is trained on its files, never the hub."""
+    refused now when its data cannot be read later: a user's task is trained on its files, never the hub. An
+    --embedding search has none: its target, prepared in the work folder once it is open (auto_embedding.prepare)."""
+    if cfg.embedding:
+        auto_embedding.check_teacher(teacher_dir)
+        return EmbeddingTarget()
+    if not cfg.task and is_sentence_folder(teacher_dir) and task_of_model(teacher_dir) is None:
+        raise CompressError(f"{teacher_dir} is a sentence-embedding model (a sentence-transformers folder) with no task: "
+                            "pass --embedding and --corpus FILE_OR_DIR[,...] to search its students, or --task to search "
+                            "students of a task")
     task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=teacher_dir)
     if task.user and not cfg.data.train_file:
         raise CompressError(f"{teacher_dir} was made for your own {task.kind} task {task.display}: pass its --train-file and "
                             "--dev-file, the data the candidates are distilled on")
     return task
+
+
+def worker_task(teacher_dir: Path, cfg: AutoConfig, work: Path) -> Target:
+    """The search's task as a worker process sees it: an --embedding search's sentences and score are the ones its
+    coordinator prepared in the work folder."""
+    return auto_embedding.load_target(work) if cfg.embedding else search_task(teacher_dir, cfg)
 
 
 def task_option(task: Task) -> str:
@@ -498,7 +561,7 @@ def probe_shapes(shapes: list[Shape], n: int) -> tuple[list[Shape], list[Shape]]
 # ---------------------------------------------------------------------------- step 1: probe
 
 
-def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, task: Task, max_eval: int | None) -> Path:
+def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, task: Target, max_eval: int | None) -> Path:
     """``source`` (an fp32 student folder) as one backend variant in ``dest`` (made once; reused on resume)."""
     if how is None:
         return source
@@ -507,16 +570,19 @@ def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, task: Task, ma
     kind, backend, scheme = how
     if kind == "export":
         return export(source, dest, ExportConfig(format=backend), overwrite=True)
-    data = replace(cfg.data, max_eval_examples=max_eval or cfg.data.max_eval_examples)
-    qcfg = QuantizeConfig(backend=backend, scheme=scheme, task=task_option(task), data=data,
-                          max_drop=cfg.max_drop if max_eval is None else None)
+    if cfg.embedding:  # calibrated on the search's training sentences; scored by the search itself
+        qcfg = auto_embedding.quantize_config(task, backend, scheme, cfg.train.seed, probe=max_eval is not None)
+    else:
+        data = replace(cfg.data, max_eval_examples=max_eval or cfg.data.max_eval_examples)
+        qcfg = QuantizeConfig(backend=backend, scheme=scheme, task=task_option(task), data=data,
+                              max_drop=cfg.max_drop if max_eval is None else None)
     return quantize(source, dest, qcfg, overwrite=True)
 
 
-def _probe(teacher_dir: Path, task: Task, shapes: list[Shape], cfg: AutoConfig, at, search: _Search, timer: Timer) -> dict:
+def _probe(teacher_dir: Path, task: Target, shapes: list[Shape], cfg: AutoConfig, at, search: _Search, timer: Timer) -> dict:
     """Time random-weight students of spread-out shapes as every variant; the samples the latency model is fitted on."""
     fit, held = probe_shapes(shapes, cfg.probes)
-    teacher = load_model(teacher_dir, head=task.behaviour.head)
+    teacher = load_model(teacher_dir, head="base" if cfg.embedding else task.behaviour.head)
     tokenizer = load_tokenizer(teacher_dir)
     dirs, meta = [], []
     for shape in fit + held:
@@ -565,8 +631,14 @@ def _fastest_run(row: dict) -> float:
     return min(row.get("runs_p50_ms") or [row["p50_ms"]])
 
 
+def _variant_table(cfg: AutoConfig) -> dict[str, tuple]:
+    """What each backend contributes: to a task model, or (--embedding) to a sentence-embedding folder."""
+    return auto_embedding.VARIANTS if cfg.embedding else VARIANTS
+
+
 def _variants(cfg: AutoConfig) -> list[tuple[str, Any]]:
-    return [v for name in cfg.backends for v in VARIANTS[name]]
+    table = _variant_table(cfg)
+    return [v for name in cfg.backends for v in table[name]]
 
 
 def _size_model(probe: dict) -> dict[str, tuple[float, float]]:
@@ -616,34 +688,66 @@ def _met_with_margin(budget: Budget, m: dict, margin: float) -> bool:
 # ---------------------------------------------------------------------------- step 3: training
 
 
-def _train_candidate(teacher_dir: Path, task: Task, shape: Shape, round_: int, epochs: int, cfg: AutoConfig,
-                     work: Path) -> dict:
+def _train_candidate(teacher_dir: Path, task: Target, shape: Shape, round_: int, epochs: int,
+                     cfg: AutoConfig, work: Path) -> dict:
     """Distil ``shape`` for ``epochs`` (round 0 from the teacher; later rounds continue the previous round's student);
     its entry (score NaN when the training failed)."""
     out = work / "candidates" / f"{shape.label}-r{round_}"
     if out.exists():  # a worker killed while writing it: this run starts the round afresh
         shutil.rmtree(out)
     started = time.monotonic()
-    init_from = None
-    if round_ == 0:  # --init-from's weights, else the teacher's (cut to a narrower width), whenever the shape fits inside
-        if cfg.init_from and fits_inside(load_config(Path(cfg.init_from)), shape):
-            init, init_from = "teacher", cfg.init_from
-        else:
-            init = "teacher" if fits_inside(load_config(teacher_dir), shape) else "random"
-    else:
-        init = str(work / "candidates" / f"{shape.label}-r{round_ - 1}")
-    dcfg = DistillConfig(task=task_option(task), student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads,
-                         init=init, init_from=init_from, losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
-                         train=replace(cfg.train, epochs=epochs))
+    init, init_from = _start(teacher_dir, shape, round_, cfg, work)
     try:
-        distill(teacher_dir, out, dcfg, overwrite=True, task=task)
+        if cfg.embedding:
+            score = auto_embedding.train_candidate(teacher_dir, task, shape, init, epochs,
+                                                   auto_embedding.embedding_losses(cfg.losses, TASK_LOSSES), cfg.train,
+                                                   cfg.data.max_length, out)
+            teacher_score = task.teacher
+        else:
+            score, teacher_score = _distil(teacher_dir, task, shape, init, init_from, epochs, cfg, out)
     except CompressError as err:
         log.warning("candidate %s (round %d) failed: %s", shape.label, round_, err)
         return {"label": shape.label, "round": round_, "epochs": epochs, "score": math.nan, "dir": str(out)}
+    return {"label": shape.label, "round": round_, "epochs": epochs, "score": score, "dir": str(out),
+            "teacher": teacher_score, "seconds": round(time.monotonic() - started, 1), "init": init_from or init}
+
+
+def _start(teacher_dir: Path, shape: Shape, round_: int, cfg: AutoConfig, work: Path) -> tuple[str, str | None]:
+    """How a candidate's round starts, (init, init_from): round 0 from --init-from's weights, else the teacher's (cut to
+    a narrower width), whenever the shape fits inside; a later round from the previous round's student."""
+    if round_ > 0:
+        return str(work / "candidates" / f"{shape.label}-r{round_ - 1}"), None
+    if cfg.init_from and fits_inside(load_config(Path(cfg.init_from)), shape):
+        return "teacher", cfg.init_from
+    return ("teacher" if fits_inside(load_config(teacher_dir), shape) else "random"), None
+
+
+def _distil(teacher_dir: Path, task: Task, shape: Shape, init: str, init_from: str | None, epochs: int, cfg: AutoConfig,
+            out: Path) -> tuple[float, float]:
+    """One round of a task candidate by ``compress distill``: (its dev score, NaN when unscored; the teacher's)."""
+    dcfg = DistillConfig(task=task_option(task), student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}", heads=shape.heads,
+                         init=init, init_from=init_from, losses=cfg.losses, extra_data=cfg.extra_data, data=cfg.data,
+                         train=replace(cfg.train, epochs=epochs))
+    distill(teacher_dir, out, dcfg, overwrite=True, task=task)
     retention = next(r for r in read_metrics(out) if r.get("kind") == "retention")
     score = float(retention["student"]) if retention["student"] is not None else math.nan
-    return {"label": shape.label, "round": round_, "epochs": epochs, "score": score, "dir": str(out),
-            "teacher": retention["teacher"], "seconds": round(time.monotonic() - started, 1), "init": init_from or init}
+    return score, retention["teacher"]
+
+
+def _static_candidate(teacher_dir: Path, task: EmbeddingTarget, cfg: AutoConfig, search: _Search) -> list[str]:
+    """An --embedding search's static (model2vec) student, trained once beside the halving (it has no shape to halve;
+    a resumed search keeps it): its label among the finalists, or none."""
+    if not (cfg.embedding and cfg.sentences.static):
+        return []
+    key = f"{STATIC_LABEL}/0"
+    entry = search.state["trained"].get(key)
+    if entry is None or not Path(entry["dir"], "config.json").is_file():
+        entry = auto_embedding.train_static(teacher_dir, task, cfg.train, search.work / "candidates" / STATIC_LABEL)
+        if entry is None:  # model2vec is not installed (said in the log)
+            return []
+        search.state["trained"][key] = entry
+        search.save()
+    return [] if math.isnan(entry["score"]) else [STATIC_LABEL]
 
 
 def _affordable(round_: int, plan: list[tuple[str, int]], search: _Search, earlier: _Earlier, until: float,
@@ -724,7 +828,7 @@ def _copied(entry: dict, work: Path) -> dict:
 # ---------------------------------------------------------------------------- step 4: finalists
 
 
-def _finalists(teacher_dir: Path, task: Task, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
+def _finalists(teacher_dir: Path, task: Target, labels: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
                add: bool = False) -> list[dict]:
     """Every finalist as each variant predicted to fit it, with its dev score (int8 measured after quantizing);
     recorded in the state as its finalists (``add``: beside those already there)."""
@@ -733,6 +837,10 @@ def _finalists(teacher_dir: Path, task: Task, labels: list[str], predicted: dict
     for label in labels:
         last = best[label]
         source = Path(last["dir"])
+        if label not in predicted:  # the static student: no shape, so no prediction; it is its own only variant
+            artifacts.append({"label": label, "variant": STATIC_VARIANT, "dir": str(source), "accuracy": float(last["score"]),
+                              "teacher": last["teacher"], "predicted": None})
+            continue
         for name, how in _variants(cfg):
             if name not in predicted[label]["variants"]:
                 continue
@@ -740,12 +848,10 @@ def _finalists(teacher_dir: Path, task: Task, labels: list[str], predicted: dict
                 # named by round: a resumed search that trained further never reuses the variant of an older round
                 dest = search.work / "final" / f"{label}-r{last['round']}-{name}"
                 path = _make_variant(source, dest, how, cfg, task, max_eval=None)
+                accuracy = _variant_accuracy(path, how, task, last["score"], cfg)
             except CompressError as err:  # e.g. the accuracy guard refused the int8 model
                 log.warning("%s as %s: %s", label, name, err)
                 continue
-            evals = [r for r in read_metrics(path) if r.get("kind") == "eval"]
-            quantized = evals and how is not None and how[0] == "quantize"  # an int8 variant has a dev score of its own
-            accuracy = evals[-1]["metrics"][task.primary_metric] if quantized else last["score"]
             artifacts.append({"label": label, "variant": name, "dir": str(path), "accuracy": float(accuracy),
                               "teacher": last["teacher"], "predicted": predicted[label]["measurements"][name]})
     search.state["finalists"] = (search.state["finalists"] if add else []) + [
@@ -754,7 +860,18 @@ def _finalists(teacher_dir: Path, task: Task, labels: list[str], predicted: dict
     return artifacts
 
 
-def _second_run(teacher_dir: Path, task: Task, finalists: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
+def _variant_accuracy(path: Path, how, task: Target, fp32: float, cfg: AutoConfig) -> float:
+    """A variant's score: an int8 one's own (its dev score as quantize measured it; with --embedding the search's check,
+    refused beyond --max-drop), any other its fp32 candidate's."""
+    if how is None or how[0] != "quantize":
+        return fp32
+    if cfg.embedding:
+        return auto_embedding.variant_score(path, task, fp32, cfg.max_drop)
+    evals = [r for r in read_metrics(path) if r.get("kind") == "eval"]
+    return float(evals[-1]["metrics"][task.primary_metric]) if evals else fp32
+
+
+def _second_run(teacher_dir: Path, task: Target, finalists: list[str], predicted: dict, cfg: AutoConfig, search: _Search,
                 budgets, at, timer: Timer) -> list[dict]:
     """When every finalist missed a budget: every other trained candidate (most accurate first) as each variant
     predicted to fit, timed in a second final run beside the teacher. Marked ``second_run`` in the report."""
@@ -781,19 +898,31 @@ def _results(rows: list[dict], teacher_dir: Path, artifacts: list[dict], budgets
     return results
 
 
-def _compared(rows: list[dict], folders: list[Path], task: Task, budgets, at: tuple[int, int]) -> list[dict]:
-    """The teacher and the ``--compare`` folders as measured in the final run: dev score (their records), p50, budgets met."""
-    metric = task.primary_metric
+def _compared(rows: list[dict], folders: list[Path], task: Target, budgets, at: tuple[int, int]) -> list[dict]:
+    """The teacher and the ``--compare`` folders as measured in the final run: score, p50, budgets met."""
     out = []
     for folder in folders:
         mine = [r for r in rows if str(r["model"]) == str(folder)]
         m = measurement(mine, size_on_disk(folder))
-        evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("task") == task.name
-                 and r.get("split") in ("dev", "dev_matched") and metric in r.get("metrics", {})]
-        out.append({"name": folder.name, "dir": str(folder), "accuracy": evals[-1]["metrics"][metric] if evals else None,
+        out.append({"name": folder.name, "dir": str(folder), "accuracy": _given_score(folder, task),
                     "measured_p50_ms": m["points"][at]["p50_ms"], "size_bytes": m["size_bytes"],
                     "meets": {b.text: b.met(m) for b in budgets}})
     return out
+
+
+def _given_score(folder: Path, task: Target) -> float | None:
+    """A compared model's score: its dev score as its records hold it; with --embedding the search's own check (None
+    when it cannot be scored so, e.g. embeddings of another width against the teacher's)."""
+    if isinstance(task, EmbeddingTarget):
+        try:
+            return auto_embedding.score_folder(folder, task)
+        except CompressError as err:
+            log.warning("%s is shown unscored: %s", folder, err)
+            return None
+    metric = task.primary_metric
+    evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("task") == task.name
+             and r.get("split") in ("dev", "dev_matched") and metric in r.get("metrics", {})]
+    return evals[-1]["metrics"][metric] if evals else None
 
 
 # ---------------------------------------------------------------------------- the report and the output

@@ -1,5 +1,9 @@
 """``compress auto``'s report: ``search.json`` (every number of the search), ``report.md`` and ``pareto.png``
-(accuracy against measured latency), written beside the chosen model in ``OUT/search``."""
+(accuracy against measured latency), written beside the chosen model in ``OUT/search``.
+
+Every model's accuracy is its ``score``: the task's dev metric, or with ``--embedding`` the embedding check the search
+used (``search.json``'s ``score`` says which, in words; the tables head its column "score" then, "dev" otherwise).
+A model with no latency prediction (the static student: no shape) shows "—" there."""
 
 from __future__ import annotations
 
@@ -13,8 +17,10 @@ from compress.search import pareto_front, points
 
 def report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search) -> dict:
     at = sorted(points(budgets) or {(1, 128)})[0]
+    score = task.description if cfg.embedding else f"{task.display} dev {task.primary_metric}"
     return {
-        "kind": "auto", "when": utc_now(), "task": task.name, "teacher": str(teacher_dir),
+        "kind": "auto", "when": utc_now(), "task": task.name, "teacher": str(teacher_dir), "score": score,
+        "score_column": "score" if cfg.embedding else "dev",
         "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
         "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"], "final_runs": cfg.final_runs,
         "probe_reused_from": probe.get("reused_from"),
@@ -25,7 +31,7 @@ def report_data(cfg, task, budgets, probe, model, predicted, halving, results, c
         "results": [{k: v for k, v in r.items() if k not in ("measurement", "predicted")}
                     | {"measured_p50_ms": r["measurement"]["points"][at]["p50_ms"],
                        "slowest_p50_ms": r["measurement"]["points"][at].get("slowest", {}).get("p50_ms"),
-                       "predicted_p50_ms": r["predicted"]["points"][at]["p50_ms"],
+                       "predicted_p50_ms": r["predicted"]["points"][at]["p50_ms"] if r["predicted"] else None,
                        "size_bytes": r["measurement"]["size_bytes"]} for r in results],
         "chosen": None if chosen is None else {"name": chosen["name"], "dir": chosen["dir"], "accuracy": chosen["accuracy"]},
     }
@@ -49,6 +55,8 @@ def write_report(where: Path, report: dict) -> None:
     lines = [f"# compress auto: {report['task']}, budget {'; '.join(report['budgets'])}", "",
              f"- teacher: {report['teacher']} (p50 at batch {at[0]}, seq {at[1]}, torch fp32: {_teacher_timings(report, at)})",
              f"- search time: {report['seconds'] / 60:.1f} min; successive halving stopped: {report['halving_stopped']}"]
+    if report.get("score"):
+        lines.append(f"- score: {report['score']}")
     err = report["latency_model_error"]
     if err:
         lines.append(f"- latency model error on held-out probe shapes: median {err['median']:.1f}%, worst {err['worst']:.1f}%")
@@ -56,11 +64,14 @@ def write_report(where: Path, report: dict) -> None:
         lines.append(f"- latency probe reused from the earlier search {report['probe_reused_from']} (same teacher, backends, points)")
     chosen = report["chosen"]
     lines.append(f"- chosen: {chosen['name']} ({chosen['accuracy']:.2f})" if chosen else "- chosen: nothing met every budget")
-    lines += ["", "## Candidates trained", "", "| shape | round | epochs | dev | teacher | seconds |", "|---|--:|--:|--:|--:|--:|"]
+    column = report.get("score_column", "dev")
+    lines += ["", "## Candidates trained", "", f"| shape | round | epochs | {column} | teacher | seconds |",
+              "|---|--:|--:|--:|--:|--:|"]
     for t in report["trained"]:
         spent = f"{t['seconds']:.0f}" + (" (an earlier search's)" if t.get("reused_from") else "")
         lines.append(f"| {t['label']} | {t['round']} | {t['epochs']} | {t['score']:.2f} | {t['teacher']:.2f} | {spent} |")
-    lines += ["", "## Successive halving (one Optuna trial per candidate)", "", "| trial | shape | state | rounds | dev per round | worker |",
+    lines += ["", "## Successive halving (one Optuna trial per candidate)", "",
+              f"| trial | shape | state | rounds | {column} per round | worker |",
               "|--:|---|---|--:|---|---|"]
     for t in report.get("trials", []):
         state = t["state"] + (f" (retry of {t['retry_of']})" if t.get("retry_of") is not None else "") + (
@@ -69,17 +80,19 @@ def write_report(where: Path, report: dict) -> None:
         lines.append(f"| {t['number']} | {t['label']} | {state} | {t['rounds']} | {scores} | {t.get('worker') or '—'} |")
     runs = report.get("final_runs", 1)
     lines += ["", f"## Finalists, measured in one run{f' repeated {runs} times (budgets judged on the slowest run)' if runs > 1 else ''}",
-              "", f"| model | dev | predicted p50 ms | measured p50 ms | slowest run p50 ms | size MB | {' | '.join(report['budgets'])} |",
+              "", f"| model | {column} | predicted p50 ms | measured p50 ms | slowest run p50 ms | size MB | "
+              f"{' | '.join(report['budgets'])} |",
               "|---|--:|--:|--:|--:|--:|" + "---|" * len(report["budgets"])]
     for r in report["results"]:
         marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
         slowest = "—" if r.get("slowest_p50_ms") is None else f"{r['slowest_p50_ms']:.2f}"
+        predicted = "—" if r.get("predicted_p50_ms") is None else f"{r['predicted_p50_ms']:.2f}"
         name = r["name"] + (" (second run)" if r.get("second_run") else "")
-        lines.append(f"| {name} | {r['accuracy']:.2f} | {r['predicted_p50_ms']:.2f} | {r['measured_p50_ms']:.2f} | "
+        lines.append(f"| {name} | {r['accuracy']:.2f} | {predicted} | {r['measured_p50_ms']:.2f} | "
                      f"{slowest} | {r['size_bytes'] / 1e6:.1f} | {marks} |")
     if report.get("compared"):
         lines += ["", "## Beside the teacher and the given models (same run; never chosen)", "",
-                  f"| model | dev | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",
+                  f"| model | {column} | measured p50 ms | size MB | {' | '.join(report['budgets'])} |",
                   "|---|--:|--:|--:|" + "---|" * len(report["budgets"])]
         for r in report["compared"]:
             marks = " | ".join("met" if r["meets"][b] else "missed" for b in report["budgets"])
@@ -119,7 +132,7 @@ def _plot(path: Path, report: dict) -> None:
         i = next(i for i, r in enumerate(rs) if r["name"] == report["chosen"]["name"])
         ax.scatter([xs[i]], [ys[i]], s=120, facecolors="none", edgecolors="C2", linewidths=2, label="chosen")
     ax.set_xlabel(f"measured p50 latency (ms), batch {report['point'][0]}, seq {report['point'][1]}")
-    ax.set_ylabel("dev metric")
+    ax.set_ylabel("embedding score" if report.get("score_column") == "score" else "dev metric")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     with atomic_path(path) as tmp:

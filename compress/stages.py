@@ -328,9 +328,13 @@ register(Stage(
   compress auto ... --resume        # after a crash: finished probes and candidates are reused
   compress auto ... --workers 2      # two local processes train candidates side by side
   compress auto ... --out /shared/sst2-6ms --storage postgresql://user:pass@host/db   # the same on another machine:
-                                     # joins the search under way (shared --out) and only trains""",
+                                     # joins the search under way (shared --out) and only trains
+  compress auto --teacher models/minilm --embedding --corpus wiki/ --budget 'speedup>=3x@b1,s128' \\
+      --out models/minilm-3x          # sentence embeddings: a sentence-transformers folder, scored by the cosine
+                                      # to the teacher on held-out sentences (STS-B with --data-dir holding it)""",
     "compress.auto:AutoConfig", "compress.auto:auto",
-    (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL", check=HUB),),
+    (Input("teacher", "--teacher", "fine-tuned teacher (with --embedding: a sentence-embedding model): directory, alias "
+           "or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the chosen model, with the search's report in search/)",
     report="compress.auto:summarize", early=(*OWN_DATA, "budget", "resume"),
 ))
