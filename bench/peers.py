@@ -52,7 +52,7 @@ class PeersConfig:
     stsb_pairs: int | None = None  # score on the first N STS-B dev pairs (None: all 1,500)
     distill_sentences: int = 32000  # training sentences of each distilled student (a seeded sample of the user's)
     refine_sentences: int = 32000  # at most this many sentences refine the static student
-    refine_on: str = "stsb"  # stsb: the STS-B training sentences (the user's domain; labels unused); pool: corpora + GLUE
+    refine_on: str = "pool"  # pool: the user's sentences as everywhere else; stsb: the STS-B training sentences alone
     epochs: int = 1  # distillation epochs
     batch_size: int = 64  # distillation batch
     lr: float = 2e-4  # distillation learning rate

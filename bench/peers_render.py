@@ -48,11 +48,11 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         f"- students: {cfg['distill_sentences']:,} distillation sentences, {cfg['epochs']} epoch(s) of {cfg['batch_size']} "
         f"at lr {cfg['lr']:g}; static refinement on at most {cfg['refine_sentences']:,} "
         + ("STS-B training sentences (the scored task's domain, labels unused)" if cfg.get("refine_on") == "stsb"
-           else "sentences of the pool below") + f"; the toolkit's static int8 "
+           else "of the user's sentences") + f"; the toolkit's static int8 "
         f"calibrated on {cfg['calibration_examples']} sentences, ST's OpenVINO static int8 on {cfg['ov_calibration_samples']} "
         "SST-2 training sentences (its default calibration set, read from a local copy: the hub is unreachable here). "
-        "The pool of the user's sentences (distillation, toolkit calibration) is the shared corpora and the GLUE "
-        "training files' sentences (no dev sentence).",
+        "The user's sentences (distillation, refinement, toolkit calibration) are the shared corpora and the GLUE "
+        "training files' sentences (no dev sentence), a seeded sample of them.",
     ]
     if h["reduced"]:
         lines.append("- settings other than the full run's defaults (a REDUCED run where smaller): " + ", ".join(
