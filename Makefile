@@ -21,9 +21,13 @@ RETENTION ?=
 # GLUE_ARGS for reduced settings, e.g. GLUE_ARGS="--budget-hours 3" or "--tasks sst2 --max-train-examples 20000".
 GLUE_WORK ?= runs/glue
 GLUE_OUT  ?= bench/results/$(shell date -u +%F)/glue
+# make bench-peers: all-MiniLM-L6-v2 against sentence-transformers, ONNX Runtime, CTranslate2 and model2vec
+# (both environments: the peers' pins clash), builds in PEERS_WORK (kept: a re-run reuses them), report in PEERS_OUT.
+PEERS_WORK ?= runs/peers
+PEERS_OUT  ?= bench/results/$(shell date -u +%F)/peers
 GLUE_ARGS ?=
 
-.PHONY: help venv test test-transformers4 test-all demo bench bench-glue clean
+.PHONY: help venv test test-transformers4 test-all demo bench bench-glue bench-peers clean
 
 help:
 	@echo "make demo                run the main job (offline, a few minutes on 2 CPU cores)"
@@ -35,6 +39,8 @@ help:
 	@echo "                         RETENTION=FILE[,...] adds the per-task students of those retention.json files"
 	@echo "make bench-glue          full-data GLUE: teachers, 3L-384/2L-384 students, int8, beside the published rows;"
 	@echo "                         models in GLUE_WORK=$(GLUE_WORK) (a re-run resumes), report in GLUE_OUT; GLUE_ARGS=\"--budget-hours 3\""
+	@echo "make bench-peers         all-MiniLM-L6-v2 against the tools users compare with, in one run (both environments);"
+	@echo "                         builds in PEERS_WORK=$(PEERS_WORK) (reused), report in PEERS_OUT"
 
 venv: $(VENV)/.installed
 
@@ -61,6 +67,12 @@ bench: venv
 
 bench-glue: venv
 	$(BIN)/python -m bench.glue --data $(DATA) --work $(GLUE_WORK) --out $(GLUE_OUT) $(GLUE_ARGS)
+
+bench-peers: venv
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_ARGS) -c $(CONSTRAINTS) -e '.[peers]'
+	$(MAKE) venv CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum,sentence VENV=.venv-transformers4
+	$(BIN)/python -m bench.peers --data $(DATA) --work $(PEERS_WORK) --out $(PEERS_OUT) \
+		--python-t4 .venv-transformers4/bin/python
 
 clean:
 	rm -rf $(VENV) .venv-transformers4 runs build *.egg-info

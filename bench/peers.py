@@ -241,7 +241,7 @@ def run(cfg: PeersConfig, command: str) -> Path:
     result = {"header": header, "rows": rows, "front": {"b1": pareto_front(rows, "b1"), "b32": pareto_front(rows, "b32")},
               "goal": verdicts(rows)}
     write_json_atomic(out / "peers.json", result)
-    plot(rows, result["front"]["b1"], out / "pareto.png")
+    plot(rows, result["front"], out / "pareto.png")
     (out / "peers.md").write_text(render(result), encoding="utf-8")
     return out
 

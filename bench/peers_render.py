@@ -34,11 +34,13 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         shown = ", ".join(f"{k} {packages[k]}" for k in PACKAGES_SHOWN if isinstance(packages, dict) and k in packages)
         lines.append(f"- environment `{venv}` ({env['python']}): {shown or packages}")
     lines += [
-        f"- scored: STS-B dev, {d['stsb_pairs']:,} pairs (Spearman x100 of the cosine of the two sentences' embeddings); "
-        f"MRPC dev retrieval, {d['mrpc_queries']} positive pairs' sentence1 ranking {d['mrpc_candidates']} distinct "
-        f"sentence2 (recall@1, MRR x100); {d['scored_sentences']:,} distinct sentences, each contender embedding them in "
-        "its own process (batches of 64, longest first) and one scorer here computing every score "
-        "(`bench.peers_report.score`: the definitions of `compress eval --embedding`, written apart from the toolkit).",
+        f"- scored: STS-B dev, {d['stsb_pairs']:,} pairs (Spearman correlation x100 between the gold similarity and the "
+        f"cosine of the pair's two embeddings); MRPC dev retrieval, each of {d['mrpc_queries']} paraphrase pairs' "
+        f"sentence1 ranking all {d['mrpc_candidates']} distinct sentence2 by cosine (recall@1 and MRR x100). Each "
+        f"contender embeds the {d['scored_sentences']:,} distinct sentences in its own process (batches of 64, longest "
+        "first) and hands the embeddings back; every score is then computed by the same function, "
+        "`bench.peers_report.score`, which follows `compress eval --embedding`'s definitions without calling the "
+        "toolkit.",
         f"- timed: {d['timing_sentences']} distinct STS-B dev sentences (a seeded sample; {tokens['mean']:.1f} tokens on "
         f"average, median {tokens['median']:.0f}, longest {tokens['max']}), text in, normalised embedding out: batch 1 "
         f"is one call per sentence at its own length, batch 32 consecutive chunks of 32 in the sample's order; every "
@@ -120,7 +122,7 @@ def render(result: dict[str, Any]) -> str:
              "Spearman and MRPC x100; MB: the files holding the weights; sent/s: sentences per second, text to embedding; "
              "front: on the Pareto front of Spearman against speed at b1 and/or b32; cos to ST: cosine of each scored "
              "sentence's embedding with sentence-transformers' own (PyTorch) one (— where the width differs).", "",
-             *table(rows, result["front"]), "", "![Spearman against batch-1 speed](pareto.png)", "",
+             *table(rows, result["front"]), "", "![STS-B Spearman against sentences per second at batch 1 and batch 32](pareto.png)", "",
              "## Goal", "", *goal_lines(result["goal"], rows), "", "## Embedding check", ""]
     fp32 = [r for r in rows if r["precision"] == "fp32" and r.get("model") == "teacher" and r.get("agreement")
             and r["name"] != "st-torch"]
@@ -142,31 +144,44 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], front: list[str], path: Path) -> None:
-    """Spearman against batch-1 sentences/s (log x): peers and toolkit in two markers, the b1 front as a line."""
+def plot(rows: list[dict[str, Any]], front: dict[str, list[str]], path: Path) -> None:
+    """Spearman against sentences/s (log x) at batch 1 and at batch 32, side by side.
+
+    Each contender is a number beside its marker (peers squares, toolkit circles) and the key on
+    the right names the numbers: the teacher's many runtimes sit within a point of each other, where
+    names would print over one another. Each panel's Pareto front is a dashed line.
+    """
     import matplotlib  # deferred: only the report draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in rows if r.get("spearman") is not None and r.get("b1")]
+    shown = [r for r in rows if r.get("spearman") is not None and r.get("b1") and r.get("b32")]
     if not shown:
         return
-    fig, ax = plt.subplots(figsize=(10, 6.5))
-    for side, marker, color in (("peer", "s", "tab:orange"), ("toolkit", "o", "tab:blue")):
-        mine = [r for r in shown if r["side"] == side]
-        ax.scatter([r["b1"] for r in mine], [r["spearman"] for r in mine], marker=marker, color=color, label=side, zorder=3)
-        for i, r in enumerate(sorted(mine, key=lambda r: r["b1"])):
-            # Neighbours alternate above and below their point: the teacher's many runtimes sit within a point of each other.
-            ax.annotate(r["name"], (r["b1"], r["spearman"]), fontsize=6.5, xytext=(4, 4 if i % 2 else -9),
-                        textcoords="offset points")
-    edge = sorted((r for r in shown if r["name"] in front), key=lambda r: r["b1"])
-    ax.plot([r["b1"] for r in edge], [r["spearman"] for r in edge], color="gray", linestyle="--", label="Pareto front (b1)")
-    ax.set_xscale("log")
-    ax.set_xlabel("sentences per second, batch 1 (log)")
-    ax.set_ylabel("STS-B dev Spearman x100")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    number = {r["name"]: i + 1 for i, r in enumerate(shown)}
+    style = {"peer": ("s", "tab:orange"), "toolkit": ("o", "tab:blue")}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 6.5), sharey=True)
+    for ax, speed, title in zip(axes, ("b1", "b32"), ("batch 1 (one sentence per call)", "batch 32")):
+        for side, (marker, color) in style.items():
+            mine = [r for r in shown if r["side"] == side]
+            ax.scatter([r[speed] for r in mine], [r["spearman"] for r in mine], marker=marker, color=color,
+                       label=side, zorder=3, s=28)
+        for i, r in enumerate(sorted(shown, key=lambda r: (r[speed], r["spearman"]))):
+            # Neighbours in speed alternate right-above and right-below their marker.
+            ax.annotate(str(number[r["name"]]), (r[speed], r["spearman"]), fontsize=7,
+                        xytext=(4, 3 if i % 2 else -9), textcoords="offset points")
+        edge = sorted((r for r in shown if r["name"] in front.get(speed, [])), key=lambda r: r[speed])
+        ax.plot([r[speed] for r in edge], [r["spearman"] for r in edge], color="gray", linestyle="--",
+                label="Pareto front")
+        ax.set_xscale("log")
+        ax.set_xlabel("sentences per second (log scale)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("STS-B dev Spearman x100")
+    axes[0].legend(loc="lower left", fontsize=8)
+    key = "\n".join(f"{number[r['name']]:>2}  {r['name']}" for r in shown)
+    fig.text(0.835, 0.5, key, fontsize=7, family="monospace", va="center")
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
