@@ -322,13 +322,11 @@ register(Stage(
     "auto", "auto",
     "find, train and measure the most accurate student that meets a latency / size budget on this machine",
     """\
-  compress auto --teacher models/sst2 --task sst2 --data-dir ~/glue_data --budget 'p50<=6ms@b1,s128' --out models/sst2-6ms
   compress auto --teacher models/intents --train-file train.csv --dev-file dev.csv --budget 'p50<=3ms@b1,s64; size<=30MB' \\
-      --out models/intents-3ms          # your own task: the teacher's, read from its folder
-  compress auto ... --resume        # after a crash: finished probes and candidates are reused
-  compress auto ... --workers 2      # two local processes train candidates side by side
-  compress auto ... --out /shared/sst2-6ms --storage postgresql://user:pass@host/db   # the same on another machine:
-                                     # joins the search under way (shared --out) and only trains
+      --out models/intents-3ms          # your own task: the teacher's, read from its folder; --resume after a crash
+  compress auto --teacher models/sst2 --task sst2 --data-dir ~/glue_data --budget 'p50<=6ms@b1,s128' --workers 2 \\
+      --storage postgresql://user:pass@host/db --out /shared/sst2-6ms   # two workers here; the same command on
+                                      # another machine (shared --out) joins the search under way
   compress auto --teacher models/minilm --embedding --corpus wiki/ --budget 'speedup>=3x@b1,s128' \\
       --out models/minilm-3x          # sentence embeddings: a sentence-transformers folder, scored by the cosine
                                       # to the teacher on held-out sentences (STS-B with --data-dir holding it)""",
@@ -426,12 +424,11 @@ register(Stage(
 
 register(Stage(
     "quantize", "quantize",
-    "int8 quantization (PyTorch dynamic, ONNX Runtime via Optimum, Neural Compressor) with output checks and an accuracy guard",
+    "int8 quantization (PyTorch dynamic, ONNX Runtime, OpenVINO with NNCF, Neural Compressor) with output checks and an accuracy guard",
     """\
   compress quantize --model models/sst2 --backend onnxruntime --out models/sst2-int8          # dynamic, preset from CPU flags
   compress quantize --model models/sst2 --backend onnxruntime --scheme static --task sst2 --data-dir ~/glue_data \\
       --max-drop 0.5 --out models/sst2-int8-static      # calibrated, refused if it loses more than 0.5 dev points
-  compress quantize --model models/sst2 --backend openvino --scheme static --task sst2 --data-dir ~/glue_data --out models/ov
   compress quantize --model models/all-minilm --backend openvino --scheme static --corpus wiki/ --sentences-from stsb \\
       --data-dir ~/glue_data --min-cosine 0.99 --out models/minilm-ov   # a sentence-embedding folder: no task, cosine check""",
     "compress.quantize:QuantizeConfig", "compress.quantize:quantize",

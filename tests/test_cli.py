@@ -39,6 +39,8 @@ def test_every_subcommand_help_has_examples(name, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and f"compress {name}" in out
+    examples = [line for line in out.split("examples:")[-1].splitlines() if line.strip().startswith("compress ")]
+    assert 2 <= len(examples) <= 3, examples
 
 
 def test_eval_help_documents_every_option(capsys):
