@@ -31,7 +31,6 @@ it; the card names the exact ``SentenceTransformer(...)`` call (``compress.core.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +57,7 @@ from compress.core.artifacts import (
     saved_head,
     write_json_atomic,
 )
-from compress.core.card import sentence_transformers_call
+from compress.core.card import sentence_loading_line
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.export import OUTPUTS, export_onnx, format_fusion, fuse_onnx
@@ -238,7 +237,7 @@ def summarize(out: Path, cfg: ExportConfig, inputs: dict[str, Any]) -> tuple[str
         text += f", argmax agreement {100 * check['argmax_agreement']:.0f}%"
     if record.get("fusion"):
         text += "\n" + format_fusion(record["fusion"])
-    call = sentence_transformers_call(record["format"]) if is_sentence_folder(out) else None
-    if call:  # the card's call (README.md; an ONNX card also says how Text Embeddings Inference reads the folder)
-        text += "\nsentence-transformers loads it: " + call.replace('"DIR"', json.dumps(str(out)))
+    line = sentence_loading_line(out, record["format"]) if is_sentence_folder(out) else None
+    if line:  # the card's call (README.md; an ONNX card also says how Text Embeddings Inference reads the folder)
+        text += "\n" + line
     return text + "\n", []

@@ -102,6 +102,7 @@ from compress.core.artifacts import (
     saved_head,
     write_json_atomic,
 )
+from compress.core.card import sentence_loading_line
 from compress.core.config import flat_keywords, option
 from compress.core.data import TaskData, check_max_length, encode_examples, load_split
 from compress.core.errors import CompressError
@@ -124,7 +125,9 @@ from compress.core.openvino import (
 from compress.core.registry import Registry
 from compress.core.resolve import resolve_task, task_fields, task_of_model
 from compress.core.runtime import INPUTS, PT2_FILE, Runner, load_model, quantize_linears, structure_of, write_torch_int8
-from compress.core.sentence import SentenceSpec, copy_sentence_files, finish, pooled, prepare_texts, read_spec
+from compress.core.sentence import (
+    SentenceSpec, copy_sentence_files, finish, is_sentence_folder, pooled, prepare_texts, read_spec,
+)
 from compress.core.structure import config_sizes, describe, input_names, layers_path, model_inputs
 from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.distill_embedding import EmbeddingDistillConfig, embedding_scorers, embedding_sentences
@@ -1068,6 +1071,9 @@ def summarize(out: Path, cfg: QuantizeConfig, inputs: dict[str, Any]) -> tuple[s
         lines.append(format_check(check))
     if record.get("fusion"):
         lines.append(format_fusion(record["fusion"]))
+    line = sentence_loading_line(out, record["format"]) if is_sentence_folder(out) else None
+    if line:  # the card's call, as export prints it
+        lines.append(line)
     return "\n".join(lines), []
 
 

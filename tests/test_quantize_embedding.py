@@ -140,6 +140,8 @@ def test_sentences_from_a_glue_task_with_an_stsb_guard_on_the_command_line(env, 
     assert main([*argv, "--max-drop", "100"]) == 0
     printed = capsys.readouterr().out
     assert "embeddings of 8 held-out sentences: mean cosine int8 to fp32" in printed and "stsb dev spearmanr" in printed
+    # The card's loading call, with the folder's own path, as export prints it.
+    assert f'SentenceTransformer("{out}", backend="onnx", model_kwargs={{"file_name": "model.onnx"}})' in printed
     record = read_compression(out)
     assert record["calibration"]["sources"] == {"corpus": 200, "stsb": 10}  # STS-B: 5 pairs
     assert record["calibration"]["data"] == str(env.glue) and record["accuracy"]["tasks"]["stsb"]["metric"] == "spearmanr"

@@ -66,6 +66,12 @@ def sentence_transformers_call(fmt: str) -> str | None:
     return None
 
 
+def sentence_loading_line(out, fmt: str) -> str | None:
+    """What a stage prints after writing sentence folder ``out`` of format ``fmt``: the card's call with its path."""
+    call = sentence_transformers_call(fmt)
+    return None if call is None else "sentence-transformers loads it: " + call.replace('"DIR"', json.dumps(str(out)))
+
+
 def written_here(text: str) -> bool:
     """Whether a README.md is a card this module wrote (its marker first, after a metadata block if any)."""
     if text.startswith("---\n"):
