@@ -290,16 +290,18 @@ def pooled(
     ``desc``, a progress bar of that name.
     """
     spec = spec or SentenceSpec()
+    sizes = config_sizes(model.config)  # once: encode() is called per sentence when serving at batch 1
     if max_length is None:
-        max_length = spec.max_length(tokenizer, config_sizes(model.config).max_positions)
+        max_length = spec.max_length(tokenizer, sizes.max_positions)
     if device is not None:
         model.to(device)
     target = device if device is not None else model_device(model)
     model.eval()
     order = torch.tensor(np.argsort([-len(str(t)) for t in texts], kind="stable"), dtype=torch.long)
-    out = torch.zeros(len(texts), config_sizes(model.config).hidden)
+    out = torch.zeros(len(texts), sizes.hidden)
+    starts = range(0, len(texts), batch_size)
     with torch.inference_mode():
-        for start in progress(range(0, len(texts), batch_size), desc=desc, disable=desc is None, unit="batch", leave=False):
+        for start in (starts if desc is None else progress(starts, desc=desc, unit="batch", leave=False)):
             index = order[start : start + batch_size]
             batch = tokenize(tokenizer, [texts[i] for i in index.tolist()], spec, max_length)
             batch = {k: v.to(target) for k, v in batch.items()}
