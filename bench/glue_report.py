@@ -290,7 +290,8 @@ def render(state: dict[str, Any], report: dict[str, Any]) -> str:
     no_data = [get_task(t).display for t in GLUE_TASKS if t not in state["available"] and t != "ax"]
     lines = [
         "# Full-data GLUE: MiniLM-L6 teachers, 3L-384 and 2L-384 students and their int8, beside the published rows", "",
-        f"- date: {h['date']}; hardware: {h['cpu']} ({h['cores']} cores, no GPU); torch threads: {h['threads']}",
+        f"- date: {h['date']}; hardware: {h['cpu']} ({h['cores']} cores, no GPU; flags: "
+        f"{', '.join(h.get('flags') or []) or 'none of interest'}); torch threads: {h['threads']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in h['packages'].items())}",
         f"- command: `{h['command']}`",
         f"- tasks: {', '.join(get_task(t).display for t in s['tasks'])} (no local data here: {', '.join(no_data) or 'none'})",

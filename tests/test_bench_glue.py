@@ -141,6 +141,8 @@ def test_reduced_settings_reach_the_stages_and_the_report(tmp_path, fakes):
     assert student.data.max_train_examples == 20 and student.train.epochs == 2  # 3 x 0.5, rounded
     md = (tmp_path / "out" / "glue.md").read_text()
     assert "- date: " in md and "hardware: " in md and "torch " in md.split("- versions: ")[1].splitlines()[0]
+    flags = json.loads((tmp_path / "out" / "glue.json").read_text())["header"]["flags"]
+    assert f"flags: {', '.join(flags) or 'none of interest'})" in md  # the kernels every figure could use
     assert "- command: `python -m bench.glue --data " in md
     assert "tasks: SST-2, CoLA only (--tasks; left out: RTE)" in md
     assert "--max-train-examples 20: a seeded sample of 20 training examples for SST-2 (of 50)" in md  # CoLA has 9
