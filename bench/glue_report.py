@@ -186,6 +186,7 @@ def goal_verdict(models: list[dict], speed: dict[str, dict], reduced: list[str])
     elif not accurate:
         best = max(students, key=lambda m: m["scores"]["sst2"])
         verdict, why = "not met", f"the best student on SST-2 is {best['label']} at {best['scores']['sst2']:.2f}, below {bar:g}"
+        why += _speed_side(students, speed)
     elif not timed:
         names = ", ".join(f"{m['label']} ({m['scores']['sst2']:.2f})" for m in accurate)
         verdict, why = "not measured", f"{names} reach the accuracy; no latency of them against the teacher (--latency)"
@@ -198,6 +199,17 @@ def goal_verdict(models: list[dict], speed: dict[str, dict], reduced: list[str])
     if reduced:
         why += "; under the reduced settings above"
     return {"goal": goal, "bar": bar, "verdict": verdict, "why": why}
+
+
+def _speed_side(students: list[dict], speed: dict[str, dict]) -> str:
+    """The goal's other side when no student is accurate enough: how fast the fastest timed student is."""
+    timed = [m for m in students if (speed.get(m["role"]) or {}).get("vs_teacher") is not None]
+    if not timed:
+        return ""
+    fastest = max(timed, key=lambda m: speed[m["role"]]["vs_teacher"])
+    x = speed[fastest["role"]]["vs_teacher"]
+    return (f"; on speed, the fastest student, {fastest['label']}, runs at {x:.2f}x the teacher "
+            f"({'reaching' if x >= GOAL_SPEEDUP else 'below'} {GOAL_SPEEDUP:g}x)")
 
 
 def reduced_settings(state: dict[str, Any]) -> list[str]:

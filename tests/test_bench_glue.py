@@ -297,6 +297,18 @@ def test_the_goal_takes_the_fastest_accurate_student():
     assert goal["verdict"] == "met" and goal["why"].startswith("2L-384 int8: SST-2 89.60 at 11.00x")
 
 
+def test_a_goal_missed_on_accuracy_states_the_speed_side_too():
+    models = [student("teacher", 91.0), student("3L-384 int8", 88.5), student("2L-384 int8", 87.0)]
+    speed = {"3L-384 int8": {"vs_teacher": 6.7, "backend": "openvino-int8", "teacher_backend": "openvino"},
+             "2L-384 int8": {"vs_teacher": 7.8, "backend": "openvino-int8", "teacher_backend": "openvino"}}
+    goal = goal_verdict(models, speed, [])
+    assert goal["verdict"] == "not met" and goal["why"].startswith("the best student on SST-2 is 3L-384 int8 at 88.50")
+    assert goal["why"].endswith("the fastest student, 2L-384 int8, runs at 7.80x the teacher (below 10x)")
+    speed["2L-384 int8"]["vs_teacher"] = 12.0
+    assert goal_verdict(models, speed, [])["why"].endswith("runs at 12.00x the teacher (reaching 10x)")
+    assert "on speed" not in goal_verdict(models, {}, [])["why"]
+
+
 def model_dir(path: Path, layers: int, hidden: int, parent: Path | None = None) -> str:
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden}))
