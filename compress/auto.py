@@ -5,7 +5,8 @@
 
 1. **Probe.** Random-weight students of a spread of shapes (depth x width) are built from
    the teacher, turned into every variant the chosen backends offer (torch fp32 and
-   dynamic int8, ONNX Runtime int8, OpenVINO fp32 and NNCF int8, INC int8) and timed at
+   dynamic int8, ONNX Runtime int8, OpenVINO fp32, bf16 where the CPU has bf16 kernels, and
+   NNCF int8, INC int8) and timed at
    the budgets' (batch, seq) points, each model in its own process, beside the teacher
    (the reference of ``speedup`` budgets; timed before and after the others, its faster time
    kept). A non-negative linear latency model per variant
@@ -77,9 +78,9 @@ from compress.core.artifacts import (
     write_json_atomic,
 )
 from compress.core.config import flat_keywords, from_dict, option, to_dict
-from compress.core.data import TaskData
+from compress.core.data import TaskData, load_dev_splits
 from compress.core.errors import CompressError
-from compress.core.runtime import load_model
+from compress.core.runtime import load_model, openvino_bf16
 from compress.core.shapes import Shape
 from compress.core.structure import config_sizes
 from compress.core.resolve import resolve_task, task_of_model
@@ -87,6 +88,7 @@ from compress.core.sentence import is_sentence_folder
 from compress.core.tasks import Task, get_task, is_kind, task_choices
 from compress.core.train import TrainConfig, work_dir_for
 from compress.distill import DistillConfig, distill
+from compress.eval.evaluate import dev_evaluator
 from compress.eval.latency import LatencyConfig, measure_latency, size_on_disk
 from compress.export import ExportConfig, export
 from compress.quantize import QuantizeConfig, quantize
@@ -103,9 +105,12 @@ log = logging.getLogger(__name__)
 VARIANTS = {
     "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
     "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "dynamic")),),
-    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-int8", ("quantize", "openvino", "static"))),
+    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
+                 ("openvino-int8", ("quantize", "openvino", "static"))),
     "inc": (("inc-int8", ("quantize", "inc", "static")),),
 }
+# Variants that only a CPU with bf16 kernels (AVX512_BF16, AMX-BF16) runs as such: elsewhere they would be their fp32.
+BF16_VARIANTS = ("openvino-bf16",)
 # What a search stands on: a task (scored on its dev set), or an --embedding search's sentences and embedding check.
 Target = Task | EmbeddingTarget
 TASK_LOSSES = ("kd", "hard")  # the candidates' distillation terms unless --losses says otherwise
@@ -133,7 +138,8 @@ class AutoConfig:
                          "mean), throughput>=500/s@b32,s128, size<=20MB, speedup>=10x (over the teacher, measured here)",
                          metavar="BUDGET[;...]")
     backends: tuple[str, ...] = option(("torch", "onnxruntime", "openvino"), "backends to consider: torch (fp32, dynamic int8), "
-                                       "onnxruntime (int8), openvino (fp32, NNCF int8), inc (static int8)", metavar="NAME[,...]")
+                                       "onnxruntime (int8), openvino (fp32, bf16 on a CPU with AVX512_BF16 or AMX-BF16, NNCF int8), "
+                                       "inc (static int8)", metavar="NAME[,...]")
     time_limit: str = option("90m", "wall-clock limit of the whole search (90m, 1.5h); 15% of it is kept for the last step")
     shapes: tuple[str, ...] = option((), "candidate student shapes (default: depths 1-6 x widths down to a third of the teacher's x "
                                      "the teacher's FFN ratio or half of it; with --embedding: the teacher's width at depths "
@@ -568,8 +574,8 @@ def _make_variant(source: Path, dest: Path, how, cfg: AutoConfig, task: Target, 
     if (dest / "compression.json").is_file():
         return dest
     kind, backend, scheme = how
-    if kind == "export":
-        return export(source, dest, ExportConfig(format=backend), overwrite=True)
+    if kind == "export":  # scheme: the floating-point precision asked of the runtime (None: fp32)
+        return export(source, dest, ExportConfig(format=backend, precision=scheme or "fp32"), overwrite=True)
     if cfg.embedding:  # calibrated on the search's training sentences; scored by the search itself
         qcfg = auto_embedding.quantize_config(task, backend, scheme, cfg.train.seed, probe=max_eval is not None)
     else:
@@ -637,8 +643,10 @@ def _variant_table(cfg: AutoConfig) -> dict[str, tuple]:
 
 
 def _variants(cfg: AutoConfig) -> list[tuple[str, Any]]:
+    """The variants of the chosen backends this CPU runs as what they are (bf16 ones where it has bf16 kernels)."""
     table = _variant_table(cfg)
-    return [v for name in cfg.backends for v in table[name]]
+    bf16 = openvino_bf16() if any(name == "openvino" for name in cfg.backends) else False
+    return [v for name in cfg.backends for v in table[name] if bf16 or v[0] not in BF16_VARIANTS]
 
 
 def _size_model(probe: dict) -> dict[str, tuple[float, float]]:
@@ -861,14 +869,25 @@ def _finalists(teacher_dir: Path, task: Target, labels: list[str], predicted: di
 
 
 def _variant_accuracy(path: Path, how, task: Target, fp32: float, cfg: AutoConfig) -> float:
-    """A variant's score: an int8 one's own (its dev score as quantize measured it; with --embedding the search's check,
-    refused beyond --max-drop), any other its fp32 candidate's."""
-    if how is None or how[0] != "quantize":
+    """A variant's score: an int8 or bf16 one's own (int8: its dev score as quantize measured it; bf16: scored here;
+    with --embedding the search's check, refused beyond --max-drop), any other its fp32 candidate's."""
+    if how is None or (how[0] != "quantize" and how[2] != "bf16"):
         return fp32
     if cfg.embedding:
         return auto_embedding.variant_score(path, task, fp32, cfg.max_drop)
+    if how[0] == "export":
+        return _dev_score(path, task, cfg)
     evals = [r for r in read_metrics(path) if r.get("kind") == "eval"]
     return float(evals[-1]["metrics"][task.primary_metric]) if evals else fp32
+
+
+def _dev_score(path: Path, task: Task, cfg: AutoConfig) -> float:
+    """``path``'s primary dev metric as the runtime runs it (a bf16 folder in bf16), on the search's dev split."""
+    model = load_model(path, head=task.behaviour.head)
+    max_length = cfg.data.resolved_max_length(task, config_sizes(model.config).max_positions)
+    dev = load_dev_splits(task, cfg.data)
+    scores = dev_evaluator(task, load_tokenizer(path), dev, max_length, batch_size=cfg.data.eval_batch_size)(model)
+    return float(scores[task.primary_metric])
 
 
 def _second_run(teacher_dir: Path, task: Target, finalists: list[str], predicted: dict, cfg: AutoConfig, search: _Search,

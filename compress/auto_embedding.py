@@ -12,7 +12,7 @@ Optuna study, final measurement, report, pareto plot); this module holds what di
   later round continuing the one before); and one static student (``distill_static``, model2vec), trained once beside
   the halving as it has no shape to halve, skipped with a log line where model2vec is not installed.
 - **Variants** (:data:`VARIANTS`). torch fp32 and dynamic int8, ONNX Runtime and OpenVINO static int8 calibrated on
-  the training sentences, OpenVINO fp32; INC cannot calibrate an embedding folder.
+  the training sentences, OpenVINO fp32 and bf16 (where the CPU has bf16 kernels); INC cannot calibrate an embedding folder.
 - **Score.** One check for every candidate, variant and compared model, chosen once (``--embedding-score``): STS-B dev
   Spearman of each pair's cosine (x100, as ``compress eval --embedding --task stsb`` scores it) when STS-B is asked
   for, or found under ``--data-dir``; else the mean cosine (x100) of the model's embeddings to the teacher's on the
@@ -67,7 +67,8 @@ BATCH = 64  # sentences per forward pass when scoring
 VARIANTS = {
     "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
     "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "static")),),
-    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-int8", ("quantize", "openvino", "static"))),
+    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
+                 ("openvino-int8", ("quantize", "openvino", "static"))),
 }
 
 
@@ -265,7 +266,7 @@ def score_folder(folder: Path, target: EmbeddingTarget) -> float:
 
 
 def variant_score(path: Path, target: EmbeddingTarget, fp32: float, max_drop: float | None) -> float:
-    """An int8 variant's own score; refused (CompressError) when it is more than ``max_drop`` points below its fp32's."""
+    """An int8 or bf16 variant's own score; refused (CompressError) when it is more than ``max_drop`` points below its fp32's."""
     score = score_folder(path, target)
     if max_drop is not None and fp32 - score > max_drop:
         raise CompressError(f"{path.name} scores {score:.2f}, {fp32 - score:.2f} points below its fp32 model's {fp32:.2f}: "

@@ -23,6 +23,11 @@ EmbedLayerNormalization, Gelu nodes of the ``com.microsoft`` domain); the number
 operator is recorded (``fusion``) and printed, and a graph where neither Attention nor
 SkipLayerNormalization fused is refused. It is checked like any export.
 
+``--precision bf16`` (OpenVINO) keeps fp32 weights and records ``inference_precision_hint: bf16``:
+every loader asks the CPU plugin for bf16 where the CPU has bf16 kernels, f32 elsewhere
+(:func:`compress.core.runtime.recorded_precision`); the check runs what the loaders will run,
+against :data:`BF16_TOLERANCE`.
+
 A sentence-embedding folder stays one: its pooling files travel with the graph, which is
 stored once at the root (``model.onnx`` or ``openvino_model.xml``), where sentence-transformers'
 ``backend="onnx"``/``"openvino"``, Optimum, Text Embeddings Inference (ONNX) and compress read
@@ -68,6 +73,11 @@ from compress.core.runtime import load_model, structure_of
 from compress.core.sentence import is_sentence_folder
 from compress.core.structure import model_inputs
 
+# The check's default largest difference for a bf16 folder: bf16 keeps 8 bits of mantissa, so each product carries a
+# relative error near 0.4%: on the check's sentences all-MiniLM-L6-v2's last_hidden_state moved by up to 0.024, and
+# its SST-2 fine-tuned logits by 0.014 (AMD Zen 4, AVX512_BF16), so 0.1 leaves room for larger models.
+BF16_TOLERANCE = 0.1
+
 # Sentences both models run on for the check: short and long, with a pair (token types).
 CHECK_TEXTS = (
     ("the film was a delight from start to finish .", None),
@@ -83,11 +93,18 @@ class ExportConfig:
     opset: int = option(17, "ONNX opset of a torch -> ONNX export")
     tolerance: float | None = option(None, "largest output difference accepted by the check (default: 1e-3 for fp32 "
                                            "sources, 0.5 for int8 ones, whose graphs a converter may re-fuse)")
+    precision: Literal["fp32", "bf16"] = option(
+        "fp32", "openvino: the precision the folder asks the CPU plugin to run its floating-point layers in; bf16 runs "
+                "the matrix products on AVX512_BF16 or AMX-BF16 units where the CPU has them (its weights stay fp32, and "
+                "on a CPU without bf16 kernels it runs in fp32); the export's check then uses a bf16 tolerance")
     fuse: bool = option(False, "onnx: write ONNX Runtime's transformer-optimised graph (fused Attention, SkipLayerNormalization, "
                                "EmbedLayerNormalization, Gelu nodes of the com.microsoft domain, which ONNX Runtime runs) "
                                "instead of the plain one; the number of each fused operator is recorded")
 
     def validate(self) -> None:
+        if self.precision != "fp32" and self.format != "openvino":
+            raise CompressError(f"--precision {self.precision} is an OpenVINO inference precision; use it with --format openvino "
+                                "(for ONNX Runtime int8: compress quantize --backend onnxruntime)")
         if self.fuse and self.format != "onnx":
             raise CompressError(f"--fuse writes ONNX Runtime's fused graph, an ONNX file; use it with --format onnx "
                                 f"(--format {self.format} converts the plain graph and fuses it in its own compiler)")
@@ -119,7 +136,7 @@ def _torch_to_onnx(source: Path, tmp: Path, cfg: ExportConfig) -> None:
 
 
 def _to_openvino(source: Path, tmp: Path, cfg: ExportConfig) -> None:
-    export_openvino(source, tmp, overwrite=True)
+    export_openvino(source, tmp, overwrite=True, precision="bf16" if cfg.precision == "bf16" else "f32")
 
 
 def _refuse_openvino_to_onnx(source: Path, tmp: Path, cfg: ExportConfig) -> None:
@@ -153,13 +170,16 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
     head = saved_head(source)
     if head not in OUTPUTS:
         raise CompressError(f"export supports {', '.join(OUTPUTS)} models; {source} is a {head} model")
-    tolerance = cfg.tolerance if cfg.tolerance is not None else (0.5 if is_quantized(source) else 1e-3)
+    tolerance = cfg.tolerance if cfg.tolerance is not None else (0.5 if is_quantized(source) else BF16_TOLERANCE
+                                                                 if cfg.precision == "bf16" else 1e-3)
     with output_dir(out, overwrite) as tmp:
         staged = tmp / "model"  # the exporters write a complete directory of their own
         exporter(source, staged, cfg)
         for item in staged.iterdir():
             item.rename(tmp / item.name)
         staged.rmdir()
+        if cfg.precision == "bf16":  # asked before the check, so the check runs what every loader of the folder will
+            write_json_atomic(tmp / "compression.json", {**read_compression(tmp), "inference_precision_hint": "bf16"})
         fusion = _fuse(source, tmp) if cfg.fuse else {}
         check = compare_outputs(source, tmp, OUTPUTS[head])
         if check["max_abs_diff"] > tolerance:
@@ -174,7 +194,8 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
             stage="export", method=cfg.format, config=cfg, parent=source,
             structure=written.get("structure") or before.get("structure"),  # the graph's (a classifier's last layer: first token)
             extra={**{k: before[k] for k in ("head", "task", "precision", "backend", "scheme") if k in before},
-                   **{k: written[k] for k in ("format", "backend", "precision", "inference_precision") if k in written},
+                   **{k: written[k] for k in ("format", "backend", "precision", "inference_precision",
+                                              "inference_precision_hint") if k in written},
                    **(task_fields(own) if own is not None else {}),
                    "format": written.get("format") or fmt, "source_format": fmt, "check": {**check, "tolerance": tolerance},
                    **fusion},

@@ -442,7 +442,7 @@ register(Stage(
     "write any model directory as ONNX or OpenVINO IR (pruned shapes and int8 where the format allows), checked",
     """\
   compress export --model models/sst2-h50 --format onnx --out models/sst2-h50-onnx     # any pruned structure
-  compress export --model models/sst2-h50 --format openvino --out models/sst2-h50-ov
+  compress export --model models/sst2-h50 --format openvino --precision bf16 --out models/sst2-h50-bf16  # bf16 units
   compress export --model models/sst2-int8 --format openvino --out models/sst2-int8-ov  # an ONNX Runtime int8 graph""",
     "compress.export:ExportConfig", "compress.export:export",
     (Input("model", "--model", "model directory (any format compress writes)"),),

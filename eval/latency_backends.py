@@ -32,7 +32,7 @@ from compress.core.export import export_onnx
 from compress.core.hardware import cpu_info
 from compress.core.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner, export_openvino, layer_precisions
 from compress.core.registry import Registry
-from compress.core.runtime import NumpyRunner, load_model, parameter_count, structure_of
+from compress.core.runtime import RECORDED, NumpyRunner, load_model, parameter_count, recorded_precision, structure_of
 from compress.core.sentence import finish, mean_pooling, read_spec
 from compress.core.static import STATIC, structure as static_structure
 from compress.core.structure import config_sizes, count_parameters, describe, model_inputs
@@ -223,15 +223,16 @@ def inc_session(model_dir: Path, cfg: Options) -> Session:
 
 
 @BACKENDS.register("openvino")
-def openvino_session(model_dir: Path, cfg: Options, precision: str = OPENVINO_PRECISION) -> Session:
-    """An OpenVINO compiled model (the worker's threads, PERFORMANCE_HINT=LATENCY, f32 unless ``precision``).
+def openvino_session(model_dir: Path, cfg: Options, precision: str = RECORDED) -> Session:
+    """An OpenVINO compiled model (the worker's threads, PERFORMANCE_HINT=LATENCY, in ``precision``: by default what
+    the folder records, bf16 for ``compress export --precision bf16`` where the CPU has bf16 kernels, else f32).
 
     An fp32 PyTorch or ONNX directory is converted first, in this worker. The row's backend
     names int8 and any precision other than f32 (``openvino-int8``, ``openvino-bf16``); its
     note gives the precision the compiled model reports and what its matrix multiplications run in.
     """
     fmt = artifact_format(model_dir)
-    name = "openvino" if precision == OPENVINO_PRECISION else f"openvino-{precision}"
+    name = "openvino" if precision in (OPENVINO_PRECISION, RECORDED) else f"openvino-{precision}"
     if fmt not in (OPENVINO, "torch", "onnx"):
         raise CompressError(f"the {name} latency backend runs OpenVINO, ONNX or fp32 PyTorch directories; {model_dir} is {fmt} "
                             "(use --backend auto)")
@@ -243,7 +244,8 @@ def openvino_session(model_dir: Path, cfg: Options, precision: str = OPENVINO_PR
     ran = layer_precisions(model.compiled)
     backend = "openvino" + ("-int8" if is_quantized(model_dir) else "") + ("" if model.precision == "f32" else f"-{model.precision}")
     static = cfg.openvino_shapes == "static"
-    note = (f"{model_dir.name}: OpenVINO inference precision {model.precision} (asked: {precision}); matrix multiplications in "
+    asked = f"{recorded_precision(ir)}, as the folder records" if precision == RECORDED else precision
+    note = (f"{model_dir.name}: OpenVINO inference precision {model.precision} (asked: {asked}); matrix multiplications in "
             + ", ".join(f"{kind} x{count}" for kind, count in sorted(ran.items()))
             + ("; compiled for each grid point's fixed [batch, seq]" if static else "; compiled for any shape")
             + (f", real inputs padded to a multiple of {cfg.lengths_multiple} tokens, compiled per padded shape"

@@ -73,6 +73,7 @@ from compress.core.runtime import (  # noqa: F401  (the runner and its helpers r
     inference_precision,
     layer_precisions,
     load_model,
+    recorded_precision,
     structure_of,
 )
 from compress.core.sentence import copy_sentence_files
@@ -234,18 +235,24 @@ def write_sidecars(source: Path, directory: Path) -> None:
     copy_sentence_files(source, directory)  # a sentence-transformers folder stays one: pooling, Normalize
 
 
-def export_openvino(model_dir: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+def export_openvino(model_dir: str | Path, out: str | Path, *, overwrite: bool = False, precision: str = "f32") -> Path:
     """Write the model in ``model_dir`` as an OpenVINO IR directory ``out``; ``out``.
 
     ``compression.json`` records the source format, the precision (fp32, or int8 for a
-    quantized ONNX graph) and the inference precision the compiled IR reports (f32).
+    quantized ONNX graph) and the inference precision the compiled IR reports. ``precision``
+    ``bf16`` keeps fp32 weights and records ``inference_precision_hint: bf16``, which every
+    loader of the folder asks the CPU plugin for where the CPU has bf16 kernels (f32 elsewhere).
     """
+    if precision not in ("f32", "bf16"):
+        raise CompressError(f"an OpenVINO folder runs in f32 or bf16, not {precision!r}")
     check_output(out, overwrite, inputs=model_dir)  # before minutes of conversion
     converted = convert(model_dir)
+    hint = {"inference_precision_hint": precision} if precision != OPENVINO_PRECISION else {}
     with output_dir(out, overwrite) as tmp:
         save_ir(converted.model, tmp)
         write_sidecars(converted.source, tmp)
-        compiled = compile_openvino(tmp / OPENVINO_FILE)  # reads back what was written
+        write_json_atomic(tmp / "compression.json", hint)  # read by recorded_precision; the full record follows
+        compiled = compile_openvino(tmp / OPENVINO_FILE, precision=recorded_precision(tmp))  # reads back what was written
         record = compression_record(
             stage="export", method="openvino", parent=converted.source, structure=converted.structure,
             config={"inputs": converted.inputs, "outputs": list(converted.outputs), "compress_to_fp16": False},
@@ -253,6 +260,7 @@ def export_openvino(model_dir: str | Path, out: str | Path, *, overwrite: bool =
                 "format": OPENVINO, "backend": "openvino", "head": converted.head, "precision": converted.precision,
                 "source_format": converted.source_format, "outputs": list(converted.outputs),
                 "inference_precision": inference_precision(compiled), "layer_precisions": layer_precisions(compiled),
+                **hint,
             },
         )
         write_json_atomic(tmp / "compression.json", record)

@@ -37,6 +37,7 @@ The int8 PyTorch layout (read by :func:`load_torch_int8`, written by
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -484,6 +485,9 @@ def _load_inc(path: Path, options: dict[str, Any]):
 # INFERENCE_PRECISION_HINT unless asked otherwise: left to itself, OpenVINO's CPU plugin runs
 # floating-point layers in bf16 wherever the CPU has bf16 kernels, i.e. not the model as stored.
 OPENVINO_PRECISION = "f32"
+# A runner's precision when none is asked: what the folder's compression.json asks (``compress export --precision
+# bf16`` records ``inference_precision_hint``), where this CPU can run it (see recorded_precision).
+RECORDED = "recorded"
 MATMUL_LAYERS = ("FullyConnected", "MatMul")  # layer types of the compiled graph that multiply matrices
 
 
@@ -523,6 +527,25 @@ def compile_openvino(model, *, threads: int | None = None, precision: str | None
         raise CompressError(f"OpenVINO cannot compile {what}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
 
 
+@functools.cache
+def openvino_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin has bf16 kernels on this CPU (its BF16 capability: AVX512_BF16 or AMX-BF16)."""
+    # deferred: a heavy import, paid only where it is used
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def recorded_precision(path: Path) -> str:
+    """The INFERENCE_PRECISION_HINT an OpenVINO folder asks for, where this CPU runs it, else f32.
+
+    ``compress export --format openvino --precision bf16`` records ``inference_precision_hint: bf16``;
+    the IR's weights stay fp32, so on a CPU without bf16 kernels the folder runs as the fp32 export it is.
+    """
+    asked = read_compression(path).get("inference_precision_hint") or OPENVINO_PRECISION
+    return OPENVINO_PRECISION if asked == "bf16" and not openvino_bf16() else asked
+
+
 def inference_precision(compiled) -> str:
     """The precision a compiled model runs its floating-point layers in (``f32``, ``bf16``, ``f16``)."""
     return compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
@@ -544,7 +567,8 @@ def layer_precisions(compiled) -> dict[str, int]:
 
 
 class OpenVINORunner(NumpyRunner):
-    """An OpenVINO IR compiled for the CPU (:func:`compile_openvino`); ``precision`` is what it runs in.
+    """An OpenVINO IR compiled for the CPU (:func:`compile_openvino`); ``precision`` is what it runs in
+    (default: what the folder records, :func:`recorded_precision`).
 
     ``compiled`` runs an already compiled model instead of reading ``path`` (NNCF hands its
     candidates to validation functions that way). ``shape``: compiled for that one (batch, seq).
@@ -553,9 +577,11 @@ class OpenVINORunner(NumpyRunner):
     format = OPENVINO
 
     def __init__(self, path: Path, config, head: str, *, threads: int | None = None,
-                 precision: str | None = OPENVINO_PRECISION, compiled=None, shape: tuple[int, int] | None = None):
+                 precision: str | None = RECORDED, compiled=None, shape: tuple[int, int] | None = None):
         super().__init__(path, config, head, ())
         if compiled is None:
+            if precision == RECORDED:
+                precision = recorded_precision(self.path)
             compiled = compile_openvino(self.path / OPENVINO_FILE, threads=threads, precision=precision, shape=shape)
         # Hidden from nn.Module's registry: neither is a submodule.
         object.__setattr__(self, "compiled", compiled)
