@@ -309,14 +309,22 @@ def run_glue(data: Path, work: Path, out: Path, settings: GlueSettings, *, comma
              "sizes": sizes, "estimate": estimate(sizes, settings), "work": str(work), "rows": {},
              "estimate_full": estimate(sizes, GlueSettings(tasks=settings.tasks, seed=settings.seed)),
              "recipes": {t: asdict(r) for t, r in TASK_RECIPES.items()}}
-    for task in settings.tasks:
-        for role, folder, stage in stages(task, glue, work, settings):
-            print(f"== {task}/{role}", flush=True)
-            started = time.monotonic()
-            ran = stage()
-            state["rows"][f"{task}/{role}"] = {**model_row(folder, task, role, glue, ran),
-                                               "wall_seconds": round(time.monotonic() - started, 1) if ran else None}
-            save(out, state, latency)
+    # Every model an earlier run finished is in the report from the first save: a long run that is stopped before a
+    # late task (WNLI comes last) still reports it.
+    plan = [(f"{task}/{role}", task, role, folder, stage) for task in settings.tasks
+            for role, folder, stage in stages(task, glue, work, settings)]
+    for key, task, role, folder, _ in plan:
+        if done(folder):
+            state["rows"][key] = {**model_row(folder, task, role, glue, False), "wall_seconds": None}
+    save(out, state, latency)
+    for key, task, role, folder, stage in plan:
+        print(f"== {key}", flush=True)
+        started = time.monotonic()
+        ran = stage()
+        state["rows"][key] = {**model_row(folder, task, role, glue, ran),
+                              "wall_seconds": round(time.monotonic() - started, 1) if ran else None}
+        state["rows"] = {k: state["rows"][k] for k, *_ in plan if k in state["rows"]}  # GLUE order, whatever ran first
+        save(out, state, latency)
     state["latency_inputs"] = [str(p) for p in latency_inputs(work)]
     save(out, state, latency)
     return out

@@ -132,6 +132,23 @@ def test_results_are_saved_after_each_model_so_a_failed_stage_keeps_the_earlier_
     assert "| teacher MiniLM-L6 (fp32) |" in (tmp_path / "out" / "glue.md").read_text()
 
 
+def test_models_an_earlier_run_finished_are_reported_before_this_run_reaches_their_task(tmp_path, fakes, monkeypatch):
+    write_glue(tmp_path / "data")
+    assert run(tmp_path, "--tasks", "rte") == 0  # RTE finished by an earlier run
+    fakes.clear()
+
+    def broken(model, out, cfg):
+        raise RuntimeError("killed")  # this run is stopped in SST-2's teacher, before it reaches RTE
+
+    monkeypatch.setattr(glue, "finetune", broken)
+    with pytest.raises(RuntimeError):
+        run(tmp_path, "--tasks", "sst2,rte")
+    saved = json.loads((tmp_path / "out" / "glue.json").read_text())
+    assert list(saved["rows"]) == ["rte/teacher", "rte/3L-384", "rte/3L-384 int8", "rte/2L-384", "rte/2L-384 int8"]
+    assert not any(r["ran"] for r in saved["rows"].values()) and saved["rows"]["rte/teacher"]["value"] == 90.0
+    assert "| teacher MiniLM-L6 (fp32) |" in (tmp_path / "out" / "glue.md").read_text()
+
+
 def test_reduced_settings_reach_the_stages_and_the_report(tmp_path, fakes):
     write_glue(tmp_path / "data")
     assert run(tmp_path, "--tasks", "sst2,cola", "--max-train-examples", "20", "--epochs-scale", "0.5") == 0
