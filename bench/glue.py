@@ -256,7 +256,9 @@ def int8_stage(task: str, student: Path, out: Path, glue: Path, settings: GlueSe
 
 
 def latency_inputs(work: Path) -> list[Path]:
-    """The BERT-base shape (random weights) and its ONNX and OpenVINO exports, made unless they exist."""
+    """The BERT-base shape (random weights) and its ONNX and OpenVINO exports, and the OpenVINO export of every
+    finished SST-2 fp32 student (so each fp32 row is timed on its fastest backend, as the teacher is), made unless
+    they exist."""
     # deferred: heavy imports, paid only where they are used
     from bench.headline import bert_base_shape
     from compress.export import ExportConfig, export
@@ -268,6 +270,12 @@ def latency_inputs(work: Path) -> list[Path]:
         if not done(folder):
             export(base, folder, ExportConfig(format=fmt))
         made.append(folder)
+    for shape in STUDENTS:
+        student, folder = work / "sst2" / f"student-{shape}", work / "sst2" / f"student-{shape}-ov"
+        if done(student) and not done(folder):
+            export(student, folder, ExportConfig(format="openvino"))
+        if done(folder):
+            made.append(folder)
     return made
 
 

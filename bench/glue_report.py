@@ -159,7 +159,8 @@ def _latency_summary(latency: dict | None) -> dict | None:
 
 def latency_command(state: dict[str, Any]) -> str:
     """The ``compress latency`` run whose latency.json fills the speed columns: the SST-2 teacher first, on every
-    fp32 backend (the reference), the BERT-base shape as PyTorch, ONNX and OpenVINO, then the students."""
+    fp32 backend (the reference), the BERT-base shape as PyTorch, ONNX and OpenVINO, the fp32 students' OpenVINO
+    exports (``latency_inputs``), then the students."""
     work = Path(state["work"])
     dirs = role_dirs(state["rows"])
     models = [*dirs.get("teacher", [])[:1], *(state.get("latency_inputs") or [str(work / "bert-base-shape")])]

@@ -360,6 +360,29 @@ def test_speeds_against_the_fastest_fp32_of_the_bert_base_shape_and_of_the_teach
                             "vs_teacher": 1.0, "teacher_backend": "openvino"}
 
 
+def test_latency_inputs_add_the_openvino_export_of_each_finished_sst2_student(tmp_path, monkeypatch):
+    import bench.headline
+    import compress.export
+
+    exported = []
+
+    def fake_export(source, out, cfg):
+        exported.append((Path(source).name, Path(out).name, cfg.format))
+        finished_folder(out, "sst2", "teacher", "export", None, None)
+
+    monkeypatch.setattr(bench.headline, "bert_base_shape", lambda work: work / "bert-base-shape")
+    monkeypatch.setattr(compress.export, "export", fake_export)
+    work = tmp_path / "work"
+    finished_folder(work / "sst2" / "student-3L-384", "sst2", "3L-384", "distill", 50, 3)
+    (work / "sst2" / "student-2L-384").mkdir(parents=True)  # a training still running: no compression.json
+    made = glue.latency_inputs(work)
+    assert exported == [("bert-base-shape", "bert-base-shape-onnx", "onnx"), ("bert-base-shape", "bert-base-shape-ov", "openvino"),
+                        ("student-3L-384", "student-3L-384-ov", "openvino")]
+    assert [p.name for p in made] == ["bert-base-shape", "bert-base-shape-onnx", "bert-base-shape-ov", "student-3L-384-ov"]
+    exported.clear()
+    assert [p.name for p in glue.latency_inputs(work)][-1] == "student-3L-384-ov" and exported == []  # made once
+
+
 def test_the_student_configs_are_valid_toolkit_configs(tmp_path):
     settings = GlueSettings(tasks=("sst2",), max_train_examples=100, epochs_scale=2.0)
     three = student_config("sst2", "3L-384", tmp_path / "glue", tmp_path, settings)
