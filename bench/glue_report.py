@@ -104,12 +104,13 @@ def speeds(latency: dict, dirs: dict[str, list[str]]) -> dict[str, dict[str, Any
     teacher += reference if first and role_of.get(first) == "teacher" else []
     out = {}
     for role in dirs:
-        own = [(r["p50_ms"], r["backend"]) for r in rows if role_of[r["model"]] == role]
-        own += reference if first and role_of.get(first) == role else []  # the first model's other fp32 backends
+        own = [(r["p50_ms"], r["backend"], r.get("x_floor")) for r in rows if role_of[r["model"]] == role]
+        # the first model's other fp32 backends (no floor: the reference timings carry none)
+        own += [(p50, backend, None) for p50, backend in reference] if first and role_of.get(first) == role else []
         if not own:
             continue
-        p50, backend = min(own)
-        out[role] = {"p50_ms": p50, "backend": backend,
+        p50, backend, x_floor = min(own, key=lambda o: (o[0], o[1]))
+        out[role] = {"p50_ms": p50, "backend": backend, "x_floor": x_floor,
                      "vs_base": min(base)[0] / p50 if base else None, "base_backend": min(base)[1] if base else None,
                      "vs_teacher": min(teacher)[0] / p50 if teacher else None,
                      "teacher_backend": min(teacher)[1] if teacher else None}
@@ -342,11 +343,22 @@ def render(state: dict[str, Any], report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+FLOOR_TARGET = 1.5  # target 4: the best small int8 model within this many times its int8 floor
+
+
 def speed_lines(state: dict, report: dict) -> list[str]:
     info = report.get("latency")
     if not info:
         return ["Not measured (no --latency). Time the models in one run, then re-run this command with "
                 f"`--latency {Path(state['work']) / 'latency' / 'latency.json'}` (every stage is skipped):", "",
                 f"    {latency_command(state)}"]
-    return [f"From `compress latency` of {info['when']} on {info['cpu']}, {info['threads']} threads, "
-            f"{info['repeat_runs']} runs; every ratio within that one file."]
+    lines = [f"From `compress latency` of {info['when']} on {info['cpu']}, {info['threads']} threads, "
+             f"{info['repeat_runs']} runs; every ratio within that one file."]
+    floors = {role: s["x_floor"] for role, s in report.get("speed", {}).items()
+              if role.endswith("int8") and s.get("x_floor") is not None}
+    if floors:
+        best = min(floors, key=floors.get)
+        lines += ["", "Target 4, the best small int8 model within 1.5x of its int8 floor (p50 over FLOPs / the run's "
+                  "measured int8 peak): " + ", ".join(f"{ROLES[r]} {x:.1f}x" for r, x in floors.items())
+                  + f": **{'met' if floors[best] <= FLOOR_TARGET else 'not met'}** (best: {ROLES[best]})."]
+    return lines

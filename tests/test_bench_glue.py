@@ -11,7 +11,7 @@ import pytest
 
 import bench.glue as glue
 from bench.glue import GlueSettings, estimate, fit_budget, local_tasks, student_config, train_sizes
-from bench.glue_report import build, goal_verdict, render, speeds
+from bench.glue_report import build, goal_verdict, render, speed_lines, speeds
 from compress.core.errors import CompressError
 from compress.core.synthetic import write_sst2_layout
 from compress.core.tasks import get_task
@@ -326,6 +326,18 @@ def test_a_goal_missed_on_accuracy_states_the_speed_side_too():
     assert "on speed" not in goal_verdict(models, {}, [])["why"]
 
 
+def test_the_speed_section_judges_target_4_on_the_int8_rows_floors():
+    info = {"when": "t", "cpu": "AMD EPYC", "threads": 2, "repeat_runs": 3}
+    speed = {"teacher": {"x_floor": 1.1}, "3L-384 int8": {"x_floor": 2.9}, "2L-384 int8": {"x_floor": 2.1}}
+    (line,) = [x for x in speed_lines({"work": "w"}, {"latency": info, "speed": speed}) if x.startswith("Target 4")]
+    assert "student 3L-384 int8 (OpenVINO) 2.9x, student 2L-384 int8 (OpenVINO) 2.1x" in line and "teacher" not in line
+    assert line.endswith("**not met** (best: student 2L-384 int8 (OpenVINO)).")
+    speed["3L-384 int8"]["x_floor"] = 1.5  # the bar exactly
+    (line,) = [x for x in speed_lines({"work": "w"}, {"latency": info, "speed": speed}) if x.startswith("Target 4")]
+    assert line.endswith("**met** (best: student 3L-384 int8 (OpenVINO)).")
+    assert not [x for x in speed_lines({"work": "w"}, {"latency": info, "speed": {}}) if x.startswith("Target 4")]
+
+
 def model_dir(path: Path, layers: int, hidden: int, parent: Path | None = None) -> str:
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden}))
@@ -348,16 +360,16 @@ def test_speeds_against_the_fastest_fp32_of_the_bert_base_shape_and_of_the_teach
     latency = {"reference": {"p50_ms": {"torch": {"b1,s128": 20.0}, "openvino": {"b1,s128": 8.0}}},  # the teacher's
                "rows": [row(teacher, "torch", "fp32", 20.0), row(base, "torch", "fp32", 160.0),
                         row(base_ov, "openvino", "fp32", 60.0), row(small, "torch", "fp32", 4.0),
-                        row(small_onnx, "onnxruntime", "fp32", 2.0), row(int8, "openvino-int8", "int8", 0.5),
+                        row(small_onnx, "onnxruntime", "fp32", 2.0), {**row(int8, "openvino-int8", "int8", 0.5), "x_floor": 2.5},
                         {**row(int8, "openvino-int8", "int8", 9.0), "batch": 32}]}
     dirs = {"teacher": [teacher], "3L-384": [small], "3L-384 int8": [int8]}
     s = speeds(latency, dirs)
     assert s["3L-384 int8"] == {"p50_ms": 0.5, "backend": "openvino-int8", "vs_base": 120.0, "base_backend": "openvino",
-                                "vs_teacher": 16.0, "teacher_backend": "openvino"}
+                                "vs_teacher": 16.0, "teacher_backend": "openvino", "x_floor": 2.5}
     assert s["3L-384"]["p50_ms"] == 2.0 and s["3L-384"]["backend"] == "onnxruntime"  # its fastest fp32: the export
     # the teacher was the first model: its reference backends are its own rows too, OpenVINO the fastest
     assert s["teacher"] == {"p50_ms": 8.0, "backend": "openvino", "vs_base": 7.5, "base_backend": "openvino",
-                            "vs_teacher": 1.0, "teacher_backend": "openvino"}
+                            "vs_teacher": 1.0, "teacher_backend": "openvino", "x_floor": None}  # a reference timing
 
 
 def test_latency_inputs_add_the_openvino_export_of_each_finished_sst2_student(tmp_path, monkeypatch):
