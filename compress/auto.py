@@ -645,7 +645,7 @@ def _variant_table(cfg: AutoConfig) -> dict[str, tuple]:
 def _variants(cfg: AutoConfig) -> list[tuple[str, Any]]:
     """The variants of the chosen backends this CPU runs as what they are (bf16 ones where it has bf16 kernels)."""
     table = _variant_table(cfg)
-    bf16 = openvino_bf16() if any(name == "openvino" for name in cfg.backends) else False
+    bf16 = "openvino" in cfg.backends and openvino_bf16()
     return [v for name in cfg.backends for v in table[name] if bf16 or v[0] not in BF16_VARIANTS]
 
 

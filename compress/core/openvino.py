@@ -73,7 +73,7 @@ from compress.core.runtime import (  # noqa: F401  (the runner and its helpers r
     inference_precision,
     layer_precisions,
     load_model,
-    recorded_precision,
+    runnable_precision,
     structure_of,
 )
 from compress.core.sentence import copy_sentence_files
@@ -251,8 +251,7 @@ def export_openvino(model_dir: str | Path, out: str | Path, *, overwrite: bool =
     with output_dir(out, overwrite) as tmp:
         save_ir(converted.model, tmp)
         write_sidecars(converted.source, tmp)
-        write_json_atomic(tmp / "compression.json", hint)  # read by recorded_precision; the full record follows
-        compiled = compile_openvino(tmp / OPENVINO_FILE, precision=recorded_precision(tmp))  # reads back what was written
+        compiled = compile_openvino(tmp / OPENVINO_FILE, precision=runnable_precision(precision))  # reads back what was written
         record = compression_record(
             stage="export", method="openvino", parent=converted.source, structure=converted.structure,
             config={"inputs": converted.inputs, "outputs": list(converted.outputs), "compress_to_fp16": False},

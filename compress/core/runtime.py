@@ -542,7 +542,11 @@ def recorded_precision(path: Path) -> str:
     ``compress export --format openvino --precision bf16`` records ``inference_precision_hint: bf16``;
     the IR's weights stay fp32, so on a CPU without bf16 kernels the folder runs as the fp32 export it is.
     """
-    asked = read_compression(path).get("inference_precision_hint") or OPENVINO_PRECISION
+    return runnable_precision(read_compression(path).get("inference_precision_hint") or OPENVINO_PRECISION)
+
+
+def runnable_precision(asked: str) -> str:
+    """``asked`` where this CPU runs it: bf16 only where OpenVINO has bf16 kernels, else f32."""
     return OPENVINO_PRECISION if asked == "bf16" and not openvino_bf16() else asked
 
 
