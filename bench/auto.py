@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from compress.auto import BURSTS, AutoConfig, auto
-from compress.core.artifacts import is_model_dir, read_metrics, utc_now, write_json_atomic
+from compress.auto.run import BURSTS, AutoConfig, auto
+from compress.core.formats.artifacts import is_model_dir, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_summary, package_versions
-from compress.core.tasks import get_task
+from compress.core.data.tasks import get_task
 from compress.core.train import work_dir_for
-from compress.eval.latency import LatencyConfig, measure_latency
+from compress.eval.latency.runs import LatencyConfig, measure_latency
 
 POINT = (1, 128)
 FRESH_RUNS = 3  # the fresh run is repeated; a model meets its budget only if its slowest run does

@@ -22,8 +22,8 @@ import json
 import time
 from pathlib import Path
 
-from compress.core.artifacts import write_json_atomic
-from compress.eval.latency import LatencyConfig, measure_latency
+from compress.core.formats.artifacts import write_json_atomic
+from compress.eval.latency.runs import LatencyConfig, measure_latency
 
 
 def config(bursts: int, repeats: int = 30, warmup: int = 5, runs: int = 5) -> LatencyConfig:

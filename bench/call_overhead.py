@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.core.artifacts import artifact_format, load_tokenizer, utc_now, write_json_atomic, write_text_atomic
+from compress.core.formats.artifacts import artifact_format, load_tokenizer, utc_now, write_json_atomic, write_text_atomic
 from compress.core.hardware import hardware, package_versions
-from compress.core.runtime import NumpyRunner, OpenVINORunner, load_model
-from compress.eval.latency import LatencyConfig, worker_env
-from compress.eval.latency_backends import forward_of
-from compress.eval.lengths import batches, real_inputs
+from compress.core.formats.runtime import NumpyRunner, OpenVINORunner, load_model
+from compress.eval.latency.runs import LatencyConfig, worker_env
+from compress.eval.latency.backends import forward_of
+from compress.eval.latency.lengths import batches, real_inputs
 
 PADDING_MULTIPLE = LatencyConfig().lengths_multiple  # as compress latency pads by default
 

@@ -22,12 +22,12 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import SST2_TRAIN, minilm_path
-from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.formats.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.distill import DistillConfig, distill
-from compress.distill_general import GeneralDistillConfig, distill_general
-from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
+from compress.distill.task import DistillConfig, distill
+from compress.distill.general import GeneralDistillConfig, distill_general
+from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
 
 GLUE_MAX_LENGTH = {"sst2": 64, "mrpc": 128}
 

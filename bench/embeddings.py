@@ -33,13 +33,13 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
-from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.distill_embedding import EmbeddingDistillConfig, distill_embedding
+from compress.distill.embedding import EmbeddingDistillConfig, distill_embedding
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.eval.latency import LatencyConfig, format_markdown, measure_latency, megabytes, size_on_disk
-from compress.quantize import QuantizeConfig, quantize
+from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency, megabytes, size_on_disk
+from compress.quantize.run import QuantizeConfig, quantize
 
 GLUE_SENTENCES = ("stsb", "mrpc", "rte", "sst2", "cola", "wnli")  # the GLUE training files on this machine
 SCORED = ("stsb", "mrpc")
@@ -201,7 +201,7 @@ def render(results: dict, header: dict) -> str:
         "sentences' embeddings (pooling and normalisation as the folder says). MRPC dev retrieval: the sentence1 of each "
         f"positive pair ({mrpc.get('queries', '?')}) ranks all distinct sentence2s ({mrpc.get('candidates', '?')}) by cosine "
         "(recall@1, MRR x100). `compress eval --task stsb|mrpc --embedding` computes both; its encoder equals "
-        "SentenceTransformer.encode (tests/test_sentence.py).",
+        "SentenceTransformer.encode (tests/core/test_sentence.py).",
     ]
     s = results.get("student")
     if s and s.get("config"):

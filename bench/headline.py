@@ -20,14 +20,14 @@ import numpy as np
 from bench.profile import run_worker
 from bench.retention import best_rows
 from bench.teachers import minilm_path
-from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
-from compress.core.export import export_onnx
+from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.onnx import export_onnx
 from compress.core.hardware import hardware, package_versions
-from compress.core.tasks import get_task
-from compress.eval.latency import BELOW_FLOOR, MIN_PASSES, REAL_SLICE_S, LatencyConfig, measure_latency
+from compress.core.data.tasks import get_task
+from compress.eval.latency.runs import BELOW_FLOOR, MIN_PASSES, REAL_SLICE_S, LatencyConfig, measure_latency
 from compress.eval.plots import _pyplot, save_figure
 from compress.eval.references import published_score
-from compress.core.shapes import resolve_shape
+from compress.core.model.shapes import resolve_shape
 from compress.teacher.create import create_model
 
 # Table rows: (label, model directory name under the work dir, the model it is: fp32 variants and int8 share it).

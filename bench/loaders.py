@@ -7,7 +7,7 @@ Every artifact kind the toolkit writes is made from the real all-MiniLM-L6-v2
 uniformly and per layer, heads removed, torch dynamic int8, ONNX Runtime dynamic int8, and
 the ONNX / OpenVINO exports of the head-pruned model (OpenVINO int8 is calibrated on a task's
 examples through its head, which a sentence-embedding model has not: its loaders are
-covered by tests/test_stock_loaders.py on a classifier). Each is then
+covered by tests/core/test_stock_loaders.py on a classifier). Each is then
 given to every stock loader that could take it — transformers ``AutoModel``,
 ``pipeline("feature-extraction")``, ``SentenceTransformer``, a bare
 ``onnxruntime.InferenceSession``, Optimum's ``ORTModelForFeatureExtraction`` (transformers 4
@@ -33,16 +33,16 @@ import torch
 
 from bench.embeddings import teacher_folder
 from bench.pretrain import corpus_paths
-from compress.core.artifacts import artifact_format, load_tokenizer, read_compression, utc_now, write_json_atomic
+from compress.core.formats.artifacts import artifact_format, load_tokenizer, read_compression, utc_now, write_json_atomic
 from compress.core.compat import HAS_OPTIMUM_ONNX, TRANSFORMERS_MAJOR
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.core.runtime import load_model
-from compress.core.sentence import encode, read_spec
-from compress.core.structure import model_inputs
+from compress.core.formats.runtime import load_model
+from compress.core.formats.sentence import encode, read_spec
+from compress.core.model.structure import model_inputs
 from compress.export import ExportConfig, export
 from compress.prune import EmbeddingPruneConfig, prune_embedding
-from compress.quantize import QuantizeConfig, quantize
+from compress.quantize.run import QuantizeConfig, quantize
 
 TOLERANCE = 1e-4
 

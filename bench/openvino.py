@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from compress.core import synthetic
-from compress.core.artifacts import (
+from compress.core.data import synthetic
+from compress.core.formats.artifacts import (
     artifact_format,
     compression_record,
     load_tokenizer,
@@ -46,16 +46,16 @@ from compress.core.artifacts import (
     write_json_atomic,
 )
 from compress.core.config import from_dict
-from compress.core.export import export_onnx
+from compress.core.formats.onnx import export_onnx
 from compress.core.hardware import cpu_summary, package_versions
-from compress.core.openvino import export_openvino
-from compress.core.runtime import load_model_for_task
-from compress.core.shapes import Shape
-from compress.core.tasks import get_task
-from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
-from compress.quantize import QuantizeConfig, quantize
+from compress.core.formats.openvino import export_openvino
+from compress.core.formats.runtime import load_model_for_task
+from compress.core.model.shapes import Shape
+from compress.core.data.tasks import get_task
+from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
+from compress.quantize.run import QuantizeConfig, quantize
 from compress.students.init import init_student
-from compress.core.shapes import resolve_shape
+from compress.core.model.shapes import resolve_shape
 
 STUDENT_LAYERS = [1, 3, 5]  # teacher layers the 3L-384 student is made of
 RUNTIMES = ("torch", "onnxruntime", "openvino")

@@ -38,19 +38,19 @@ from pathlib import Path
 
 import torch
 
-from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
-from compress.core.data import TaskData, TaskOptions
+from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.data.sources import TaskData, TaskOptions
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_summary, package_versions
-from compress.core.resolve import resolve_task
-from compress.core.shapes import ShapeSizes, StudentShape
+from compress.core.data.resolve import resolve_task
+from compress.core.model.shapes import ShapeSizes, StudentShape
 from compress.core.train import TrainConfig
-from compress.distill import DistillConfig, distill
+from compress.distill.task import DistillConfig, distill
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.eval.latency import LatencyConfig, measure_latency, megabytes, size_on_disk
+from compress.eval.latency.runs import LatencyConfig, measure_latency, megabytes, size_on_disk
 from compress.eval.references import OWN_TEST
 from compress.export import ExportConfig, export
-from compress.quantize import QuantizeConfig, quantize
+from compress.quantize.run import QuantizeConfig, quantize
 from compress.teacher.finetune import FinetuneConfig, finetune
 
 SEED = 42

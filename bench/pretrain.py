@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.formats.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
 from compress.teacher.pretrain import PretrainConfig, pretrain

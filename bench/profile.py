@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from compress.core.runtime import load_model
+from compress.core.formats.runtime import load_model
 
 # Operator names that are matrix products (PyTorch eager and ONNX Runtime graph nodes).
 TORCH_MATMUL = ("aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm",
@@ -125,8 +125,8 @@ OV_MATMUL = ("FullyConnected", "FullyConnectedQuantizedLegacy", "MatMul")
 
 
 def ov_profile(model_dir: str, batch: int, seq: int, threads: int, repeats: int = 200) -> dict:
-    from compress.core.artifacts import OPENVINO_FILE
-    from compress.core.runtime import compile_openvino
+    from compress.core.formats.artifacts import OPENVINO_FILE
+    from compress.core.formats.runtime import compile_openvino
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     compiled = compile_openvino(Path(model_dir) / OPENVINO_FILE, threads=threads, perf_count=True)

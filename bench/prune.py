@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.formats.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
 from compress.eval.heads import HeadsConfig, analyze_heads
-from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
+from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
 from compress.prune import PruneConfig, prune
 
 

@@ -24,10 +24,10 @@ import torch
 
 from bench.embeddings import GLUE_SENTENCES, scores, teacher_folder
 from bench.pretrain import corpus_paths
-from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
+from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
 from compress.prune import EmbeddingPruneConfig, prune_embedding
 
 

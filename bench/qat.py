@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.quantize import QuantizeConfig, quantize
+from compress.quantize.run import QuantizeConfig, quantize
 
 MAX_LENGTH = {"sst2": 64, "mrpc": 128, "stsb": 128}
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from bench.headline import bert_base_shape
-from compress.core.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.formats.artifacts import read_metrics, utc_now, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.eval.latency import LatencyConfig, format_markdown, measure_latency
-from compress.quantize import QuantizeConfig, quantize
+from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
+from compress.quantize.run import QuantizeConfig, quantize
 
 TASKS = ("sst2", "mrpc", "stsb")
 BACKENDS = (("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static"))

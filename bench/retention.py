@@ -48,15 +48,15 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
-from compress.core.artifacts import (build_lock, compression_record, load_tokenizer, read_compression, read_metrics,
+from compress.core.formats.artifacts import (build_lock, compression_record, load_tokenizer, read_compression, read_metrics,
                                      save_model_dir, utc_now, write_json_atomic)
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.core.runtime import load_model
-from compress.core.tasks import get_task
-from compress.distill import DistillConfig, distill
-from compress.distill_general import GeneralDistillConfig, distill_general
-from compress.quantize import QuantizeConfig, quantize
+from compress.core.formats.runtime import load_model
+from compress.core.data.tasks import get_task
+from compress.distill.task import DistillConfig, distill
+from compress.distill.general import GeneralDistillConfig, distill_general
+from compress.quantize.run import QuantizeConfig, quantize
 
 ROWS = {
     "a": "KD + hard, no augmentation (the former defaults)",

@@ -25,11 +25,11 @@ import torch
 from scipy.stats import spearmanr
 
 from bench.teachers import minilm_path
-from compress.core.artifacts import load_tokenizer, utc_now, write_json_atomic
+from compress.core.formats.artifacts import load_tokenizer, utc_now, write_json_atomic
 from compress.core.hardware import cpu_summary, package_versions
-from compress.core.runtime import load_model
-from compress.core.shapes import Shape
-from compress.core.structure import count_parameters
+from compress.core.formats.runtime import load_model
+from compress.core.model.shapes import Shape
+from compress.core.model.structure import count_parameters
 from compress.students import slices
 from compress.students.init import init_student
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from compress.core.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
-from compress.core.data import TaskData
+from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.data.sources import TaskData
 from compress.core.hardware import cpu_summary, package_versions
-from compress.core.tasks import get_task
+from compress.core.data.tasks import get_task
 from compress.core.train import TrainConfig
 from compress.eval.references import published_score
 from compress.teacher.finetune import FinetuneConfig, finetune

@@ -27,7 +27,7 @@ from compress import __version__
 from compress.core import logs, preflight
 from compress.core.config import add_arguments, from_args
 from compress.core.errors import CompressError
-from compress.core.tasks import task_choices
+from compress.core.data.tasks import task_choices
 from compress.stages import COMMANDS, SEVERAL, Command, Stage
 
 PROG = "compress"

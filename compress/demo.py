@@ -1,7 +1,7 @@
 """``compress demo``: the whole toolkit on a real pretrained encoder and generated data, offline, on a CPU.
 
 It generates a sentiment task whose label follows a rule in the GLUE SST-2 layout
-(:class:`compress.core.synthetic.HardTask`: contrast clauses, negations that cancel, a long
+(:class:`compress.core.data.synthetic.HardTask`: contrast clauses, negations that cancel, a long
 tail of adjectives and 5% noisy gold labels, hard enough that the teacher stays below 100%
 and the smaller models lose accuracy), then runs ``recipes/demo.yaml``: fine-tune
 all-MiniLM-L6-v2 (a real pretrained BERT, 6 layers, hidden 384, 22.7M parameters,
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.core import synthetic
-from compress.core.artifacts import check_output, is_quantized, parent_path, read_compression
-from compress.core.data import DataSource, load_split
+from compress.core.data import synthetic
+from compress.core.formats.artifacts import check_output, is_quantized, parent_path, read_compression
+from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
-from compress.core.tasks import get_task
-from compress.eval.latency import default_threads
+from compress.core.data.tasks import get_task
+from compress.eval.latency.runs import default_threads
 from compress.eval.leaderboard import METRIC_LABELS
 from compress.pipeline import MANIFEST, run_recipe
 

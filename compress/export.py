@@ -18,20 +18,20 @@ the largest absolute output difference is recorded (``compression.json``'s ``che
 printed; a difference above ``cfg.tolerance`` removes the output and fails.
 
 ``--fuse`` (ONNX, an fp32 source) writes ONNX Runtime's transformer-optimised graph instead of
-the plain one (:func:`compress.core.export.fuse_onnx`: Attention, SkipLayerNormalization,
+the plain one (:func:`compress.core.formats.onnx.fuse_onnx`: Attention, SkipLayerNormalization,
 EmbedLayerNormalization, Gelu nodes of the ``com.microsoft`` domain); the number of each fused
 operator is recorded (``fusion``) and printed, and a graph where neither Attention nor
 SkipLayerNormalization fused is refused. It is checked like any export.
 
 ``--precision bf16`` (OpenVINO) keeps fp32 weights and records ``inference_precision_hint: bf16``:
 every loader asks the CPU plugin for bf16 where the CPU has bf16 kernels, f32 elsewhere
-(:func:`compress.core.runtime.recorded_precision`); the check runs what the loaders will run,
+(:func:`compress.core.formats.runtime.recorded_precision`); the check runs what the loaders will run,
 against :data:`BF16_TOLERANCE`.
 
 A sentence-embedding folder stays one: its pooling files travel with the graph, which is
 stored once at the root (``model.onnx`` or ``openvino_model.xml``), where sentence-transformers'
 ``backend="onnx"``/``"openvino"``, Optimum, Text Embeddings Inference (ONNX) and compress read
-it; the card names the exact ``SentenceTransformer(...)`` call (``compress.core.card``).
+it; the card names the exact ``SentenceTransformer(...)`` call (``compress.core.formats.card``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from compress.core.artifacts import (
+from compress.core.formats.artifacts import (
     COMPRESSION_FILE,
     METRICS_FILE,
     ONNX,
@@ -62,16 +62,16 @@ from compress.core.artifacts import (
     saved_head,
     write_json_atomic,
 )
-from compress.core.card import sentence_loading_line
+from compress.core.formats.card import sentence_loading_line
 from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.export import OUTPUTS, export_onnx, format_fusion, fuse_onnx
-from compress.core.openvino import export_openvino
+from compress.core.formats.onnx import OUTPUTS, export_onnx, format_fusion, fuse_onnx
+from compress.core.formats.openvino import export_openvino
 from compress.core.registry import Registry
-from compress.core.resolve import task_fields, task_of_model
-from compress.core.runtime import load_model, structure_of
-from compress.core.sentence import is_sentence_folder
-from compress.core.structure import model_inputs
+from compress.core.data.resolve import task_fields, task_of_model
+from compress.core.formats.runtime import load_model, structure_of
+from compress.core.formats.sentence import is_sentence_folder
+from compress.core.model.structure import model_inputs
 
 # The check's default largest difference for a bf16 folder: bf16 keeps 8 bits of mantissa, so each product carries a
 # relative error near 0.4%: on the check's sentences all-MiniLM-L6-v2's last_hidden_state moved by up to 0.024, and

@@ -1,7 +1,7 @@
 """Structured pruning that physically removes attention heads, whole layers and FFN neurons.
 
-``prune(model_dir, out, cfg)``: score units with ``compress.core.importance`` (hooks only),
-choose what to remove, cut the weights with ``compress.core.structure`` (Q/K/V rows and
+``prune(model_dir, out, cfg)``: score units with ``compress.core.model.importance`` (hooks only),
+choose what to remove, cut the weights with ``compress.core.model.structure`` (Q/K/V rows and
 output-projection columns for a head; FFN rows/columns; whole layers), optionally
 recover accuracy by fine-tuning or by distilling from the unpruned model, and write a
 model directory whose ``compression.json`` records the kept heads per layer, FFN widths
@@ -28,8 +28,8 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from compress.core import structure as st
-from compress.core.artifacts import (
+from compress.core.model import structure as st
+from compress.core.formats.artifacts import (
     check_output,
     compression_record,
     load_tokenizer,
@@ -39,10 +39,10 @@ from compress.core.artifacts import (
     utc_now,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import TaskData, check_max_length, collate, load_task_data, load_test_split
+from compress.core.data.sources import TaskData, check_max_length, collate, load_task_data, load_test_split
 from compress.core.errors import CompressError
-from compress.core.graph_pruning import prune_ffn_neurons
-from compress.core.importance import (
+from compress.core.model.graph_pruning import prune_ffn_neurons
+from compress.core.model.importance import (
     LossFn,
     ffn_importance_magnitude,
     ffn_importance_taylor,
@@ -55,14 +55,14 @@ from compress.core.importance import (
     model_loss,
 )
 from compress.core.registry import Registry
-from compress.core.resolve import resolve_task, task_fields
-from compress.core.runtime import load_model, load_model_for_task
-from compress.core.sentence import SentenceSpec, finish, pooled, pooled_embeddings, read_spec, staged_sentence_files, tokenize
-from compress.core.structure import config_sizes, heads_per_layer
-from compress.core.tasks import get_task, is_kind, task_choices
+from compress.core.data.resolve import resolve_task, task_fields
+from compress.core.formats.runtime import load_model, load_model_for_task
+from compress.core.formats.sentence import SentenceSpec, finish, pooled, pooled_embeddings, read_spec, staged_sentence_files, tokenize
+from compress.core.model.structure import config_sizes, heads_per_layer
+from compress.core.data.tasks import get_task, is_kind, task_choices
 from compress.core.train import TrainConfig
-from compress.distill import DistillConfig, check_teacher_fit, dev_labels, distill
-from compress.distill_embedding import EmbeddingDistillConfig, distill_embedding, embedding_scorers, embedding_sentences
+from compress.distill.task import DistillConfig, check_teacher_fit, dev_labels, distill
+from compress.distill.embedding import EmbeddingDistillConfig, distill_embedding, embedding_scorers, embedding_sentences
 from compress.eval.embeddings import embedding_record
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, split_records, test_records

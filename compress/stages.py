@@ -24,7 +24,7 @@ from compress.core.config import Choices
 from compress.core.errors import CompressError
 from compress.core.preflight import DIRECTORY, HUB
 from compress.core.registry import Registry
-from compress.core.tasks import (
+from compress.core.data.tasks import (
     CLASSIFICATION,
     MULTI_LABEL,
     REGRESSION,
@@ -95,7 +95,7 @@ class Stage:
     said: str | None = "wrote {out}"  # the last note on stderr, formatted with the output directory
     recipe_entry: str | None = None  # f(*inputs, out, cfg, overwrite=) for recipes, when ``entry`` has no ``out``
     # Its config fields among compress.core.preflight.EARLY_OPTIONS: the command line checks them before it imports
-    # the stage's module (tests/test_preflight.py keeps this list equal to the config's own).
+    # the stage's module (tests/core/test_preflight.py keeps this list equal to the config's own).
     early: tuple[str, ...] = ()
 
     def config_class(self) -> type:
@@ -212,7 +212,7 @@ register(Command(
 
 
 def _init_flags(p: argparse.ArgumentParser) -> None:
-    shapes = [*load("compress.core.shapes:TEACHER_SHAPES").names(), *load("compress.core.shapes:STUDENT_SHAPES").names()]
+    shapes = [*load("compress.core.model.shapes:TEACHER_SHAPES").names(), *load("compress.core.model.shapes:STUDENT_SHAPES").names()]
     p.add_argument("--shape", required=True, metavar="{" + ",".join(dict.fromkeys(shapes)) + "}|LAYERSL-HIDDEN[-FFN]",
                    help="a named teacher or student shape, or an explicit one")
     p.add_argument("--tokenizer", required=True, metavar="PATH", help="model directory, tokenizer folder or vocab.txt whose vocabulary sizes the embedding")
@@ -228,7 +228,7 @@ def _init_flags(p: argparse.ArgumentParser) -> None:
 
 def _init(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
     """``compress init``: a randomly initialised model directory of the given shape."""
-    shape = load("compress.core.shapes:resolve_shape")(v["shape"])
+    shape = load("compress.core.model.shapes:resolve_shape")(v["shape"])
     out = load("compress.teacher.create:create_model")(
         shape, v["out"], tokenizer=v["tokenizer"], task=v["task"], head=v["head"], seed=v["seed"],
         max_positions=v["max_positions"], overwrite=v["overwrite"],
@@ -269,9 +269,9 @@ register(Stage(
   compress latency --model models/teacher models/student --batch 1,32 --seq 128
   compress latency --model models/teacher models/student-int8 --repeat-runs 3 --reference-backends torch,onnxruntime,openvino
   compress latency --model models/teacher models/student --lengths sst2 --data-dir ~/glue_data   # real dev sentences""",
-    "compress.eval.latency:LatencyConfig", "compress.eval.latency:measure_latency",
+    "compress.eval.latency.runs:LatencyConfig", "compress.eval.latency.runs:measure_latency",
     (Input("models", "--model", "model directories; the first is the reference of the ratio column"),),
-    produces_model=False, report="compress.eval.latency:summarize", said=None,
+    produces_model=False, report="compress.eval.latency.runs:summarize", said=None,
     recipe_entry="compress.pipeline:run_latency",
 ))
 
@@ -312,10 +312,10 @@ register(Stage(
       --out models/intents-3L                     # your own task: the teacher's, read from its folder
   compress distill --teacher models/mrpc --task mrpc --student 4L-312 --init random \\
       --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT""",
-    "compress.distill:DistillConfig", "compress.distill:distill",
+    "compress.distill.task:DistillConfig", "compress.distill.task:distill",
     (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the best dev student)",
-    report="compress.distill:summarize", early=(*OWN_DATA, "resume"),
+    report="compress.distill.task:summarize", early=(*OWN_DATA, "resume"),
 ))
 
 register(Stage(
@@ -330,11 +330,11 @@ register(Stage(
   compress auto --teacher models/minilm --embedding --corpus wiki/ --budget 'speedup>=3x@b1,s128' \\
       --out models/minilm-3x          # sentence embeddings: a sentence-transformers folder, scored by the cosine
                                       # to the teacher on held-out sentences (STS-B with --data-dir holding it)""",
-    "compress.auto:AutoConfig", "compress.auto:auto",
+    "compress.auto.run:AutoConfig", "compress.auto.run:auto",
     (Input("teacher", "--teacher", "fine-tuned teacher (with --embedding: a sentence-embedding model): directory, alias "
            "or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the chosen model, with the search's report in search/)",
-    report="compress.auto:summarize", early=(*OWN_DATA, "budget", "resume"),
+    report="compress.auto.run:summarize", early=(*OWN_DATA, "budget", "resume"),
 ))
 
 register(Stage(
@@ -346,7 +346,7 @@ register(Stage(
   compress distill-general --teacher models/pretrained-bert --corpus wiki/ --student 6L-768 \\
       --init teacher-layers --losses kd,mlm,cosine --out models/distilbert   # DistilBERT (needs MLM heads)
   compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/sst2-4L""",
-    "compress.distill_general:GeneralDistillConfig", "compress.distill_general:distill_general",
+    "compress.distill.general:GeneralDistillConfig", "compress.distill.general:distill_general",
     (Input("teacher", "--teacher", "teacher encoder: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output encoder directory",
     said="wrote {out}; distil it on a task with: compress distill --init {out} ...", early=("resume",),
@@ -361,10 +361,10 @@ register(Stage(
   compress distill-embedding --teacher models/all-minilm --corpus hf:wikitext:wikitext-103-raw-v1 --max-sentences 200000 \\
       --losses mse,cosine --cosine-weight 2 --max-steps 3000 --out models/minilm-3L
   compress eval --model models/minilm-3L --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no fine-tuning""",
-    "compress.distill_embedding:EmbeddingDistillConfig", "compress.distill_embedding:distill_embedding",
+    "compress.distill.embedding:EmbeddingDistillConfig", "compress.distill.embedding:distill_embedding",
     (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL", check=HUB),),
     out_help="output sentence-transformers folder (the student; SentenceTransformer(DIR) loads it)",
-    report="compress.distill_embedding:summarize_embedding", early=("resume",),
+    report="compress.distill.embedding:summarize_embedding", early=("resume",),
 ))
 
 register(Stage(
@@ -375,10 +375,10 @@ register(Stage(
   compress distill-static --teacher models/all-minilm --pca-dims 128 --corpus wiki/ --sentences-from stsb,sst2 \\
       --data-dir ~/glue_data --epochs 3 --eval-tasks stsb --out models/minilm-static-refined   # refined on sentences
   compress latency --model models/all-minilm models/minilm-static   # eval --embedding and latency read it as any model""",
-    "compress.distill_static:StaticDistillConfig", "compress.distill_static:distill_static",
+    "compress.distill.static:StaticDistillConfig", "compress.distill.static:distill_static",
     (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL", check=HUB),),
     out_help="output static folder (model2vec.StaticModel.from_pretrained(DIR) and SentenceTransformer(DIR) load it)",
-    report="compress.distill_static:summarize_static",
+    report="compress.distill.static:summarize_static",
 ))
 
 register(Stage(
@@ -431,10 +431,10 @@ register(Stage(
       --max-drop 0.5 --out models/sst2-int8-static      # calibrated, refused if it loses more than 0.5 dev points
   compress quantize --model models/all-minilm --backend openvino --scheme static --corpus wiki/ --sentences-from stsb \\
       --data-dir ~/glue_data --min-cosine 0.99 --out models/minilm-ov   # a sentence-embedding folder: no task, cosine check""",
-    "compress.quantize:QuantizeConfig", "compress.quantize:quantize",
+    "compress.quantize.run:QuantizeConfig", "compress.quantize.run:quantize",
     (Input("model", "--model", "fp32 model directory"),),
     out_help="int8 model directory",
-    report="compress.quantize:summarize", early=OWN_DATA,
+    report="compress.quantize.run:summarize", early=OWN_DATA,
 ))
 
 register(Stage(

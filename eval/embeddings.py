@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress.core.artifacts import utc_now
+from compress.core.formats.artifacts import utc_now
 from compress.core.errors import CompressError
-from compress.core.sentence import SentenceSpec, encode
-from compress.core.tasks import CLASSIFICATION, REGRESSION, Task
+from compress.core.formats.sentence import SentenceSpec, encode
+from compress.core.data.tasks import CLASSIFICATION, REGRESSION, Task
 from compress.eval.metrics import pearson, spearman
 
 EMBEDDING_EVAL = "embedding-eval"  # metrics.json "kind" of these records

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from compress.core.artifacts import (
+from compress.core.formats.artifacts import (
     STATIC,
     append_metrics,
     artifact_format,
@@ -34,7 +34,7 @@ from compress.core.artifacts import (
     write_text_atomic,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import (
+from compress.core.data.sources import (
     EVAL_BATCH_SIZE,
     DataSource,
     TaskOptions,
@@ -46,12 +46,12 @@ from compress.core.data import (
 )
 from compress.core.errors import CompressError
 from compress.core.logs import progress
-from compress.core.openvino import export_openvino
-from compress.core.resolve import resolve_task, task_of_model
-from compress.core.runtime import load_model, model_device
-from compress.core.sentence import read_spec
-from compress.core.structure import config_sizes, input_names
-from compress.core.tasks import (
+from compress.core.formats.openvino import export_openvino
+from compress.core.data.resolve import resolve_task, task_of_model
+from compress.core.formats.runtime import load_model, model_device
+from compress.core.formats.sentence import read_spec
+from compress.core.model.structure import config_sizes, input_names
+from compress.core.data.tasks import (
     CLASSIFICATION,
     MULTI_LABEL,
     REGRESSION,
@@ -64,7 +64,7 @@ from compress.core.tasks import (
     is_kind,
     task_choices,
 )
-from compress.core.token_data import Lost, encode_words, first_pieces, word_predictions
+from compress.core.data.token_data import Lost, encode_words, first_pieces, word_predictions
 from compress.eval.embeddings import check_embedding_task, embedding_record, embedding_scorer
 from compress.eval.metrics import task_metrics
 from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
@@ -356,7 +356,7 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
 def token_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, device=None):
     """Tokenise the sentences' words once; return ``score(model) -> (metrics or None, tags per sentence)``.
 
-    A word's tag is the argmax at its first word piece (:mod:`compress.core.token_data`); a word
+    A word's tag is the argmax at its first word piece (:mod:`compress.core.data.token_data`); a word
     with no piece left (past ``max_length``) is predicted ``O``. Metrics are entity-level (seqeval).
     """
     # deferred: a heavy import, paid only where it is used

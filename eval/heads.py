@@ -10,7 +10,7 @@
   attention distance, and the Jensen-Shannon distance between every pair of heads,
   embedded in 2-D with MDS.
 * How much heads matter, after Michel et al. 2019, "Are Sixteen Heads Really Better than
-  One?": the gate-gradient importance of ``compress.core.importance`` (with a task: ``--task``, or
+  One?": the gate-gradient importance of ``compress.core.model.importance`` (with a task: ``--task``, or
   a model of your own task given its ``--train-file``/``--dev-file``; the task's own loss, per
   token for token classification; with ``--text`` there are no labels, so the weight-magnitude
   criterion stands in), and the
@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from sklearn.manifold import MDS
 
-from compress.core import structure as st
-from compress.core.artifacts import (
+from compress.core.model import structure as st
+from compress.core.formats.artifacts import (
     TORCH,
     artifact_format,
     check_output,
@@ -55,13 +55,13 @@ from compress.core.artifacts import (
     write_json_atomic,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import TaskData, check_max_length, collate, encode_examples, load_split, load_task_data
+from compress.core.data.sources import TaskData, check_max_length, collate, encode_examples, load_split, load_task_data
 from compress.core.errors import CompressError
-from compress.core.importance import head_importance_gradient, head_importance_magnitude, heads_to_remove, masked_heads
+from compress.core.model.importance import head_importance_gradient, head_importance_magnitude, heads_to_remove, masked_heads
 from compress.core.logs import progress
-from compress.core.resolve import resolve_task
-from compress.core.runtime import load_model, load_model_for_task
-from compress.core.tasks import Task, get_task, is_kind, task_choices
+from compress.core.data.resolve import resolve_task
+from compress.core.formats.runtime import load_model, load_model_for_task
+from compress.core.data.tasks import Task, get_task, is_kind, task_choices
 from compress.eval.evaluate import dev_evaluator
 from compress.eval.plots import _pyplot, save_figure
 

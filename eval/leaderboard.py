@@ -11,10 +11,10 @@ The steps are importable on their own::
 
 How the numbers are put together:
 
-* metric: per task the primary metric of ``compress.core.tasks`` (CoLA Matthews corr.,
+* metric: per task the primary metric of ``compress.core.data.tasks`` (CoLA Matthews corr.,
   MRPC F1, STS-B Pearson, SQuAD F1, accuracy elsewhere; MNLI = matched), from the
   model's latest evaluation record of the table's split (``split``: dev, the default, or
-  test). A user's own task is the one its folder records (``compress.core.resolve.task_of_model``),
+  test). A user's own task is the one its folder records (``compress.core.data.resolve.task_of_model``),
   never looked up in the registry; its column shows its primary metric (entity F1, micro F1, ...)
   after the benchmark tasks'.
 * GLUE average: the unweighted mean over the GLUE tasks that every model with GLUE
@@ -50,12 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from compress.core.artifacts import is_model_dir, lineage, parent_path, read_compression, read_json, read_metrics, utc_now
+from compress.core.formats.artifacts import is_model_dir, lineage, parent_path, read_compression, read_json, read_metrics, utc_now
 from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.resolve import task_of_model
-from compress.core.tasks import GLUE_TASKS, TASKS, Task, get_task
-from compress.eval.latency import display_names, megabytes, size_on_disk
+from compress.core.data.resolve import task_of_model
+from compress.core.data.tasks import GLUE_TASKS, TASKS, Task, get_task
+from compress.eval.latency.runs import display_names, megabytes, size_on_disk
 from compress.eval.plots import _pyplot, label_hlines, place_legend, save_figure
 from compress.eval.references import for_split
 
@@ -269,7 +269,7 @@ def latency_runs(records: list[dict[str, Any]], batch: int, seq: int) -> tuple[d
         run = f"{record.get('when')}|{record.get('speedup_vs')}"
         for row in record.get("rows") or []:
             if "batch" not in row or "seq" not in row:
-                continue  # not a row compress.eval.latency wrote
+                continue  # not a row compress.eval.latency.runs wrote
             points.add((int(row["batch"]), int(row["seq"])))
             if row["batch"] == batch and row["seq"] == seq and row.get("p50_ms"):
                 backend = str(row.get("backend") or record.get("backend") or "?")

@@ -28,7 +28,7 @@ from seqeval.metrics import f1_score as seq_f1
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from compress.core.errors import CompressError
-from compress.core.tasks import CLASSIFICATION, MULTI_LABEL, REGRESSION, SPAN, TOKEN, UNLABELLED, Task, entity_types, get_task
+from compress.core.data.tasks import CLASSIFICATION, MULTI_LABEL, REGRESSION, SPAN, TOKEN, UNLABELLED, Task, entity_types, get_task
 
 ArrayLike = Union[Sequence[float], np.ndarray]
 

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from compress.core.artifacts import atomic_path
+from compress.core.formats.artifacts import atomic_path
 
 
 def _pyplot():

@@ -34,7 +34,7 @@ _MINILM = "microsoft/unilm minilm/README.md"
 _TINYBERT_QUOTED = "quoted in henrform/DLNLP_25W_Group4 README.md (TinyBERT paper)"
 
 # GLUE dev. Metrics: CoLA Matthews, SST-2 acc, MRPC F1, STS-B Pearson, QQP acc, MNLI-m acc,
-# QNLI acc, RTE acc, WNLI acc (the primary metrics of compress.core.tasks).
+# QNLI acc, RTE acc, WNLI acc (the primary metrics of compress.core.data.tasks).
 GLUE_DEV: tuple[Published, ...] = (
     Published("BERT-base-uncased", 110, {"cola": 56.3, "sst2": 92.7, "mrpc": 88.6, "stsb": 89.0, "qqp": 89.6,
               "mnli": 84.7, "qnli": 91.8, "rte": 69.3, "wnli": 53.5}, _HF_DISTIL, shape="12L-768"),

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from compress.core.artifacts import check_output, is_model_dir, output_dir, read_compression, write_json_atomic
+from compress.core.formats.artifacts import check_output, is_model_dir, output_dir, read_compression, write_json_atomic
 from compress.core.errors import CompressError
 from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, expand_runs, format_markdown, plot_all
 

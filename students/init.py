@@ -16,13 +16,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from compress.core import structure as st
-from compress.core.artifacts import HEADS
+from compress.core.model import structure as st
+from compress.core.formats.artifacts import HEADS
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.runtime import load_model
-from compress.core.shapes import Shape
-from compress.core.structure import config_sizes
+from compress.core.formats.runtime import load_model
+from compress.core.model.shapes import Shape
+from compress.core.model.structure import config_sizes
 from compress.students.layer_map import every_kth
 from compress.students.slices import cut_from_teacher, cut_problems
 

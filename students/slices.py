@@ -30,10 +30,10 @@ import math
 import torch
 from torch import nn
 
-from compress.core import structure as st
+from compress.core.model import structure as st
 from compress.core.errors import CompressError
-from compress.core.shapes import Shape
-from compress.core.structure import Layer
+from compress.core.model.shapes import Shape
+from compress.core.model.structure import Layer
 
 PROBE_SEQUENCES, PROBE_LENGTH = 8, 128  # random-token probe for the hidden-dimension ranking
 RESCALE_QUERIES = False  # keep the teacher's attention temperature exactly (the ablation in bench/slices.py)

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from compress.core.data import read_text_file
+from compress.core.data.sources import read_text_file
 from compress.core.errors import CompressError
 from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 from compress.teacher.tokenizer import CONTINUATION

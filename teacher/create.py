@@ -12,12 +12,12 @@ import torch
 import transformers
 from transformers import BertTokenizerFast
 
-from compress.core.artifacts import HEAD_CLASSES, check_output, check_tokenizer, compression_record, load_tokenizer, save_model_dir
+from compress.core.formats.artifacts import HEAD_CLASSES, check_output, check_tokenizer, compression_record, load_tokenizer, save_model_dir
 from compress.core.compat import wordpiece_tokenizer
 from compress.core.errors import CompressError
-from compress.core.shapes import Shape
-from compress.core.structure import make_config
-from compress.core.tasks import get_task, is_kind
+from compress.core.model.shapes import Shape
+from compress.core.model.structure import make_config
+from compress.core.data.tasks import get_task, is_kind
 
 
 def load_any_tokenizer(source: str | Path):

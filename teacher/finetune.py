@@ -7,7 +7,7 @@ SQuAD), trains with the paper's recipe (AdamW, linear warm-up and decay, batch 3
 epochs), evaluates on dev with the task's metrics after every epoch, and writes the best
 checkpoint as a model directory (scored on ``--test-file`` too when given). The task is a
 preset name, a kind with the user's files (labels read from the training file), or the
-model's own (``compress.core.resolve``). ``finetune_grid`` sweeps the paper's grid and
+model's own (``compress.core.data.resolve``). ``finetune_grid`` sweeps the paper's grid and
 keeps the run that is best on dev.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compress.core.artifacts import (
+from compress.core.formats.artifacts import (
     append_metrics,
     check_output,
     compression_record,
@@ -34,12 +34,12 @@ from compress.core.artifacts import (
     write_json_atomic,
 )
 from compress.core.config import flat_keywords, option
-from compress.core.data import TaskData, collate, load_task_data, load_test_split
+from compress.core.data.sources import TaskData, collate, load_task_data, load_test_split
 from compress.core.errors import CompressError
-from compress.core.resolve import resolve_task, task_fields
-from compress.core.runtime import load_model_for_task
-from compress.core.structure import config_sizes, count_parameters, model_inputs
-from compress.core.tasks import Task, task_choices
+from compress.core.data.resolve import resolve_task, task_fields
+from compress.core.formats.runtime import load_model_for_task
+from compress.core.model.structure import config_sizes, count_parameters, model_inputs
+from compress.core.data.tasks import Task, task_choices
 from compress.core.train import TrainConfig, is_main_process, load_weights, prepare_work_dir, train, work_dir_for
 from compress.eval.evaluate import dev_evaluator, format_table, split_records, test_records
 from compress.teacher.presets import resolve_model

@@ -1,13 +1,13 @@
 """Hub aliases of released BERTs, and where a model named on the command line lives (a folder, an alias, a hub id).
 
-The teacher shapes a pretraining run can build are presets in :mod:`compress.core.shapes`.
+The teacher shapes a pretraining run can build are presets in :mod:`compress.core.model.shapes`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from compress.core.artifacts import require_model_dir
+from compress.core.formats.artifacts import require_model_dir
 from compress.core.hub import download_model
 # The hub aliases (HUB_ALIASES, which compress.pipeline imports from here) live beside the command line's early checks.
 from compress.core.preflight import HUB_ALIASES, model_repo  # noqa: F401

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from transformers import BertForPreTraining, BertTokenizerFast
 
-from compress.core.artifacts import check_output, compression_record, read_metrics, save_model_dir, utc_now
+from compress.core.formats.artifacts import check_output, compression_record, read_metrics, save_model_dir, utc_now
 from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
-from compress.core.shapes import TEACHER_SHAPES, ShapeSizes
-from compress.core.structure import PretrainingForward, count_parameters, make_config
+from compress.core.model.shapes import TEACHER_SHAPES, ShapeSizes
+from compress.core.model.structure import PretrainingForward, count_parameters, make_config
 from compress.core.train import (
     Phase,
     TrainConfig,

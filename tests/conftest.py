@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(items):
 def _no_default_augmentation(monkeypatch):
     """Distillation augments small training sets by default, and every test set is small:
     tests about other things train on their rows alone (tests of the default set it back)."""
-    monkeypatch.setattr("compress.augment.AUTO_MAX_EXAMPLES", 0)
+    monkeypatch.setattr("compress.distill.augment.AUTO_MAX_EXAMPLES", 0)
 
 
 WORDS = (
@@ -91,7 +91,7 @@ def make_tiny_model(head: str = "sequence-classification", seed: int = 0, **over
     import torch
     import transformers
 
-    from compress.core.artifacts import HEAD_CLASSES
+    from compress.core.formats.artifacts import HEAD_CLASSES
 
     torch.manual_seed(seed)
     config = tiny_config(**overrides)
@@ -101,7 +101,7 @@ def make_tiny_model(head: str = "sequence-classification", seed: int = 0, **over
 
 
 def save_tiny(model, tokenizer, out: Path, **record_kw) -> Path:
-    from compress.core.artifacts import compression_record, save_model_dir
+    from compress.core.formats.artifacts import compression_record, save_model_dir
 
     record = compression_record(stage=record_kw.pop("stage", "test"), method=record_kw.pop("method", "tiny"), **record_kw)
     return save_model_dir(model, out, tokenizer=tokenizer, record=record)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from compress.cli import main
-from compress.core import synthetic
+from compress.core.data import synthetic
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def ws(tmp_path_factory):
                                     "  - {name: b, run: quantize, model: no-such-model, config: {backend: torch}}\n")
     (root / "corpus-latin1.txt").write_bytes(b"one sentence.\n\ncaf\xe9 two.\n")
     (root / "runs-empty").mkdir()
-    from compress.quantize import QuantizeConfig, quantize
+    from compress.quantize.run import QuantizeConfig, quantize
 
     quantize(root / "model", root / "int8", QuantizeConfig(backend="torch"))
     return root

@@ -106,8 +106,8 @@ def test_eval_with_config_file(tiny_model_dir, tmp_path, capsys):
 
 
 def test_init_creates_a_loadable_model(tmp_path, tokenizer, capsys):
-    from compress.core.artifacts import read_compression
-    from compress.core.runtime import load_model
+    from compress.core.formats.artifacts import read_compression
+    from compress.core.formats.runtime import load_model
 
     vocab = tmp_path / "tok" / "vocab.txt"
     out = tmp_path / "m"

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from compress.cli import main
-from compress.core import synthetic
+from compress.core.data import synthetic
 from compress.core.errors import CompressError
 from compress.demo import DEMO_TASK, PRETRAIN_RECIPE, RECIPE, headline, prepare_data, run_demo
 from compress.pipeline import load_recipe

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from compress.cli import main
-from compress.core import structure as st
-from compress.core.artifacts import read_compression
-from compress.core.runtime import load_model
+from compress.core.model import structure as st
+from compress.core.formats.artifacts import read_compression
+from compress.core.formats.runtime import load_model
 from compress.export import ExportConfig, export
-from compress.quantize import QuantizeConfig, quantize
+from compress.quantize.run import QuantizeConfig, quantize
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
 TEXTS = ["a gripping , funny film .", "the plot made no sense at all and the actors looked bored", "no"]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from compress.core.artifacts import read_compression, read_metrics
+from compress.core.formats.artifacts import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from compress.core.tasks import user_task
+from compress.core.data.tasks import user_task
 from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, format_markdown
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 from tests.own_data import own_task_files
@@ -177,9 +177,9 @@ def own(tmp_path_factory):
 def workers_in_process(monkeypatch) -> list[dict]:
     """Latency jobs run by the worker's own entry in this process (no process start: seconds each on 2 busy cores);
     the jobs, as the parent sent them, are collected in the list returned."""
-    from compress.core.tasks import task_from_record
-    from compress.eval import latency
-    from compress.eval.latency_worker import time_model
+    from compress.core.data.tasks import task_from_record
+    from compress.eval.latency import runs as latency
+    from compress.eval.latency.worker import time_model
 
     jobs: list[dict] = []
 
@@ -194,8 +194,8 @@ def workers_in_process(monkeypatch) -> list[dict]:
 
 
 def test_lengths_reads_a_data_file_through_the_models_own_task(own, tmp_path):
-    from compress.core.data import DataSource, encode_examples, load_split
-    from compress.eval.lengths import lengths_task, real_inputs
+    from compress.core.data.sources import DataSource, encode_examples, load_split
+    from compress.eval.latency.lengths import lengths_task, real_inputs
 
     tok, ner, intents = own["tokenizer"], own["teachers"]["token-classification"], own["teachers"]["text-classification"]
     conll, csv = own["files"]["token-classification"]["test"], own["files"]["text-classification"]["test"]
@@ -227,7 +227,7 @@ def test_lengths_reads_a_data_file_through_the_models_own_task(own, tmp_path):
 
 def test_latency_times_every_model_on_the_user_task_file(own, monkeypatch, tmp_path):
     """The parent resolves the file's task once and sends it with every job; a worker reads the file through it."""
-    from compress.eval.latency import LatencyConfig, measure_latency
+    from compress.eval.latency.runs import LatencyConfig, measure_latency
 
     ner = own["teachers"]["token-classification"]
     conll = own["files"]["token-classification"]["test"]

@@ -7,15 +7,15 @@ import re
 
 import pytest
 
-from compress.core import synthetic
+from compress.core.data import synthetic
 from compress.core.errors import CompressError
-from compress.core.runtime import load_model
+from compress.core.formats.runtime import load_model
 from compress.pipeline import load_recipe, run_recipe
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from compress.core.shapes import resolve_shape
+    from compress.core.model.shapes import resolve_shape
     from compress.teacher.create import create_model
 
     root = tmp_path_factory.mktemp("pipe")
@@ -113,7 +113,7 @@ def test_an_option_added_since_a_stage_ran_reruns_nothing_at_its_default(inputs,
 
 
 def test_a_stage_stands_only_for_its_own_inputs_and_values():
-    from compress.distill import DistillConfig
+    from compress.distill.task import DistillConfig
     from compress.pipeline import Stage, _config_record, stands
 
     stage = Stage(name="s", kind="distill", inputs={}, config=DistillConfig(task="sst2", student="3L-384"))
@@ -178,7 +178,7 @@ def test_committed_recipes_validate(tmp_path):
 
 def test_general_then_task_distillation_on_augmented_data_in_one_recipe(inputs, tmp_path):
     """The two-stage path: general distillation -> intermediate terms -> prediction layer on augmented rows."""
-    from compress.core.artifacts import read_compression, read_metrics
+    from compress.core.formats.artifacts import read_compression, read_metrics
 
     data, init = inputs
     corpus = tmp_path / "corpus.txt"

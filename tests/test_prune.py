@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from compress.core import structure as st
-from compress.core import synthetic
-from compress.core.artifacts import read_compression, read_metrics
+from compress.core.model import structure as st
+from compress.core.data import synthetic
+from compress.core.formats.artifacts import read_compression, read_metrics
 from compress.core.compat import STOCK_PRUNED_HEADS
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from compress.core.importance import (
+from compress.core.model.importance import (
     ffn_gates,
     ffn_importance_magnitude,
     head_gates,
@@ -23,7 +23,7 @@ from compress.core.importance import (
     layer_importance_gradient,
     masked_heads,
 )
-from compress.core.runtime import load_model
+from compress.core.formats.runtime import load_model
 from compress.prune import PruneConfig, ffn_to_keep, head_count, layers_to_keep, prune, summarize
 from tests.conftest import VOCAB, make_tiny_model, save_tiny
 
@@ -102,7 +102,7 @@ def test_magnitude_scores_by_hand():
 def test_layer_gate_zero_skips_the_layer():
     model = make_tiny_model(num_hidden_layers=3)
     batch = _batch(2)
-    from compress.core.importance import layer_gates
+    from compress.core.model.importance import layer_gates
 
     with layer_gates(model, torch.tensor([1.0, 0.0, 1.0])):
         skipped = _logits(model, batch)
@@ -112,7 +112,7 @@ def test_layer_gate_zero_skips_the_layer():
 
 
 def test_entropy_scores_by_hand():
-    from compress.core.importance import head_importance_entropy
+    from compress.core.model.importance import head_importance_entropy
 
     model = make_tiny_model(num_hidden_layers=2)
     model.config._attn_implementation = "eager"  # attentions are returned
@@ -129,7 +129,7 @@ def test_entropy_scores_by_hand():
 
 
 def test_ffn_taylor_scores_by_hand():
-    from compress.core.importance import ffn_importance_taylor
+    from compress.core.model.importance import ffn_importance_taylor
 
     model = make_tiny_model(num_hidden_layers=2).double()
     model.eval()
@@ -148,7 +148,7 @@ def test_ffn_taylor_scores_by_hand():
 
 
 def test_layer_gradients_equal_finite_differences():
-    from compress.core.importance import layer_gates
+    from compress.core.model.importance import layer_gates
 
     model = make_tiny_model(num_hidden_layers=3).double()
     model.eval()
@@ -206,7 +206,7 @@ def test_non_uniform_pruned_model_saves_loads_and_exports(tmp_path, tokenizer):
     import numpy as np
     import onnxruntime as ort
 
-    from compress.core.export import export_onnx
+    from compress.core.formats.onnx import export_onnx
 
     model = make_tiny_model(num_hidden_layers=3)
     st.prune_heads(model, {0: [0, 1], 2: [3]})
@@ -235,7 +235,7 @@ def test_non_uniform_pruned_model_saves_loads_and_exports(tmp_path, tokenizer):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from compress.core.shapes import resolve_shape
+    from compress.core.model.shapes import resolve_shape
     from compress.teacher.create import create_model
     from compress.teacher.finetune import FinetuneConfig, finetune
 
@@ -263,7 +263,7 @@ def test_prune_half_the_heads(trained, tmp_path):
 
 
 def test_prune_heads_ffn_layers_and_recover(trained, tmp_path):
-    from compress.core.shapes import resolve_shape
+    from compress.core.model.shapes import resolve_shape
     from compress.teacher.create import create_model
     from compress.teacher.finetune import FinetuneConfig, finetune
 
@@ -351,7 +351,7 @@ def test_recovery_teacher_needs_distillation_recovery_and_an_existing_model(trai
 
 
 def test_until_threshold(trained, tmp_path):
-    from compress.core.shapes import resolve_shape
+    from compress.core.model.shapes import resolve_shape
     from compress.teacher.create import create_model
 
     data, model_dir = trained

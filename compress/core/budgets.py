@@ -2,7 +2,7 @@
 
 :func:`parse_budgets` reads the text into :class:`Budget` records (a unit is required
 wherever a bare number could be misread); :meth:`Budget.met` and :meth:`Budget.room` judge
-a measurement dict (see :mod:`compress.search`). The grammar lives here, with no heavy
+a measurement dict (see :mod:`compress.auto.search`). The grammar lives here, with no heavy
 import, so that the command line refuses a malformed ``--budget`` before it imports torch.
 """
 

@@ -3,7 +3,7 @@
 ``cpu_peaks(cores)`` reads ``/proc/cpuinfo`` (vendor, family, model, stepping, flags) and the
 clock, names the microarchitecture (:func:`microarchitecture`) and returns cores x clock x
 operations per cycle per core for fp32, bf16 and int8 (:func:`theoretical_peaks`), each with
-the basis of its figure. It reads files only: no torch, no measurement (``compress.eval.peak``
+the basis of its figure. It reads files only: no torch, no measurement (``compress.eval.latency.peak``
 measures; ``compress.core.hardware`` names the microarchitecture in every provenance record).
 
 Operations per cycle per core = the core's multiply-add datapath (FMA pipes x their width, in

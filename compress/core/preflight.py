@@ -11,7 +11,7 @@ their own, so the library refuses the same inputs.
 This module also holds what those checks share with the stages: :func:`check_output`
 (every command's ``--out``), :func:`require_model_dir` and the hub names a model argument
 may take (:func:`model_repo`). It imports the standard library and light modules of
-``compress.core`` only; tests/test_preflight.py makes sure it stays so.
+``compress.core`` only; tests/core/test_preflight.py makes sure it stays so.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from compress.core.budgets import budget_option
 from compress.core.config import load_file
 from compress.core.errors import CompressError
-from compress.core.tasks import get_task, is_kind
+from compress.core.data.tasks import get_task, is_kind
 
 # How a model input is checked early (``Input.check`` in compress.stages).
 DIRECTORY = "dir"  # a model directory: refused when it is missing, a file, or holds no config.json

@@ -49,7 +49,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from safetensors.torch import load_model, save_model
 
-from compress.core.artifacts import atomic_path, utc_now, write_json_atomic
+from compress.core.formats.artifacts import atomic_path, utc_now, write_json_atomic
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.logs import progress

@@ -1,0 +1,320 @@
+"""``compress auto --embedding``: the budget search over students of a sentence-embedding teacher.
+
+:mod:`compress.auto.run` runs it as it runs a task search (latency probe and model, budgets, successive halving as an
+Optuna study, final measurement, report, pareto plot); this module holds what differs:
+
+- **Sentences.** Gathered once, as ``compress distill-embedding`` gathers them (``--corpus``, ``--sentences-from``:
+  distinct, in a seeded order), by :func:`prepare`. The first ``--check-sentences`` (at most half) are held out
+  (``sentences/check.txt`` in the work folder) before anything sees them; every candidate is distilled, every int8
+  variant calibrated and the static student refined on the rest (``sentences/train.txt``).
+- **Candidates.** The teacher's width (a narrower student's embeddings would live in another space) at fewer layers
+  and narrower FFNs (:func:`candidate_shapes`), distilled by ``distill_embedding`` (round 0 cut from the teacher, a
+  later round continuing the one before); and one static student (``distill_static``, model2vec), trained once beside
+  the halving as it has no shape to halve, skipped with a log line where model2vec is not installed.
+- **Variants** (:data:`VARIANTS`). torch fp32 and dynamic int8, ONNX Runtime and OpenVINO static int8 calibrated on
+  the training sentences, OpenVINO fp32 and bf16 (where the CPU has bf16 kernels); INC cannot calibrate an embedding folder.
+- **Score.** One check for every candidate, variant and compared model, chosen once (``--embedding-score``): STS-B dev
+  Spearman of each pair's cosine (x100, as ``compress eval --embedding --task stsb`` scores it) when STS-B is asked
+  for, or found under ``--data-dir``; else the mean cosine (x100) of the model's embeddings to the teacher's on the
+  held-out sentences, as the quantize embedding guard compares int8 with fp32 embeddings.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from compress.core.formats.artifacts import (
+    STATIC,
+    load_config,
+    load_tokenizer,
+    model_format,
+    read_json,
+    saved_head,
+    write_json_atomic,
+    write_text_atomic,
+)
+from compress.core.config import option
+from compress.core.data.sources import DataSource, load_split
+from compress.core.errors import CompressError
+from compress.core.formats.runtime import load_model
+from compress.core.formats.sentence import encode, read_spec
+from compress.core.model.shapes import Shape, resolve_shape
+from compress.core.model.structure import config_sizes
+from compress.core.data.tasks import GLUE_TASKS, get_task
+from compress.core.train import TrainConfig
+from compress.distill.embedding import EMBEDDING_TERMS, EmbeddingDistillConfig, distill_embedding, embedding_sentences
+from compress.distill.static import StaticDistillConfig, distill_static, model2vec
+from compress.eval.embeddings import cosine_rows, embedding_scorer
+from compress.quantize.run import QuantizeConfig
+
+log = logging.getLogger(__name__)
+
+STSB, COSINE = "stsb", "cosine"  # the two checks that score a model
+SCORES = ("auto", STSB, COSINE)
+SENTENCES = "sentences"  # the work folder's subfolder holding the split sentences and the teacher's embeddings
+TARGET_FILE, CHECK_FILE, TRAIN_FILE, TEACHER_FILE = "target.json", "check.txt", "train.txt", "teacher.npy"
+STATIC_LABEL, STATIC_VARIANT = "static", "model2vec"  # the static student's label among the candidates, its variant
+STATIC_PCA = 256  # model2vec's own default dimension, for a static student scored on STS-B
+BATCH = 64  # sentences per forward pass when scoring
+# What each backend contributes for an embedding folder: (variant name, how it is made from an fp32 student folder).
+VARIANTS = {
+    "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
+    "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "static")),),
+    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
+                 ("openvino-int8", ("quantize", "openvino", "static"))),
+}
+
+
+@dataclass(frozen=True)
+class EmbeddingSearch:
+    """The options of an embedding search (``compress auto --embedding``); flat on the command line."""
+
+    embedding: bool = option(False, "search students of a sentence-embedding teacher (a sentence-transformers folder or a "
+                             "bare encoder) instead of a task model: distilled on unlabelled sentences (--corpus, "
+                             "--sentences-from), scored by the embedding check (--embedding-score), the chosen one "
+                             "written as a sentence-transformers folder")
+    corpus: tuple[str, ...] = option(
+        (), "with --embedding: unlabelled text the candidates are distilled (and int8 variants calibrated) on: text "
+        "files or folders of *.txt (split into sentences), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
+        metavar="PATH[,...]")
+    sentences_from: tuple[str, ...] = option(
+        (), "with --embedding: GLUE tasks whose training sentences are added to that text (both sides of a pair; labels "
+        "unused; from --data-dir or the hub)", metavar="TASK[,...]")
+    max_sentences: int | None = option(None, "with --embedding: distil on a seeded random sample of N sentences (say so "
+                                       "when reporting)")
+    check_sentences: int = option(256, "with --embedding: sentences held out before anything trains or calibrates on them "
+                                  "(at most half of them); the mean cosine to the teacher's embeddings is measured on them")
+    embedding_score: str = option("auto", "with --embedding, what scores every candidate and variant: stsb (STS-B dev "
+                                  "Spearman of the pairs' cosine, x100; from --data-dir or the hub), cosine (mean cosine "
+                                  "to the teacher's embeddings on the held-out sentences, x100), auto (stsb when "
+                                  "--data-dir holds STS-B, else cosine)", choices=SCORES)
+    static: bool = option(True, "with --embedding: also a static (model2vec) student, trained once beside the others "
+                          "(skipped, saying so, where model2vec is not installed)")
+
+    def validate(self) -> None:
+        if self.check_sentences < 1:
+            raise CompressError(f"--check-sentences must be at least 1, got {self.check_sentences}")
+        if self.max_sentences is not None and self.max_sentences < 2:
+            raise CompressError(f"--max-sentences must be at least 2, got {self.max_sentences}")
+        if self.embedding_score not in SCORES:
+            raise CompressError(f"--embedding-score is one of {', '.join(SCORES)}, got {self.embedding_score!r}")
+        for name in self.sentences_from:
+            if get_task(name).name not in GLUE_TASKS:
+                raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
+        if self.embedding and not (self.corpus or self.sentences_from):
+            raise CompressError("--embedding distils on unlabelled sentences: pass --corpus FILE_OR_DIR[,...] and/or "
+                                "--sentences-from TASK[,...]")
+        defaults = EmbeddingSearch()
+        given = [f"--{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != getattr(defaults, f.name)]
+        if not self.embedding and given:
+            raise CompressError(f"{given[0]} belongs to a search of sentence-embedding students: add --embedding (a task "
+                                "search trains on its task's data)")
+
+
+@dataclass(frozen=True)
+class EmbeddingTarget:
+    """What an embedding search stands on where a task search has its task: its sentences and its score (target.json)."""
+
+    root: Path | None = None  # the work folder's sentences/ (None: not prepared yet)
+    score: str = ""  # STSB or COSINE
+    description: str = ""  # what the score is, in the report's words
+    teacher: float = math.nan  # the teacher's score
+    data_dir: str | None = None  # where STS-B's dev split is read (None: the hub)
+    name: str = "embedding"  # in the search's keys and its report, where a task's name goes
+    user: bool = False  # never a user's own task (the search's keys take it as a preset)
+
+    @property
+    def train_file(self) -> Path:
+        return self.root / TRAIN_FILE
+
+    def check_sentences(self) -> list[str]:
+        return (self.root / CHECK_FILE).read_text(encoding="utf-8").splitlines()
+
+
+def check_teacher(teacher_dir: Path) -> None:
+    """Refuse, in one line, a teacher an embedding search cannot distil: a task model or a static folder."""
+    if model_format(teacher_dir) == STATIC:
+        raise CompressError(f"{teacher_dir} is a static (model2vec) folder: it has no layers to distil a student from; "
+                            "pass the transformer it was made from as --teacher")
+    head = saved_head(teacher_dir)
+    if head != "base":
+        raise CompressError(f"{teacher_dir} is a {head} model, not a sentence-embedding one: --embedding distils a "
+                            "sentence-transformers folder (or a bare encoder); drop --embedding to search students of its task")
+
+
+def embedding_losses(losses: tuple[str, ...], task_default: tuple[str, ...]) -> tuple[str, ...]:
+    """The candidates' distillation terms: ``losses``, or distill-embedding's own when it is the task search's default."""
+    chosen = EmbeddingDistillConfig().losses if tuple(losses) == tuple(task_default) else tuple(losses)
+    for term in chosen:
+        EMBEDDING_TERMS.get(term)  # an unknown term: one line naming the valid ones
+    return chosen
+
+
+def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]:
+    """The shapes to search: ``names`` (each of the teacher's width), or depths 1..teacher x FFN the teacher's, half
+    and a quarter of it, all at the teacher's width and heads (a narrower student embeds in another space)."""
+    sizes = config_sizes(teacher_config)
+    if names:
+        shapes = [resolve_shape(n) for n in names]
+        wrong = next((s for s in shapes if s.hidden != sizes.hidden), None)
+        if wrong is not None:
+            raise CompressError(f"--shapes {wrong.label}: an embedding student keeps the teacher's width {sizes.hidden} (its "
+                                f"embeddings live in the teacher's space); vary layers and FFN, e.g. 3L-{sizes.hidden}-"
+                                f"{sizes.ffn // 2}")
+        return [Shape(s.layers, s.hidden, sizes.heads, s.ffn) for s in shapes]
+    depths = sorted({d for d in (1, 2, 3, 4, 6) if d <= sizes.layers} | {max(1, sizes.layers // 2)})
+    ffns = [f for f in dict.fromkeys([sizes.ffn, sizes.ffn // 2, sizes.ffn // 4]) if f >= 1]
+    return [Shape(depth, sizes.hidden, sizes.heads, ffn) for depth in depths for ffn in ffns]
+
+
+# ---------------------------------------------------------------------------- the sentences and the score
+
+
+def prepare(teacher_dir: Path, options: EmbeddingSearch, data_dir: str | None, seed: int, work: Path) -> EmbeddingTarget:
+    """Split the search's sentences once into held-out and training ones, fix the score and the teacher's; a resumed
+    search keeps what it prepared (``target.json`` is written last, so a half-prepared folder is prepared again)."""
+    root = work / SENTENCES
+    if (root / TARGET_FILE).is_file():
+        return load_target(work)
+    gather = EmbeddingDistillConfig(corpus=options.corpus, sentences_from=options.sentences_from, data_dir=data_dir,
+                                    heldout_sentences=0, seed=seed)
+    sentences, sources = embedding_sentences(gather)  # distinct, in the seeded order; at least 2, or a one-line error
+    n_check = min(options.check_sentences, len(sentences) // 2)
+    check, train = sentences[:n_check], sentences[n_check:][: options.max_sentences]
+    if len(train) < 2:
+        raise CompressError(f"only {len(sentences)} sentences were found, too few to hold {n_check} out and distil on the "
+                            "rest; add text (--corpus) or lower --check-sentences")
+    root.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(root / CHECK_FILE, "\n".join(check) + "\n")  # one sentence a line (whitespace normalised)
+    write_text_atomic(root / TRAIN_FILE, "\n\n".join(train) + "\n")  # a blank line between them: each its own document
+    score = _score_kind(options.embedding_score, data_dir)
+    target = EmbeddingTarget(root, score, _description(score, len(check), data_dir), data_dir=data_dir)
+    if score == COSINE:
+        np.save(root / TEACHER_FILE, _embeddings(teacher_dir, check))  # (check sentences, d)
+    target = replace(target, teacher=score_folder(teacher_dir, target))
+    write_json_atomic(root / TARGET_FILE, {"score": score, "description": target.description, "teacher": target.teacher,
+                                           "data_dir": data_dir, "check_sentences": len(check),
+                                           "train_sentences": len(train), "sources": sources})
+    log.info("sentences: %d held out, %d to distil on; score: %s (the teacher: %.2f)", len(check), len(train),
+             target.description, target.teacher)
+    return target
+
+
+def load_target(work: Path) -> EmbeddingTarget:
+    """The embedding search :func:`prepare` made in ``work`` (a worker reads the coordinator's)."""
+    root = work / SENTENCES
+    if not (root / TARGET_FILE).is_file():
+        raise CompressError(f"{root} holds no prepared sentences ({TARGET_FILE}): the process that starts an --embedding "
+                            "search prepares them before any candidate trains; start it first")
+    data = read_json(root / TARGET_FILE)
+    return EmbeddingTarget(root, data["score"], data["description"], float(data["teacher"]), data.get("data_dir"))
+
+
+def _score_kind(choice: str, data_dir: str | None) -> str:
+    """``--embedding-score`` resolved: auto is STS-B when ``data_dir`` holds its dev split, else the cosine."""
+    if choice != "auto":
+        return choice
+    if data_dir is None:
+        return COSINE
+    try:
+        _stsb_dev(data_dir)
+    except CompressError:
+        log.info("no STS-B dev split under --data-dir %s: every model is scored by its cosine to the teacher", data_dir)
+        return COSINE
+    return STSB
+
+
+def _stsb_dev(data_dir: str | None):
+    return load_split(get_task(STSB), "dev", DataSource(data_dir=data_dir))
+
+
+def _description(score: str, n_check: int, data_dir: str | None) -> str:
+    if score == STSB:
+        return (f"STS-B dev Spearman (x100) of the cosine of each pair's embeddings, as compress eval --embedding scores "
+                f"it (data: {data_dir or 'the Hugging Face hub'})")
+    return (f"mean cosine (x100) of the model's embeddings to the teacher's on {n_check} held-out sentences that no "
+            "model trained or was calibrated on")
+
+
+def _embeddings(folder: Path, texts: list[str]) -> np.ndarray:
+    """The folder's embeddings of ``texts`` as the toolkit's runtime computes them (any format; the folder's pooling
+    and normalisation): (n, d)."""
+    return encode(load_model(folder, head="base"), load_tokenizer(folder), texts, read_spec(folder), batch_size=BATCH)
+
+
+def score_folder(folder: Path, target: EmbeddingTarget) -> float:
+    """The search's score of one model folder, in points (x100): any format the runtime loads (fp32, int8, ONNX,
+    OpenVINO, static)."""
+    if target.score == STSB:
+        task, ds = get_task(STSB), _stsb_dev(target.data_dir)
+        metrics, _ = embedding_scorer(load_tokenizer(folder), task, ds, read_spec(folder), batch_size=BATCH)(
+            load_model(folder, head="base"))
+        return float(metrics["spearmanr"])
+    mine = _embeddings(folder, target.check_sentences())  # (n, d)
+    teacher = np.load(target.root / TEACHER_FILE)  # (n, d)
+    if mine.shape != teacher.shape:
+        raise CompressError(f"{folder} embeds in {mine.shape[1]} dimensions, the teacher in {teacher.shape[1]}: a cosine to "
+                            "the teacher's embeddings needs its space; score on STS-B (--embedding-score stsb)")
+    return float(100.0 * cosine_rows(mine, teacher).mean())
+
+
+def variant_score(path: Path, target: EmbeddingTarget, fp32: float, max_drop: float | None) -> float:
+    """An int8 or bf16 variant's own score; refused (CompressError) when it is more than ``max_drop`` points below its fp32's."""
+    score = score_folder(path, target)
+    if max_drop is not None and fp32 - score > max_drop:
+        raise CompressError(f"{path.name} scores {score:.2f}, {fp32 - score:.2f} points below its fp32 model's {fp32:.2f}: "
+                            f"more than --max-drop {max_drop:g}")
+    return score
+
+
+# ---------------------------------------------------------------------------- candidates and variants
+
+
+def train_candidate(teacher_dir: Path, target: EmbeddingTarget, shape: Shape, init: str, epochs: int,
+                    losses: tuple[str, ...], train: TrainConfig, max_length: int | None, out: Path) -> float:
+    """Distil ``shape`` on the search's training sentences into ``out`` (``init``: teacher, or an earlier round's
+    folder to continue); its score."""
+    cfg = EmbeddingDistillConfig(corpus=(str(target.train_file),), student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}",
+                                 heads=shape.heads, init=init, losses=losses, train=replace(train, epochs=epochs),
+                                 **({"max_length": max_length} if max_length else {}))
+    distill_embedding(teacher_dir, out, cfg, overwrite=True)
+    return score_folder(out, target)
+
+
+def train_static(teacher_dir: Path, target: EmbeddingTarget, train: TrainConfig, out: Path) -> dict | None:
+    """The static student (model2vec's table of the teacher, refined on the training sentences), trained once: its
+    entry (score NaN when it failed), or None where model2vec is not installed."""
+    try:
+        model2vec()
+    except CompressError as err:
+        log.info("no static candidate: %s", err)
+        return None
+    # A cosine to the teacher's embeddings needs the teacher's space: no PCA then (it would rotate the table's).
+    width = config_sizes(load_config(teacher_dir)).hidden
+    cfg = StaticDistillConfig(pca_dims=None if target.score == COSINE else min(STATIC_PCA, width),
+                              corpus=(str(target.train_file),), seed=train.seed, device=train.device)
+    started = time.monotonic()
+    if out.exists():  # a run killed while writing it: made afresh
+        shutil.rmtree(out)
+    try:
+        distill_static(teacher_dir, out, cfg, overwrite=True)
+        score = score_folder(out, target)
+    except CompressError as err:
+        log.warning("static candidate failed: %s", err)
+        score = math.nan
+    return {"label": STATIC_LABEL, "round": 0, "epochs": cfg.train.epochs, "score": score, "dir": str(out),
+            "teacher": target.teacher, "seconds": round(time.monotonic() - started, 1), "init": "model2vec"}
+
+
+def quantize_config(target: EmbeddingTarget, backend: str, scheme: str, seed: int, probe: bool) -> QuantizeConfig:
+    """How an embedding folder becomes an int8 variant: calibrated on the training sentences (a probe's random-weight
+    shape on a few), its guard's cosine to fp32 checked on a few of them; the search scores the result itself."""
+    return QuantizeConfig(backend=backend, scheme=scheme, corpus=(str(target.train_file),), seed=seed, max_drop=None,
+                          calibration_examples=16 if probe else 128, check_sentences=8 if probe else 64)

@@ -1,0 +1,305 @@
+"""Reading a user's data files into located records: every record knows its ``file:line``.
+
+Formats: csv (quoted fields, CRLF or LF), tsv (GLUE's convention: tabs, no quoting),
+json (a list of objects), jsonl, parquet, a ``datasets`` ``save_to_disk`` folder, and
+CoNLL (``token<TAB>tag`` or space-separated, the tag in the last column; a sentence ends at
+an empty or whitespace-only line; ``-DOCSTART-`` lines are skipped). Blank lines are
+ordinary; a row that a line break cut short, a line without its tag and a field too long
+for the csv module's default limit are not silently misread: the first two are refused
+naming the line, the last is read whole.
+
+Nothing here knows a task: :mod:`compress.core.data.sources` maps the records' columns onto the
+task's fields and parses their labels.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from compress.core.config import loads_json
+from compress.core.errors import CompressError
+
+# A text field of any length is read (a 40,000-word sentence is truncated later, with a count).
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+CONLL_SUFFIXES = (".conll", ".conllu", ".bio", ".iob", ".iob2", ".txt")
+DOCSTART = "-DOCSTART-"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One row of a file: where it is (``file:line``, or ``file row N`` for binary formats) and its values."""
+
+    where: str
+    values: dict[str, Any]
+    token_lines: tuple[int, ...] = ()  # a CoNLL sentence: each token's own line, so a bad tag names the line it is on
+
+    def token_where(self, i: int) -> str:
+        """Where token ``i`` of the record is: its own ``file:line`` in a CoNLL file, else the record's place."""
+        if i < len(self.token_lines):
+            # A CoNLL record's ``where`` is ``file:first line``: the file part is everything before the last colon.
+            return f"{self.where.rsplit(':', 1)[0]}:{self.token_lines[i]}"
+        return self.where
+
+
+def read_text_file(path: Path) -> str:
+    """Read UTF-8 text (a BOM is dropped); bad bytes name the file and line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise CompressError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise CompressError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{raw[err.start]:02x}); "
+            "re-encode the file as UTF-8 (e.g. iconv -f cp1252 -t utf-8)"
+        ) from None
+
+
+def read_tsv_rows(path: Path) -> list[list[str]]:
+    """The rows of a tab-separated file, read by GLUE's convention: the one TSV reader.
+
+    Fields are split at tabs with no quoting: a quote character is text (MRPC and SST-2
+    have bare quotes inside fields, which CSV quoting would run across lines); line
+    endings may be CRLF (AX); a BOM is dropped. Row ``i`` is line ``i + 1`` (an empty line is ``[]``).
+    """
+    lines = read_text_file(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    reader = csv.reader((ln.rstrip("\r") for ln in lines), delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        return list(reader)
+    except csv.Error as err:  # a stray carriage return inside a line
+        raise CompressError(f"{path}:{reader.line_num}: malformed line ({err}); fix or remove the line") from None
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a folder ``datasets``' ``save_to_disk`` wrote (a Dataset or a DatasetDict)."""
+    return path.is_dir() and any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
+def read_table(path: Path, split: str = "train") -> list[Record]:
+    """The records of one csv/tsv/json/jsonl/parquet file or ``save_to_disk`` folder (``split`` picks from a DatasetDict)."""
+    if is_saved_dataset(path):
+        return read_saved_dataset(path, split)
+    if not path.is_file():
+        raise CompressError(f"data file {path} does not exist")
+    fmt = TABLE_SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise CompressError(
+            f"data file {path}: unsupported extension {path.suffix!r}; use one of {', '.join(TABLE_SUFFIXES)} "
+            "or a datasets save_to_disk folder"
+        )
+    if fmt == "parquet":
+        return read_parquet(path)
+    if fmt == "json":
+        return read_json_records(path)
+    if fmt == "tsv":
+        return table_records([(n + 1, row) for n, row in enumerate(read_tsv_rows(path))], path)
+    return table_records(csv_rows(path), path)
+
+
+def csv_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """(first line, fields) of every row of a csv file; a quoted field may span lines, CRLF ends are plain ends."""
+    reader = csv.reader(io.StringIO(read_text_file(path), newline=""), delimiter=",")
+    rows, line = [], 1
+    try:
+        for row in reader:
+            rows.append((line, row))
+            line = reader.line_num + 1  # the next row starts after the lines this one spanned
+    except csv.Error as err:
+        raise CompressError(f"{path}:{line}: malformed csv ({err}); fix or remove the line") from None
+    return rows
+
+
+def _blank(row: list[str]) -> bool:
+    return all(not field.strip() for field in row)
+
+
+def table_records(rows: list[tuple[int, list[str]]], path: Path) -> list[Record]:
+    """Records of a csv/tsv table: the first non-blank row names the columns, blank rows are skipped.
+
+    A row with fewer fields than the header is refused: that is what a line break inside an
+    unquoted text leaves (the text's first part alone on one line, the rest with the label on
+    the next); one with more fields is a separator inside an unquoted field.
+    """
+    rows = [(n, row) for n, row in rows if not _blank(row)]
+    if not rows:
+        return []
+    (_, header), body = rows[0], rows[1:]
+    header = [h.strip().lstrip("\ufeff") for h in header]
+    records = []
+    for n, row in body:
+        if len(row) != len(header):
+            columns = ", ".join(header)
+            if len(row) < len(header):
+                raise CompressError(
+                    f"{path}:{n}: {len(row)} field(s) where the header has {len(header)} ({columns}): this row has no "
+                    f"{header[len(row)]!r}; a line break inside an unquoted text splits a row in two: join the lines or "
+                    "quote the text"
+                )
+            raise CompressError(
+                f"{path}:{n}: {len(row)} fields where the header has {len(header)} ({columns}); quote a field that "
+                "holds the separator"
+            )
+        records.append(Record(f"{path}:{n}", dict(zip(header, row))))
+    return records
+
+
+def read_json_records(path: Path) -> list[Record]:
+    """Records of a JSON list of objects (``file record N``) or of JSON lines (``file:line``)."""
+    text = read_text_file(path)
+    if text.lstrip().startswith("["):
+        try:
+            data = loads_json(text, path)
+        except json.JSONDecodeError as err:
+            raise CompressError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        if not all(isinstance(r, dict) for r in data):
+            raise CompressError(f"{path}: expected a JSON list of objects")
+        return [Record(f"{path} record {i}", r) for i, r in enumerate(data)]
+    records = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = loads_json(line, f"{path}:{n}")
+        except json.JSONDecodeError as err:
+            raise CompressError(f"{path}:{n}: malformed JSON line ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise CompressError(f"{path}:{n}: expected a JSON object per line")
+        records.append(Record(f"{path}:{n}", record))
+    return records
+
+
+def read_parquet(path: Path) -> list[Record]:
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises many types; the user needs one line
+        raise CompressError(f"cannot read parquet file {path}: {err}") from None
+    return [Record(f"{path} row {i}", r) for i, r in enumerate(rows)]
+
+
+# A DatasetDict's split names for each of the toolkit's splits, first found wins.
+SPLIT_NAMES = {"train": ("train",), "dev": ("validation", "dev", "valid", "val"), "test": ("test",)}
+
+
+def read_saved_dataset(path: Path, split: str = "train") -> list[Record]:
+    """Records of a ``save_to_disk`` folder; class-label ids become their names (a list column's too)."""
+    # deferred: a heavy import, paid only where it is used
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as err:  # datasets raises many types; the user needs one line
+        raise CompressError(f"cannot read the datasets folder {path}: {str(err).splitlines()[0] if str(err) else err}") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        names = [n for n in SPLIT_NAMES.get(split, (split,)) if n in loaded]
+        if not names:
+            raise CompressError(f"{path} holds splits {', '.join(loaded)}, none of them {split} "
+                                f"({' or '.join(SPLIT_NAMES.get(split, (split,)))}); pass the folder of one split")
+        loaded = loaded[names[0]]
+    names = {}
+    for column, feature in loaded.features.items():
+        inner = getattr(feature, "feature", None)  # Sequence(ClassLabel) / List(ClassLabel)
+        if isinstance(feature, datasets.ClassLabel):
+            names[column] = (feature.names, False)
+        elif isinstance(inner, datasets.ClassLabel):
+            names[column] = (inner.names, True)
+    records = []
+    for i, row in enumerate(loaded.to_list()):
+        for column, (label_names, is_list) in names.items():
+            value = row.get(column)
+            if is_list and isinstance(value, list):
+                row[column] = [label_names[v] if isinstance(v, int) and 0 <= v < len(label_names) else v for v in value]
+            elif isinstance(value, int) and 0 <= value < len(label_names):
+                row[column] = label_names[value]
+        records.append(Record(f"{path} row {i}", row))
+    return records
+
+
+def read_conll(path: Path, tokens: str = "tokens", tags: str = "tags") -> list[Record]:
+    """One record per sentence ``{tokens: [...], tags: [...]}``, located at the sentence's first line.
+
+    A line holds a token and its tag: ``token<TAB>tag``, or fields separated by spaces (the
+    token first, the tag last, columns between ignored). A line with one field has no tag: it
+    is refused, unless no line of the file has one (an unlabelled test file: records without ``tags``).
+    """
+    text = read_text_file(path)
+    tagged = any(len(ln.split("\t") if "\t" in ln else ln.split()) > 1 for ln in text.split("\n") if ln.strip())
+    records: list[Record] = []
+    words: list[str] = []
+    labels: list[str] = []
+    lines: list[int] = []
+    start = 0
+    for n, raw in enumerate(text.split("\n"), start=1):
+        line = raw.rstrip("\r")
+        if not line.strip():  # an empty or whitespace-only line ends a sentence
+            if words:
+                records.append(_sentence(path, start, tokens, words, tags if tagged else None, labels, lines))
+            words, labels, lines = [], [], []
+            continue
+        fields = line.split("\t") if "\t" in line else line.split()
+        fields = [f.strip() for f in fields if f.strip()]
+        if fields[0] == DOCSTART:
+            continue
+        if len(fields) < 2 and tagged:
+            raise CompressError(
+                f"{path}:{n}: {line.strip()!r} has no tag; a CoNLL line holds a token and its tag (token<TAB>tag), "
+                "and sentences are separated by an empty line"
+            )
+        if not words:
+            start = n
+        words.append(fields[0])
+        labels.append(fields[-1])
+        lines.append(n)
+    if words:
+        records.append(_sentence(path, start, tokens, words, tags if tagged else None, labels, lines))
+    return records
+
+
+def _sentence(path: Path, start: int, tokens: str, words: list[str], tags: str | None, labels: list[str],
+              lines: list[int]) -> Record:
+    """One CoNLL sentence as a record: its words, and its tags unless the file has none (``tags`` None)."""
+    values = {tokens: words, **({tags: labels} if tags else {})}
+    return Record(f"{path}:{start}", values, tuple(lines))
+
+
+def is_conll(path: Path) -> bool:
+    return path.suffix.lower() in CONLL_SUFFIXES
+
+
+def label_list(raw: Any, sep: str | None, where: str) -> list[str]:
+    """The labels of one multi-label cell: a list, a JSON list in text, or text split at ``sep``.
+
+    An empty cell or ``[]`` is no label. Without ``sep`` a cell must be a list: a plain string
+    such as ``a;b`` is refused rather than read as one label named ``a;b``.
+    """
+    if isinstance(raw, (list, tuple)):
+        return [str(x).strip() for x in raw]
+    text = "" if raw is None else str(raw).strip()
+    if sep is not None:
+        return [part.strip() for part in text.split(sep) if part.strip()]
+    if not text:
+        return []
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except (json.JSONDecodeError, RecursionError):  # not a JSON list: read as one label below
+            value = None
+        if isinstance(value, list):
+            return [str(x).strip() for x in value]
+    raise CompressError(
+        f"{where}: the label cell {text!r} is not a list; write each row's labels as a JSON list "
+        "([\"a\", \"b\"]) or pass --label-sep (e.g. --label-sep ';')"
+    )

@@ -1,0 +1,18 @@
+"""Model directories and the formats they hold: saving, records and the atomic writer (``artifacts``), weight checks,
+the model card, loading any format for a run (``runtime``), ONNX and OpenVINO exports, sentence-transformers folders
+(``sentence``) and model2vec static folders (``static``)."""
+
+from compress.core.lazy import exports
+
+__getattr__, __all__ = exports(__name__, {
+    "load_model": "runtime",
+    "load_model_for_task": "runtime",
+    "save_model_dir": "artifacts",
+    "compression_record": "artifacts",
+    "read_compression": "artifacts",
+    "append_metrics": "artifacts",
+    "export_onnx": "onnx",
+    "export_openvino": "openvino",
+    "encode": "sentence",
+    "model_card": "card",
+})

@@ -1,0 +1,25 @@
+"""A package's public entry points, named in its ``__init__`` and imported on first use.
+
+``import compress.core.data.tasks`` must stay as light as that module (the command line checks a task before any
+heavy import), so a package's ``__init__`` does not import its modules; it names its entry points and where they
+live, and :func:`exports` resolves each on first access (PEP 562 module ``__getattr__``)::
+
+    __getattr__, __all__ = exports(__name__, {"distill": "task", "DistillConfig": "task"})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from importlib import import_module
+from typing import Any
+
+
+def exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], list[str]]:
+    """A module ``__getattr__`` that finds each public name in its module (relative to ``package``), and ``__all__``."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(import_module(f"{package}.{where[name]}"), name)
+
+    return __getattr__, sorted(where)

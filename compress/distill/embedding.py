@@ -1,0 +1,348 @@
+"""Sentence-embedding distillation: a smaller sentence-transformers model from a bigger one.
+
+``distill_embedding(teacher, out, cfg)`` trains the student on unlabelled sentences (a
+corpus, or a GLUE task's texts) to reproduce the teacher's pooled sentence embeddings
+(MSE + cosine, :data:`EMBEDDING_TERMS`) and writes a folder ``SentenceTransformer(DIR)``
+loads, with the teacher's pooling; ``--eval-tasks`` (pair tasks scored on the embeddings)
+measure the student against the teacher.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from compress.distill import losses as L
+from compress.core.formats.artifacts import atomic_path, read_metrics, require_torch_weights, utc_now
+from compress.core.config import flat_keywords, option
+from compress.core.data.sources import DataSource, check_max_length, collate, load_split
+from compress.core.errors import CompressError
+from compress.core.registry import Registry
+from compress.core.model.shapes import StudentShape
+from compress.core.formats.sentence import (
+    SentenceSpec,
+    pooled,
+    pooled_embeddings,
+    prepare_texts,
+    read_spec,
+    staged_sentence_files,
+)
+from compress.core.model.structure import config_sizes
+from compress.core.data.tasks import GLUE_TASKS, get_task
+from compress.core.train import (
+    Phase,
+    TrainConfig,
+    fingerprint,
+    is_main_process,
+    main_process_first,
+    prepare_work_dir,
+    work_dir_for,
+)
+from compress.distill.steps import (
+    Teacher,
+    build_student,
+    check_out,
+    device_for,
+    distill_record,
+    open_teacher,
+    train_keeping_best,
+    write_student,
+)
+from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embedding_record, embedding_scorer
+from compress.eval.embeddings import primary_metric as embedding_primary_metric
+from compress.eval.evaluate import format_table
+from compress.teacher.corpus import read_documents
+from compress.teacher.presets import resolve_model
+
+
+# A sentence-embedding term: (student pooled (batch, d), teacher pooled (batch, d)) -> scalar.
+EMBEDDING_TERMS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("embedding distillation loss")
+EMBEDDING_TERMS.register("mse", L.sentence_embedding_mse)
+EMBEDDING_TERMS.register("cosine", L.sentence_embedding_cosine)
+
+
+def _embedding_defaults() -> TrainConfig:
+    return TrainConfig(lr=1e-4, epochs=1, batch_size=64, warmup_ratio=0.05, log_every=20)
+
+
+@flat_keywords
+@dataclass(frozen=True)
+class EmbeddingDistillConfig:
+    corpus: tuple[str, ...] = option(
+        (), "unlabelled text: text files or folders of *.txt (split into sentences), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
+        metavar="PATH[,...]")
+    sentences_from: tuple[str, ...] = option(
+        (), "GLUE tasks whose training sentences are added as unlabelled text (both sides of a pair; labels unused)",
+        metavar="TASK[,...]")
+    data_dir: str | None = option(None, "GLUE root or task folder for --sentences-from and --eval-tasks (default: the hub)", metavar="DIR")
+    max_sentences: int | None = option(None, "train on a seeded random sample of N sentences (say so when reporting)")
+    min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
+    heldout_sentences: int = option(500, "sentences held out (at most a tenth) to report, and keep the best checkpoint by, the loss")
+    shape: StudentShape = field(default_factory=lambda: StudentShape(student="3L-384"))  # its width must be the teacher's
+    losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
+    mse_weight: float = option(1.0, "weight of the mse term")
+    cosine_weight: float = option(1.0, "weight of the cosine term")
+    max_length: int = option(128, "tokens per training sentence (longer ones are truncated; the folder keeps its max_seq_length)")
+    eval_tasks: tuple[str, ...] = option(
+        (), "pair tasks scored on the student's embeddings at each evaluation and at the end, with the teacher's score "
+        "for retention: stsb (cosine Spearman), mrpc, qqp, rte ... (retrieval MRR)", metavar="TASK[,...]")
+    teacher_batch_size: int = option(128, "sentences per teacher forward pass (its embeddings are computed once, before training)")
+    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
+    train: TrainConfig = field(default_factory=_embedding_defaults)
+
+    def validate(self) -> None:
+        if not self.corpus and not self.sentences_from:
+            raise CompressError("no sentences to distil on; pass --corpus FILE_OR_DIR[,...] and/or --sentences-from TASK[,...]")
+        check_sentence_options(self)
+        if self.max_length < 8:
+            raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
+
+
+def check_sentence_options(cfg) -> None:
+    """The sentence sources, eval tasks, loss terms and counts an embedding distillation config holds (the
+    transformer student's here, the static student's in distill_static), each refused in one line."""
+    for name in cfg.sentences_from:
+        if get_task(name).name not in GLUE_TASKS:
+            raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
+    for name in cfg.eval_tasks:
+        check_embedding_task(get_task(name))
+    for term in cfg.losses:
+        EMBEDDING_TERMS.get(term)
+    if not cfg.losses:
+        raise CompressError("--losses is empty; pass e.g. --losses mse,cosine")
+    if cfg.min_words < 1 or cfg.heldout_sentences < 0 or cfg.teacher_batch_size < 1:
+        raise CompressError("--min-words and --teacher-batch-size must be at least 1, --heldout-sentences at least 0")
+    if cfg.max_sentences is not None and cfg.max_sentences < 1:
+        raise CompressError(f"--max-sentences must be at least 1, got {cfg.max_sentences}")
+
+
+def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistillConfig, *, overwrite: bool = False) -> Path:
+    """Distil a sentence-embedding model into a smaller one on unlabelled sentences (Reimers & Gurevych 2020).
+
+    The student (``cfg.student``, by default made of teacher layers) learns to reproduce
+    the teacher's pooled embedding of every sentence: MSE on the pooled vectors (before
+    normalisation) plus 1 - cosine, weighted. The teacher's embeddings are computed once
+    before training and kept with the checkpoints (``--resume`` reuses them). The teacher
+    is a sentence-transformers folder or any BERT encoder (mean pooling); the output is a
+    sentence-transformers folder with the teacher's pooling, normalisation and
+    ``max_seq_length``, which ``SentenceTransformer(out)`` loads.
+    """
+    out = check_out(out, cfg, overwrite, teacher)
+    teacher_dir = require_torch_weights(resolve_model(teacher), "embedding distillation (the teacher)")
+    spec = read_spec(teacher_dir)
+    teach = open_teacher(teacher_dir, "base", set())
+    student = build_student(teach, cfg, set())
+    width, teacher_width = config_sizes(student.model.config).hidden, config_sizes(teach.model.config).hidden
+    if width != teacher_width:
+        raise CompressError(
+            f"the student's hidden width {width} differs from the teacher's {teacher_width}: its embeddings would live in "
+            f"another space; choose a {teacher_width}-wide student (e.g. --student 3L-{teacher_width})"
+        )
+    check_max_length(cfg.max_length, min(config_sizes(teach.model.config).max_positions,
+                                         config_sizes(student.model.config).max_positions))
+    sentences, sources = embedding_sentences(cfg)
+    n_held = min(cfg.heldout_sentences, len(sentences) // 10)
+    device = device_for(teach, cfg.train.device)
+    work = prepare_work_dir(work_dir_for(out), cfg.resume)
+    targets, teacher_seconds = _teacher_targets(teach, spec, sentences, cfg, work, device)  # (n, d) pooled, on the CPU
+    features = _sentence_features(teach.tokenizer, sentences, spec, cfg.max_length)
+    held, train_set = features[:n_held], features[n_held:]
+    collate_step = _sentence_collator(teach.tokenizer)
+    loss_fn = _embedding_loss_fn(cfg, targets, spec.pooling)
+    scorers = embedding_scorers(cfg, teach.tokenizer, spec)
+    held_batches = [collate_step(held[i : i + 64], 0) for i in range(0, len(held), 64)]
+    evaluate = _embedding_evaluator(loss_fn, held_batches, scorers, device) if held_batches or scorers else None
+    before = evaluate(student.model.to(device)) if evaluate is not None and is_main_process() else None
+    result = train_keeping_best(
+        student.model, Phase(train_set, collate_step, lengths=[len(x["input_ids"]) for x in train_set], name="sentences"),
+        cfg.train, loss_fn=loss_fn, work_dir=work, evaluate=evaluate, select="neg_heldout_loss" if held_batches else None,
+        resume=cfg.resume, run_key=[teach.hash, len(train_set), n_held, student.shape.label, list(cfg.losses), cfg.max_length],
+        desc="embedding distillation",
+    )
+    if not is_main_process():
+        return out
+    training = {
+        "kind": "training", "stage": "distill-embedding", "steps": result.steps, "seconds": round(result.seconds, 1),
+        "teacher_seconds": round(teacher_seconds, 1), "processes": result.processes, "sentences": len(train_set),
+        "heldout": n_held, "sources": sources, "before": before, "best": result.best, "best_step": result.best_step,
+        "history": result.history, "when": utc_now(),
+    }
+    metrics = [*_embedding_task_records(scorers, student.model, teach, spec, cfg), training]
+    record = distill_record("distill-embedding", cfg, teach, student, losses=list(cfg.losses),
+                     sentence={"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": spec.max_seq_length})
+    stage, files = staged_sentence_files(spec, width)
+    with stage:
+        return write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work, files=files)
+
+
+def embedding_sentences(cfg: EmbeddingDistillConfig) -> tuple[list[str], dict[str, int]]:
+    """Distinct sentences of the corpus and of the GLUE tasks' training splits, in a seeded random order.
+
+    Returns the sentences (capped at ``max_sentences`` plus the held-out ones) and how many
+    distinct sentences each source gave.
+    """
+    seen: dict[str, None] = {}
+    sources: dict[str, int] = {}
+
+    def add(name: str, texts) -> None:
+        before = len(seen)
+        for text in texts:
+            text = " ".join(str(text).split())
+            if len(text.split()) >= cfg.min_words:
+                seen.setdefault(text)
+        sources[name] = len(seen) - before
+
+    if cfg.corpus:
+        add("corpus", (s for doc in read_documents(list(cfg.corpus)) for s in doc))
+    for name in cfg.sentences_from:
+        task = get_task(name)
+        ds = load_split(task, "train", DataSource(data_dir=cfg.data_dir))
+        add(task.name, (text for f in task.text_fields for text in ds[f]))
+    sentences = list(seen)
+    if len(sentences) < 2:
+        raise CompressError(f"only {len(sentences)} sentences of at least {cfg.min_words} words found; add text")
+    random.Random(cfg.train.seed).shuffle(sentences)
+    if cfg.max_sentences is not None:
+        sentences = sentences[: cfg.max_sentences + min(cfg.heldout_sentences, cfg.max_sentences // 9)]
+    return sentences, sources
+
+
+def _teacher_targets(teach: Teacher, spec: SentenceSpec, sentences: list[str], cfg: EmbeddingDistillConfig, work: Path,
+                     device) -> tuple[torch.Tensor, float]:
+    """The teacher's pooled embeddings of every sentence, ``(n, d)`` on the CPU, and the seconds they took.
+
+    Computed once (rank 0 first) and kept in the work directory under a key of teacher,
+    sentences and length, so a resumed run reads them instead.
+    """
+    digest = hashlib.sha256("\n".join(sentences).encode()).hexdigest()
+    key = fingerprint(teach.hash, spec.pooling, spec.do_lower_case, cfg.max_length, digest)
+    file = work / f"teacher-embeddings-{key}.safetensors"
+    started = time.monotonic()
+    with main_process_first():
+        if not file.is_file():
+            targets = pooled(teach.model, teach.tokenizer, sentences, spec, batch_size=cfg.teacher_batch_size,
+                             max_length=cfg.max_length, device=device, desc="teacher embeddings")
+            if is_main_process():
+                with atomic_path(file) as tmp:
+                    save_file({"embeddings": targets.contiguous()}, str(tmp))
+        targets = load_file(str(file))["embeddings"]
+    return targets, time.monotonic() - started
+
+
+def _sentence_features(tokenizer, sentences: list[str], spec: SentenceSpec, max_length: int) -> list[dict]:
+    """One item per sentence: its token ids (as SentenceTransformer tokenises it) and its row of the targets."""
+    enc = tokenizer(prepare_texts(sentences, spec), truncation=True, max_length=max_length)
+    names = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
+    return [{**{k: enc[k][i] for k in names}, "index": i} for i in range(len(sentences))]
+
+
+def _sentence_collator(tokenizer):
+    """``collate(items, step)``: padded sentences plus ``index`` (batch,), their rows of the teacher targets."""
+    pad = collate(tokenizer)
+
+    def collate_step(items, step):
+        batch = dict(pad([{k: v for k, v in x.items() if k != "index"} for x in items]))
+        batch["index"] = torch.tensor([x["index"] for x in items])
+        return batch
+
+    return collate_step
+
+
+def _embedding_loss_fn(cfg: EmbeddingDistillConfig, targets: torch.Tensor, pooling: str):
+    """``loss_fn(model, batch) -> (loss, logs)``: the weighted embedding terms against the teacher's pooled vectors."""
+    weights = {"mse": cfg.mse_weight, "cosine": cfg.cosine_weight}
+
+    def loss_fn(model, batch):
+        index = batch.pop("index")
+        student = pooled_embeddings(model, batch, pooling)  # (batch, d)
+        teacher = targets[index.cpu()].to(device=student.device, dtype=student.dtype)  # (batch, d)
+        parts = {t: EMBEDDING_TERMS.get(t)(student, teacher) for t in cfg.losses}
+        total = sum(weights[t] * parts[t] for t in cfg.losses)
+        return total, {f"loss_{t}": v.detach() for t, v in parts.items()}
+
+    return loss_fn
+
+
+def embedding_scorers(cfg: EmbeddingDistillConfig, tokenizer, spec: SentenceSpec) -> dict[str, tuple[Any, Any]]:
+    """Per eval task: (task, its dev split's scorer), planned once."""
+    scorers = {}
+    for name in cfg.eval_tasks:
+        task = get_task(name)
+        ds = load_split(task, "dev", DataSource(data_dir=cfg.data_dir))
+        scorers[task.name] = (task, ds, embedding_scorer(tokenizer, task, ds, spec, batch_size=64))
+    return scorers
+
+
+def _embedding_evaluator(loss_fn, batches: list[dict], scorers: dict, device):
+    """``evaluate(model)``: held-out loss per term (and its negation, to select by); each eval task's metrics."""
+    def evaluate(model) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        n = 0
+        with torch.inference_mode():
+            for batch in batches:
+                batch = {k: v.to(device) for k, v in batch.items()}  # a copy: loss_fn pops from it
+                loss, logs = loss_fn(model, batch)
+                size = len(batch["input_ids"])
+                for key, value in {"loss": loss, **logs}.items():
+                    name = "heldout_" + key.removeprefix("loss_")
+                    sums[name] = sums.get(name, 0.0) + float(value) * size
+                n += size
+        out = {k: v / n for k, v in sums.items()} if n else {}
+        if n:
+            out["neg_heldout_loss"] = -out["heldout_loss"]
+        for name, (_, _, score) in scorers.items():
+            out.update({f"{name}/{k}": v for k, v in score(model)[0].items()})
+        return out
+
+    return evaluate
+
+
+def _embedding_task_records(scorers: dict, student_model, teach: Teacher, spec: SentenceSpec, cfg) -> list[dict]:
+    """Per eval task: the student's dev record and its retention of the teacher's primary metric."""
+    records = []
+    for name, (task, ds, score) in scorers.items():
+        metrics, details = score(student_model)
+        records.append(embedding_record(task, "dev", len(ds), metrics, details, spec, data=cfg.data_dir or "the Hugging Face hub"))
+        primary = embedding_primary_metric(task)
+        teacher_value = teacher_embedding_score(teach, task, primary, score)
+        records.append({
+            "kind": "retention", "task": task.name, "metric": primary, "embedding": True, "student": metrics[primary],
+            "teacher": teacher_value, "ratio": metrics[primary] / teacher_value if teacher_value else None, "when": utc_now(),
+        })
+    return records
+
+
+def teacher_embedding_score(teach: Teacher, task, metric: str, score) -> float | None:
+    """The teacher's dev score on ``task``'s embeddings: from its metrics.json when recorded, else measured now."""
+    for r in reversed(read_metrics(teach.dir)):
+        if r.get("kind") == EMBEDDING_EVAL and r.get("task") == task.name and r.get("split") == "dev":
+            value = (r.get("metrics") or {}).get(metric)
+            if value is not None:
+                return float(value)
+    return score(teach.model)[0].get(metric)
+
+
+def summarize_embedding(out: Path, cfg: EmbeddingDistillConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress distill-embedding`` prints: held-out loss before/after, eval tasks, retention."""
+    results = read_metrics(out)
+    lines = []
+    evals = [r for r in results if r.get("kind") == EMBEDDING_EVAL]
+    if evals:
+        lines.append(format_table(evals))
+    training = next((r for r in results if r.get("kind") == "training"), {})
+    before, best = training.get("before") or {}, training.get("best") or {}
+    for term in cfg.losses:
+        key = f"heldout_{term}"
+        if key in before and key in best:
+            lines.append(f"held-out {term}: {before[key]:.4f} at the start -> {best[key]:.4f} (best, step {training.get('best_step')})")
+    for r in results:
+        if r.get("kind") == "retention" and r.get("ratio") is not None:
+            lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['task']} {r['metric']}")
+    return "\n".join(lines), []

@@ -1,0 +1,549 @@
+"""Knowledge distillation from a fine-tuned teacher into a smaller student.
+
+``distill(teacher, out, cfg)`` builds the student (from chosen teacher layers, at random,
+or from any pretrained directory), then trains it on the task with a weighted sum of
+loss terms chosen by name:
+
+=============  =================================================================  ============
+term           what                                                               paper
+=============  =================================================================  ============
+``kd``         soft-target KL at temperature T, x T² (MSE on logits for STS-B;     Hinton 2015,
+               start/end KL for SQuAD)                                             DistilBERT
+``hard``       the task loss on gold labels (mixed with ``kd`` by alpha)
+``hidden``     MSE between mapped hidden states, learned projection if widths      TinyBERT
+               differ
+``embedding``  MSE between embedding-layer outputs                                 TinyBERT
+``attention``  MSE between mapped attention maps                                   TinyBERT
+``cosine``     1 - cos between last hidden states                                  DistilBERT
+``minilm``     last-layer attention KL + value-relation KL                         MiniLM
+=============  =================================================================  ============
+
+When only ``kd``/``hard`` are used (or hidden states are cached too), the teacher runs
+once over the training set and its outputs are cached on disk (``compress.distill.teacher_cache``);
+otherwise it runs alongside the student. TinyBERT's order (intermediate layers first,
+then the prediction layer) is ``two_stage``. Rows without gold labels can be added to the
+training set (``--augment N``: TinyBERT's word-replacement copies; ``--transfer-text``:
+unlabelled text in the task's format; both from :mod:`compress.distill.augment`): they are
+marked ``gold = 0``, the teacher's outputs are their only targets and the ``hard`` term
+skips them; with ``two_stage`` the prediction stage reads them (the intermediate one too
+with ``--augment-intermediate``).
+
+The loss terms are :mod:`compress.distill.terms`; the steps every distillation takes (open the
+teacher, build the student, train keeping the best evaluation, record and write) are
+:mod:`compress.distill.steps`, shared with :mod:`compress.distill.general` and
+:mod:`compress.distill.embedding`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import datasets
+import torch
+
+from compress.distill.augment import AUTO_MAX_EXAMPLES, AugmentConfig, EmbeddingNeighbours, MaskedLMCandidates, augmented_rows, transfer_rows
+from compress.core.formats.artifacts import dir_hash, load_config, load_tokenizer, read_compression, read_metrics, require_torch_weights, saved_head, utc_now
+from compress.core.config import flat_keywords, option
+from compress.core.data.sources import (
+    DataSource,
+    TaskData,
+    collate,
+    load_dev_splits,
+    load_split,
+    load_test_split,
+    load_train_split,
+    train_features,
+)
+from compress.core.errors import CompressError
+from compress.core.data.resolve import resolve_task, task_fields
+from compress.core.formats.runtime import load_model
+from compress.core.model.shapes import StudentShape
+from compress.core.model.structure import config_sizes
+from compress.core.data.tasks import GLUE_TASKS, MULTI_LABEL, REGRESSION, SPAN, Task, get_task, is_kind, task_choices
+from compress.core.train import Phase, TrainConfig, is_main_process, main_process_first, prepare_work_dir, work_dir_for
+from compress.distill.steps import (
+    Distiller,
+    Student,
+    Teacher,
+    build_student,
+    check_out,
+    device_for,
+    distill_record,
+    make_loss_fn,
+    make_projections,
+    open_teacher,
+    teacher_layers,
+    train_keeping_best,
+    write_student,
+)
+from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records, test_records
+from compress.eval.metrics import chance_check
+from compress.distill.terms import INTERMEDIATE_TERMS, PREDICTION_TERMS, TERMS, LossWeights, needs_of
+from compress.students.init import TEACHER_METHODS
+from compress.teacher.corpus import read_documents
+from compress.teacher.presets import resolve_model
+from compress.distill.teacher_cache import default_cache_dir, load_or_build
+
+log = logging.getLogger(__name__)
+
+
+def _distill_defaults() -> TrainConfig:
+    return TrainConfig(lr=1e-4, epochs=3, batch_size=32, warmup_ratio=0.1)
+
+
+@flat_keywords
+@dataclass(frozen=True)
+class DistillConfig:
+    task: str = option("", "task to distil on (default: the teacher's own task; a kind of your own data with "
+                       "--train-file for a teacher that records none)", choices=task_choices)
+    shape: StudentShape = field(default_factory=StudentShape)
+    init_from: str | None = option(None, "cut the student from this encoder DIR instead of the teacher (--init teacher, "
+                                   "teacher-layers or teacher-slices); its task head starts new", metavar="DIR")
+    losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: the prediction terms kd, hard and the intermediate terms "
+                                     "hidden, embedding, attention, cosine, minilm (they match the teacher's hidden states, "
+                                     "attention or embeddings, at a cost in training time)", metavar="TERM[,...]")
+    loss: LossWeights = field(default_factory=LossWeights)
+    two_stage: bool = option(False, "TinyBERT's order: train on the intermediate terms first (--intermediate-epochs), then on "
+                             "the prediction terms; --losses needs some of each")
+    intermediate_epochs: int | None = option(None, "epochs of the intermediate stage (default: --epochs)")
+    cache: bool = option(True, "cache teacher outputs on disk when the terms allow (teacher runs once)")
+    cache_hidden: bool = option(False, "also cache the mapped teacher hidden states (float16 on disk)")
+    cache_dir: str | None = option(None, "where teacher outputs are cached (default: $COMPRESS_CACHE or ~/.cache/compress)", metavar="DIR")
+    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
+    extra_data: AugmentConfig = field(default_factory=AugmentConfig)
+    data: TaskData = field(default_factory=TaskData)
+    train: TrainConfig = field(default_factory=_distill_defaults)
+
+    def validate(self) -> None:
+        if self.task and not is_kind(self.task):
+            check_extra_data(get_task(self.task), self)
+        if self.extra_data.active:
+            if "kd" not in self.losses and not set(self.losses) & set(INTERMEDIATE_TERMS):
+                raise CompressError("augmented and transfer examples have no gold labels, only teacher targets: "
+                                    "add kd (or an intermediate term) to --losses")
+        for term in self.losses:
+            TERMS.get(term)
+        if not self.losses:
+            raise CompressError("--losses is empty; pass e.g. --losses kd,hard")
+        if self.two_stage and not (set(self.losses) & set(INTERMEDIATE_TERMS) and set(self.losses) & set(PREDICTION_TERMS)):
+            raise CompressError("--two-stage needs intermediate terms (hidden, attention, ...) and prediction terms (kd, hard)")
+        if self.init_from and self.shape.init not in TEACHER_METHODS:
+            raise CompressError(f"--init-from cuts the student from another encoder: use it with --init {', '.join(TEACHER_METHODS)}, "
+                                f"not --init {self.shape.init}")
+
+
+def check_extra_data(task: Task, cfg: DistillConfig) -> None:
+    """Refuse augmented or transfer rows where they cannot be made: spans (SQuAD) and tagged words (NER).
+
+    TinyBERT's word replacement would change the words an entity tag belongs to (and transfer
+    text has no words aligned with tags), so a token-classification task is refused rather
+    than given rows whose teacher targets sit on other words.
+    """
+    if not cfg.extra_data.active or not task.behaviour.per_token:
+        return
+    what = "answers are spans" if task.kind == SPAN else "tags belong to words that word replacement would change"
+    raise CompressError(f"--augment/--transfer-text make sentence-task examples; {task.display}'s {what}: "
+                        "pass --augment 0 and no --transfer-text")
+
+
+@dataclass
+class _TaskData:
+    """The task's training features and dev splits, as distillation reads them.
+
+    ``features`` holds the gold training rows first, then the augmented and transfer
+    rows; its ``cache_index`` column is the row number (the teacher cache's row) and its
+    ``gold`` column is 1 for a row with a gold label, 0 for one with teacher targets only.
+    """
+
+    features: object  # tokenised training set (datasets.Dataset)
+    dev: dict  # dev split name -> raw examples
+    n_train: int  # gold rows (the first n_train of features)
+    max_length: int
+    pad: Callable  # pads a list of features into a batch
+    extra: dict = field(default_factory=dict)  # how the augmented / transfer rows were made (compression.json "extra_data")
+    test: object = None  # the --test-file examples (datasets.Dataset), scored once the best student is kept
+
+    def gold_only(self):
+        return self.features.select(range(self.n_train))
+
+
+def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False,
+            task: Task | None = None) -> Path:
+    """Distil ``teacher`` into a ``cfg.shape`` student on its task; write the best dev student to ``out``.
+
+    The task is ``task`` when a caller has resolved it, else what ``cfg.task`` (or the teacher) names.
+    Four steps: open the run (output, teacher, task, student), read the task's data, train, write.
+    """
+    run = _open(teacher, out, cfg, overwrite, task)
+    data = _task_data(run.task, run.teacher, run.student, cfg)
+    trained = _train(run, data, cfg)
+    return _write(run, data, trained, cfg, overwrite)
+
+
+@dataclass
+class _Run:
+    """One task distillation: where it writes, its task, the teacher and the student."""
+
+    out: Path
+    task: Task
+    teacher: Teacher
+    student: Student
+    work: Path | None = None  # checkpoints beside the output, set when training starts
+    teacher_dev: dict = field(default_factory=dict)  # the teacher's dev metrics and its fitness check (rank 0)
+
+
+def _open(teacher: str | Path, out: str | Path, cfg: DistillConfig, overwrite: bool, task: Task | None) -> _Run:
+    """The output checked, the teacher opened on its task (refused when its labels are not the task's), the student built."""
+    out = check_out(out, cfg, overwrite, teacher)
+    teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
+    task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=teacher_dir)
+    check_extra_data(task, cfg)
+    teach = open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
+    _check_teacher(teach.model, teacher_dir, task)
+    student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
+    return _Run(out, task, teach, student)
+
+
+def _train(run: _Run, data: "_TaskData", cfg: DistillConfig) -> "_Trained":
+    """Train through the stages on the best device; the teacher's dev score is measured (and judged) first."""
+    device = device_for(run.teacher, cfg.train.device)
+    wrapper = Distiller(run.student.model, make_projections(run.student.model, run.teacher.model, cfg.losses))
+    evaluate = dev_evaluator(run.task, run.teacher.tokenizer, data.dev, data.max_length,
+                             batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
+    # The teacher's dev score, before any training: a teacher that is not fine-tuned for the task is said now.
+    run.teacher_dev = _teacher_dev(run.teacher, run.task, data.dev, evaluate) if is_main_process() else {}
+    run.work = prepare_work_dir(work_dir_for(run.out), cfg.resume)
+    return _train_stages(cfg, run.task, run.teacher, run.student, wrapper, data, evaluate, run.work, device)
+
+
+def _write(run: _Run, data: "_TaskData", trained: "_Trained", cfg: DistillConfig, overwrite: bool) -> Path:
+    """The best student with its records (dev, retention, training, the test file's scores) in ``run.out`` (rank 0)."""
+    if not is_main_process():
+        return run.out
+    task, teach, student = run.task, run.teacher, run.student
+    metrics = _task_metrics(task, data, trained, run.teacher_dev, cfg)
+    metrics += test_records(student.model, teach.tokenizer, task, data.test, cfg.data, data.max_length)
+    check = run.teacher_dev["check"]
+    record = distill_record("distill", cfg, teach, student, **task_fields(task), losses=list(cfg.losses), best=trained.best,
+                            cache=trained.cache, extra_data=data.extra, teacher_check=check,
+                            teacher_at_chance=check["at_chance"])
+    return write_student(student, run.out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=run.work)
+
+
+def summarize(out: Path, cfg: DistillConfig, inputs: dict[str, Any]) -> tuple[str, list[str]]:
+    """What ``compress distill`` prints: the dev results, then how much of the teacher's score the student keeps."""
+    results = read_metrics(out)
+    lines = [format_table([r for r in results if r.get("kind") == "eval"])]
+    notes = []
+    training = next((r for r in results if r.get("kind") == "training"), {})
+    if training.get("extra_rows"):
+        lines.append(f"trained on {training['n_train']} labelled examples + {training['extra_rows']} augmented / transfer "
+                     "rows with teacher targets only")
+    for r in results:
+        if r.get("kind") == "retention" and r.get("ratio") is not None:
+            lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['metric']}"
+                         + teacher_flag(r))
+        if r.get("kind") == "retention" and r.get("teacher_warning"):
+            notes.append(f"warning: {r['teacher_warning']}")
+    return "\n".join(lines), notes
+
+
+def teacher_flag(record: dict) -> str:
+    """What follows a score compared with a teacher that is not fine-tuned for the task ("" when it is)."""
+    if record.get("teacher_at_chance"):
+        return " -- TEACHER AT CHANCE: this ratio means nothing"
+    return " -- TEACHER NOT FINE-TUNED FOR THE TASK" if record.get("teacher_warning") else ""
+
+
+def teacher_problems(model_dir: Path, task) -> list[str]:
+    """Signs in its files that ``model_dir`` is not fine-tuned for ``task``: no head for the task
+    (a bare encoder, a sentence-transformers folder), a classifier of another width, another task recorded."""
+    saved, head = saved_head(model_dir), task.behaviour.head
+    problems = []
+    if saved != head:
+        what = "a sentence-transformers folder" if (model_dir / "modules.json").is_file() else f"a {saved} model"
+        problems.append(f"it has no {head} head ({what}), so its head is random")
+    elif task.behaviour.problem_type is not None and load_config(model_dir).num_labels != task.num_labels:
+        problems.append(f"its classifier has {load_config(model_dir).num_labels} outputs, not {task.num_labels}, so a new random one is used")
+    recorded = read_compression(model_dir).get("task")
+    if recorded and _task_name(recorded) != task.name:
+        problems.append(f"its compression.json says it was made for {recorded}")
+    return problems
+
+
+def _task_name(name: str) -> str:
+    try:
+        return get_task(name).name
+    except CompressError:
+        return name
+
+
+def check_teacher_fit(model_dir: Path, task, metrics: dict | None, labels, *, role: str, advice: str) -> dict:
+    """Whether ``model_dir`` looks fine-tuned for ``task`` (:func:`teacher_problems`, and its dev ``metrics``
+    against :func:`compress.eval.metrics.chance_check` with the dev ``labels``); one warning line when not.
+
+    Returns what the output records: ``{"task", "at_chance", "chance", "problems", "warning"}``.
+    """
+    problems = teacher_problems(model_dir, task)
+    chance = chance_check(task, metrics, labels) if metrics else None
+    if chance and chance["at_chance"]:
+        problems.append(f"its dev {chance['metric']} {chance['value']:.2f} is at chance ({chance['rule']})")
+    warning = None
+    if problems:
+        warning = f"{role} {model_dir} does not look fine-tuned for {task.display}: {'; '.join(problems)}. {advice}"
+        log.warning(warning)
+    return {"task": task.name, "at_chance": bool(chance and chance["at_chance"]), "chance": chance,
+            "problems": problems, "warning": warning}
+
+
+def dev_labels(dev: dict):
+    """The gold labels of the first dev split (None for SQuAD, whose examples carry answers)."""
+    ds = next(iter(dev.values()))
+    return ds["label"] if "label" in ds.column_names else None
+
+
+def _teacher_dev(teacher: Teacher, task, dev: dict, evaluate) -> dict:
+    """The teacher's dev metrics (recorded in its metrics.json, else measured now) and the check of its fitness."""
+    metrics = _teacher_metrics(task, read_metrics(teacher.dir))
+    source = "metrics.json"
+    if metrics is None:
+        metrics, source = evaluate(teacher.model), "measured"
+    check = check_teacher_fit(teacher.dir, task, metrics, dev_labels(dev), role="teacher", advice=(
+        f"The student learns little from it and its retention means nothing; distil from a model fine-tuned on "
+        f"{task.display} (compress teacher finetune)."))
+    return {"metrics": metrics, "source": source, "check": check}
+
+
+def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
+    """Refuse a teacher whose outputs are not the task's labels (a classifier of another task)."""
+    if task.behaviour.label_type is None:  # a span head: no labels to match
+        return
+    try:
+        output_to_task_labels(teacher_model.config, task)
+    except CompressError as err:
+        raise CompressError(f"teacher {teacher_dir}: {err}; distil from a teacher fine-tuned on {task.display}") from None
+
+
+def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> _TaskData:
+    """Tokenise the task (and its augmented / transfer rows) at a length both models take; number the rows."""
+    model_max = min(config_sizes(teacher.model.config).max_positions, config_sizes(student.model.config).max_positions)
+    max_length = cfg.data.resolved_max_length(task, model_max)
+    train_ds = load_train_split(task, cfg.data, seed=cfg.train.seed)
+    features = train_features(train_ds, task, teacher.tokenizer, cfg.data, max_length)
+    n_gold = len(features)
+    rows, extra = _extra_rows(task, teacher, train_ds, cfg)
+    if rows:
+        label = _no_gold(task)
+        raw = datasets.Dataset.from_list([{**r, "label": label, "idx": -1} for r in rows])
+        more = train_features(raw, task, teacher.tokenizer, cfg.data, max_length)
+        features = datasets.concatenate_datasets([features, more.cast(features.features)])
+    features = features.add_column("cache_index", list(range(len(features))))
+    features = features.add_column("gold", [1] * n_gold + [0] * (len(features) - n_gold))
+    return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(teacher.tokenizer, task), extra,
+                     load_test_split(task, cfg.data))
+
+
+def _no_gold(task: Task):
+    """The label of a row with teacher targets only: -100 (ignored by cross-entropy), NaN (poisons any MSE that
+    would read it) or a row of them (multi-label); the ``gold`` column is what the hard term selects by."""
+    if task.kind == MULTI_LABEL:
+        return [float("nan")] * task.num_labels
+    return float("nan") if task.kind == REGRESSION else -100
+
+
+def _extra_rows(task, teacher: Teacher, train_ds, cfg: DistillConfig) -> tuple[list[dict], dict]:
+    """Augmented copies of the training texts and transfer rows (texts only), and how they were made."""
+    extra_cfg, fields = cfg.extra_data, task.text_fields
+    rows, record = [], {}
+    soft = "kd" in cfg.losses or bool(set(cfg.losses) & set(INTERMEDIATE_TERMS))
+    copies = extra_cfg.copies(len(train_ds), spans=task.behaviour.per_token, soft_targets=soft)
+    if copies and extra_cfg.augment is None:
+        log.info("augmenting with %d copies per example, the default for a training set of at most %s examples "
+                 "(--augment 0 turns it off)", copies, f"{AUTO_MAX_EXAMPLES:,}")
+    extra_cfg = replace(extra_cfg, augment=copies)
+    if copies:
+        texts = [{f: ex[f] for f in fields} for ex in train_ds]
+        source_dir, make = _candidate_source(teacher, extra_cfg)
+        cache_dir = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()) / "augmented"
+        with main_process_first():  # one process builds the set, the others read it
+            augmented, info = augmented_rows(
+                teacher.tokenizer, texts, fields, make, source_hash=f"{make.__name__}:{dir_hash(source_dir)}",
+                cfg=extra_cfg, seed=cfg.train.seed, cache_dir=cache_dir)
+        rows += [{f: r.get(f, "") for f in fields} for r in augmented]
+        record["augment"] = {"copies": copies, "default": cfg.extra_data.augment is None, "prob": extra_cfg.augment_prob,
+                             "candidates": extra_cfg.augment_candidates,
+                             "candidate_model": str(source_dir), "rows": len(augmented), **info}
+        log.info("augmented %d training examples into %d more rows (%s%s)", len(texts), len(augmented), info["method"],
+                 ", from the cache" if info["hit"] else "")
+    if extra_cfg.transfer_text:
+        limit = extra_cfg.transfer_examples or len(train_ds)
+        documents, pairs = _transfer_sources(extra_cfg.transfer_text, task, cfg.data)
+        transfer = transfer_rows(documents, fields, limit, cfg.train.seed, pairs)
+        rows += transfer
+        record["transfer"] = {"sources": list(extra_cfg.transfer_text), "rows": len(transfer)}
+        log.info("added %d transfer rows from %s (teacher targets only)", len(transfer), ", ".join(extra_cfg.transfer_text))
+    return rows, record
+
+
+def _candidate_source(teacher: Teacher, cfg: AugmentConfig) -> tuple[Path, Callable]:
+    """The model whose knowledge proposes replacement words, and a builder of its candidate source.
+
+    ``--augment-mlm DIR`` (a masked-LM with the teacher's vocabulary); else the teacher's own
+    MLM head when its folder was saved with one; else nearest neighbours in the teacher's
+    input embeddings.
+    """
+    k = cfg.augment_candidates
+    if cfg.augment_mlm:
+        mlm_dir = require_torch_weights(resolve_model(cfg.augment_mlm), "--augment-mlm")
+        if saved_head(mlm_dir) not in ("masked-lm", "pretraining"):
+            raise CompressError(f"--augment-mlm {mlm_dir} has no masked-LM head (saved as {saved_head(mlm_dir)}); "
+                                "pass a masked-LM or pretraining model folder, or leave it out to use embedding neighbours")
+        if load_tokenizer(mlm_dir).get_vocab() != teacher.tokenizer.get_vocab():
+            raise CompressError(f"--augment-mlm {mlm_dir} has another vocabulary than the teacher; its candidates would be "
+                                "other tokens. Pass a masked-LM made with the teacher's tokenizer")
+
+        def masked_lm():
+            return MaskedLMCandidates(load_model(mlm_dir, head="masked-lm"), teacher.tokenizer, k)
+
+        return mlm_dir, masked_lm
+    if saved_head(teacher.dir) in ("masked-lm", "pretraining"):
+        def teacher_mlm():
+            return MaskedLMCandidates(load_model(teacher.dir, head="masked-lm"), teacher.tokenizer, k)
+
+        return teacher.dir, teacher_mlm
+
+    def embedding_neighbours():
+        return EmbeddingNeighbours.of_model(teacher.model, teacher.tokenizer, k)
+
+    return teacher.dir, embedding_neighbours
+
+
+def _transfer_sources(sources: tuple[str, ...], task, data: TaskData) -> tuple[list[list[str]], list[tuple[str, str]]]:
+    """Documents (lists of sentences) from corpora, and ready-made pairs from pair tasks named ``task:NAME``."""
+    documents, pairs, corpora = [], [], []
+    for source in sources:
+        if not source.startswith("task:"):
+            corpora.append(source)
+            continue
+        other = get_task(source[len("task:"):])
+        if other.name not in GLUE_TASKS:
+            raise CompressError(f"--transfer-text {source}: only GLUE tasks' texts can be transferred, not {other.display}")
+        ds = load_split(other, "train", DataSource(data_dir=data.data_dir))
+        if len(other.text_fields) == 2 and len(task.text_fields) == 2:
+            pairs += list(zip(ds[other.text_fields[0]], ds[other.text_fields[1]]))
+        documents.append([text for f in other.text_fields for text in ds[f]])  # one document: no relation between rows
+    if corpora:
+        documents += read_documents(corpora)
+    return documents, pairs
+
+
+@dataclass
+class _Trained:
+    """What the stages of a task distillation produced, for the output's records."""
+
+    history: list[dict] = field(default_factory=list)  # every stage's log, each entry tagged with its stage
+    best: dict | None = None  # dev metrics of the best evaluation
+    best_step: int | None = None
+    seconds: float = 0.0
+    cache: list[dict] = field(default_factory=list)  # one entry per stage that read the teacher cache
+    processes: int = 1
+
+
+def _stages(cfg: DistillConfig) -> list[tuple[str, tuple[str, ...], TrainConfig]]:
+    """(name, terms, training config) per stage: TinyBERT's intermediate-then-prediction order, or one joint stage."""
+    if not cfg.two_stage:
+        return [("joint", cfg.losses, cfg.train)]
+    intermediate = replace(cfg.train, epochs=cfg.intermediate_epochs) if cfg.intermediate_epochs else cfg.train
+    return [("intermediate", tuple(t for t in cfg.losses if t in INTERMEDIATE_TERMS), intermediate),
+            ("prediction", tuple(t for t in cfg.losses if t in PREDICTION_TERMS), cfg.train)]
+
+
+def _train_stages(cfg, task, teacher: Teacher, student: Student, wrapper, data: _TaskData, evaluate, work, device) -> _Trained:
+    """Train through every stage; the best dev weights (selected in the stages that predict) end in ``wrapper``."""
+    trained = _Trained()
+    for stage, terms, stage_cfg in _stages(cfg):
+        # TinyBERT runs both stages on the augmented set; by default only the prediction stage reads
+        # it here, where the teacher's outputs are cached (the intermediate one runs the teacher alongside).
+        gold_only = stage == "intermediate" and not cfg.extra_data.augment_intermediate
+        features = data.gold_only() if gold_only else data.features
+        lengths = [len(ids) for ids in features["input_ids"]]
+        cache = _teacher_cache(teacher, terms, student.pairs, features, data.pad, task, cfg, device)
+        if cache is not None:
+            trained.cache.append({"stage": stage, "path": str(cache.path), "hit": cache.hit, "layers": list(cache.layers)})
+        select = task.primary_metric if stage != "intermediate" else None
+        result = train_keeping_best(
+            wrapper, Phase(features, _collate_with_cache(data.pad), lengths=lengths), stage_cfg,
+            loss_fn=make_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=work / stage,
+            evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
+            run_key=[teacher.hash, task.name, data.n_train, len(features), data.max_length, list(terms), student.shape.label,
+                     cfg.loss.layer_map],
+            desc=f"distilling {task.display} ({stage})",
+        )
+        trained.history += [{**h, "stage": stage} for h in result.history]
+        trained.seconds += result.seconds
+        trained.processes = result.processes
+        if result.best_weights is not None:
+            trained.best, trained.best_step = result.best, result.best_step
+    return trained
+
+
+def _teacher_cache(teacher: Teacher, terms, pairs, features, pad, task, cfg: DistillConfig, device):
+    """The teacher's outputs for ``terms`` cached on disk (computed on first use), or None: read them online."""
+    needs = needs_of(terms)
+    cacheable = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
+    if not (cfg.cache and needs <= cacheable and "logits" in needs):  # hard labels alone need no teacher outputs
+        return None
+    with main_process_first():  # one process computes the teacher outputs, the others read them
+        return load_or_build(
+            teacher.model, teacher.hash, features, pad, outputs=list(task.behaviour.outputs),
+            layers=sorted(teacher_layers(pairs, needs)), cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None,
+            batch_size=cfg.data.eval_batch_size, device=device,
+        )
+
+
+def _collate_with_cache(pad):
+    """``collate(items, step)``: a padded batch plus ``cache_index`` (batch,) and ``gold`` (batch,) bool."""
+    def collate_step(items, step):
+        index = [int(x["cache_index"]) for x in items]
+        gold = [bool(x.get("gold", 1)) for x in items]
+        batch = pad([{k: v for k, v in x.items() if k not in ("cache_index", "gold")} for x in items])
+        batch["cache_index"] = torch.tensor(index)
+        batch["gold"] = torch.tensor(gold)
+        return batch
+
+    return collate_step
+
+
+def _task_metrics(task, data: _TaskData, trained: _Trained, teacher_dev: dict, cfg: DistillConfig) -> list[dict]:
+    """metrics.json records of the student: dev scores, retention of the teacher's score, the training log."""
+    teacher_metric = teacher_dev["metrics"].get(task.primary_metric)
+    best = trained.best or {}
+    records = split_records(task, data.dev, best, data=cfg.data.describe("dev"), max_length=data.max_length,
+                            batch_size=cfg.data.eval_batch_size)
+    primary = best.get(task.primary_metric)
+    retention = {
+        "kind": "retention", "task": task.name, "metric": task.primary_metric, "student": primary,
+        "teacher": teacher_metric, "ratio": (primary / teacher_metric) if primary is not None and teacher_metric else None,
+        "teacher_source": teacher_dev["source"], "teacher_at_chance": teacher_dev["check"]["at_chance"],
+        "teacher_warning": teacher_dev["check"]["warning"], "when": utc_now(),
+    }
+    training = {
+        "kind": "training", "stage": "distill", "task": task.name, "seconds": round(trained.seconds, 1),
+        "best_step": trained.best_step, "n_train": data.n_train, "extra_rows": len(data.features) - data.n_train,
+        "processes": trained.processes,
+        "history": trained.history, "cache": trained.cache, "when": utc_now(),
+    }
+    return [*records, retention, training]
+
+
+def _teacher_metrics(task, results: list[dict]) -> dict[str, float] | None:
+    """The teacher's latest dev metrics on ``task`` recorded in its metrics.json (those of the primary split), or None."""
+    for r in reversed(results):
+        if r.get("kind") == "eval" and r.get("task") == task.name and r.get("split") in ("dev", "dev_matched"):
+            metrics = r.get("metrics") or {}
+            if metrics.get(task.primary_metric) is not None:
+                return dict(metrics)
+    return None

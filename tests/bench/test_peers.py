@@ -1,0 +1,186 @@
+"""bench.peers.run: the one scorer, the Pareto front and the goal verdicts, on hand-made numbers (no model is loaded)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import pearsonr, spearmanr
+
+from bench.peers.run import FULL, PeersConfig, parse, timing_sample
+from bench.peers.build import int8_preset, outputs, step_key
+from bench.peers.contenders import CONTENDERS, PEER, STEPS, TOOLKIT, select
+from bench.peers.render import render
+from bench.peers.report import agreement, make_plan, pareto_front, peer_verdict, score, verdicts
+from bench.peers.worker import _mean_normalise, embed_file, time_calls
+
+
+def row(name, side, spearman, b1, b32, **extra):
+    return {"name": name, "side": side, "label": name, "precision": "fp32", "venv": "main", "status": "ok",
+            "spearman": spearman, "b1": b1, "b32": b32, **extra}
+
+
+# ---------------------------------------------------------------------------- the scorer
+
+
+def test_the_scorer_matches_scipy_on_hand_made_vectors():
+    rng = np.random.default_rng(0)
+    stsb = [("a", "b", 4.0), ("c", "d", 1.0), ("a", "e", 3.0), ("f", "b", 0.5), ("g", "c", 2.5)]
+    mrpc = [("q1", "b", 1), ("q2", "x", 0), ("q3", "y", 1), ("a", "z", 1)]
+    plan = make_plan(stsb, mrpc)
+    assert plan.texts[:7] == ["a", "c", "f", "g", "b", "d", "e"]  # distinct: sentence1s, then sentence2s not seen
+    assert len(plan.texts) == len(set(plan.texts))
+    vectors = rng.normal(size=(len(plan.texts), 6)).astype(np.float32)
+    at = {t: i for i, t in enumerate(plan.texts)}
+
+    def cos(x, y):
+        x, y = vectors[at[x]].astype(np.float64), vectors[at[y]].astype(np.float64)
+        return x @ y / np.linalg.norm(x) / np.linalg.norm(y)
+
+    cosines = [cos(a, b) for a, b, _ in stsb]
+    gold = [s for _, _, s in stsb]
+    got = score(vectors, plan)
+    assert got["spearman"] == pytest.approx(100 * spearmanr(cosines, gold)[0])
+    assert got["pearson"] == pytest.approx(100 * pearsonr(cosines, gold)[0])
+    # MRPC: each positive pair's sentence1 ranks the distinct sentence2s (b, x, y, z); rank 1 + strictly better ones.
+    candidates = ["b", "x", "y", "z"]
+    ranks = [1 + sum(cos(q, c) > cos(q, own) for c in candidates) for q, own, label in mrpc if label]
+    assert got["recall_at_1"] == pytest.approx(100 * np.mean([r == 1 for r in ranks]))
+    assert got["mrr"] == pytest.approx(100 * np.mean([1 / r for r in ranks]))
+
+
+def test_a_perfect_embedding_scores_100_and_agreement_reads_cosines():
+    stsb = [("a", "b", 1.0), ("c", "d", 2.0), ("e", "f", 3.0)]
+    plan = make_plan(stsb, [("a", "b", 1)])
+    angles = {"a": 0, "b": 1.2, "c": 0, "d": 0.8, "e": 0, "f": 0.1}  # closer pairs have higher gold scores
+    vectors = np.array([[np.cos(angles[t]), np.sin(angles[t])] for t in plan.texts], dtype=np.float32)
+    assert score(vectors, plan)["spearman"] == pytest.approx(100.0)
+    same = agreement(vectors * 3.0, vectors)  # the length does not matter
+    assert same["mean"] == pytest.approx(1.0) and same["min"] == pytest.approx(1.0) and same["n"] == len(vectors)
+    assert agreement(vectors[:, :1], vectors) is None  # another width: no comparison
+
+
+def test_the_workers_pooling_batching_and_timing_keep_the_order():
+    hidden = np.array([[[1.0, 0.0], [3.0, 0.0], [100.0, 100.0]]], dtype=np.float32)  # the third token is padding
+    assert _mean_normalise(hidden, np.array([[1, 1, 0]])) == pytest.approx(np.array([[1.0, 0.0]]))
+    texts = ["bb", "a", "dddd", "ccc"]
+    calls = []
+
+    def embed(chunk):
+        calls.append(list(chunk))
+        return np.array([[len(t), 1.0] for t in chunk], dtype=np.float32)
+
+    out = embed_file(embed, texts, batch=3)
+    assert calls == [["dddd", "ccc", "bb"], ["a"]]  # longest first
+    assert out[:, 0].tolist() == [2, 1, 4, 3]  # rows back in the texts' order
+    calls.clear()
+    assert len(time_calls(embed, texts, 1)) == 4 and calls == [["bb"], ["a"], ["dddd"], ["ccc"]]
+    calls.clear()
+    assert len(time_calls(embed, texts, 3)) == 2 and calls == [["bb", "a", "dddd"], ["ccc"]]
+
+
+# ---------------------------------------------------------------------------- front and verdicts
+
+
+def test_the_pareto_front_keeps_what_nothing_beats():
+    rows = [row("slow-best", PEER, 86.0, 100, 500), row("fast-worse", TOOLKIT, 80.0, 1000, 5000),
+            row("beaten", TOOLKIT, 85.0, 90, 400), row("tie-acc-faster", TOOLKIT, 86.0, 120, 450),
+            row("middle", PEER, 84.0, 500, 1000), row("failed", PEER, None, None, None)]
+    assert pareto_front(rows, "b1") == ["fast-worse", "middle", "tie-acc-faster"]
+    assert pareto_front(rows, "b32") == ["fast-worse", "middle", "slow-best"]
+    # Equal accuracy at the printed decimals and equal speed: neither beats the other.
+    assert pareto_front([row("x", PEER, 86.001, 10, 10), row("y", TOOLKIT, 85.999, 10, 10)]) == ["x", "y"]
+
+
+def test_a_peer_is_matched_only_by_a_toolkit_model_as_accurate_and_as_fast_at_both_batch_sizes():
+    peer = row("ct2-int8", PEER, 86.0, 200, 900)
+    toolkit = [row("fast-b1-only", TOOLKIT, 86.5, 300, 800), row("less-accurate", TOOLKIT, 85.9, 900, 9000),
+               row("both", TOOLKIT, 86.0, 250, 950), row("both-faster", TOOLKIT, 86.2, 400, 1000)]
+    v = peer_verdict(peer, toolkit)
+    assert v["met"] and v["by"] == ["both-faster", "both"]
+    miss = peer_verdict(peer, toolkit[:2])
+    assert not miss["met"] and miss["by"] == []
+    assert miss["as_accurate"]["name"] == "fast-b1-only"
+    assert miss["as_accurate"]["b32_ratio"] == pytest.approx(800 / 900)
+    assert miss["as_fast"] == {"name": "less-accurate", "points": pytest.approx(-0.1)}
+
+
+def test_the_goal_needs_every_peer_matched_and_the_static_student_judged_on_its_own_numbers():
+    rows = [row("st-onnx", PEER, 86.7, 100, 400), row("model2vec", PEER, 70.0, 20000, 90000),
+            row("tk-teacher-int8", TOOLKIT, 86.7, 150, 500),
+            row("tk-static", TOOLKIT, 70.0, 25000, 80000), row("tk-static-refined", TOOLKIT, 72.5, 25000, 80000)]
+    goal = verdicts(rows)
+    assert not goal["peers"]["met"]  # model2vec is faster at batch 32 than any toolkit model as accurate
+    assert [v["met"] for v in goal["peers"]["each"]] == [True, False]
+    assert goal["static"]["met"] and goal["static"]["points"] == pytest.approx(0.0)
+    assert goal["refine"] == {"met": True, "gain": 2.5, "static": 70.0, "refined": 72.5}
+    rows[-2]["b32"] = rows[-1]["b32"] = 95000
+    assert verdicts(rows)["peers"]["met"]
+    rows[-1]["spearman"] = 71.99  # +1.99: short of 2 points
+    assert verdicts(rows)["refine"]["met"] is False
+    # A peer that failed is not quietly dropped: the goal is then unmet and it is named.
+    failed = verdicts(rows + [{**row("ct2-fp32", PEER, None, None, None), "status": "failed: no"}])
+    assert not failed["peers"]["met"] and failed["peers"]["missing"] == ["ct2-fp32"]
+    nothing = verdicts([row("tk-static", TOOLKIT, 70.0, 1, 1)])
+    assert nothing["static"]["met"] is None and nothing["refine"]["met"] is None
+
+
+# ---------------------------------------------------------------------------- the plumbing's pure parts
+
+
+def test_contenders_steps_and_selection():
+    names = [c.name for c in CONTENDERS]
+    assert len(names) == len(set(names))
+    steps = [s.name for s in STEPS]
+    assert all(c.step in steps for c in CONTENDERS)
+    assert {c.side for c in CONTENDERS} == {PEER, TOOLKIT}
+    models = {c.name: c.model for c in CONTENDERS}
+    assert models["ct2-int8"] == models["tk-teacher-fused"] == "teacher" and models["tk-3L-ov-int8"] == "3L"
+    assert models["model2vec"] == models["tk-static-refined-m2v"] == "static"
+    assert [c.name for c in select(only=("ctranslate2",))] == ["ct2-fp32", "ct2-int8"]
+    assert "tk-static" not in [c.name for c in select(skip=("tk-static",))]
+    with pytest.raises(SystemExit, match="unknown contender"):
+        select(only=("nope",))
+    assert step_key("tk-3L", {"distill_sentences": 10, "rounds": 3})["distill_sentences"] == 10
+    assert "rounds" not in step_key("tk-3L", {"rounds": 3})
+    assert "toolkit/student-3L-384" in outputs("tk-3L") and outputs("st-torch") == []
+
+
+def test_the_int8_preset_follows_the_cpu_flags():
+    assert int8_preset(("avx2", "fma")) == "avx2"
+    assert int8_preset(("avx2", "avx512f", "avx512_vnni")) == "avx512_vnni"
+    assert int8_preset(("asimd",), "aarch64") == "arm64"
+
+
+def test_the_timing_sample_is_seeded_distinct_and_capped():
+    stsb = [(f"s{i}", f"t{i}", 1.0) for i in range(30)] + [("s0", "t0", 2.0)]
+    first = timing_sample(stsb, 10)
+    assert first == timing_sample(stsb, 10) and len(set(first)) == 10
+    assert len(timing_sample(stsb, 1000)) == 60
+
+
+def test_the_command_line_reads_lists_and_marks_nothing_reduced_by_default():
+    cfg = parse(["--out", "x", "--only", "tk-static,model2vec", "--stsb-pairs", "200", "--threads", "1"])
+    assert cfg.only == ("tk-static", "model2vec") and cfg.stsb_pairs == 200 and cfg.threads == 1
+    assert PeersConfig(out="x").rounds == FULL.rounds
+
+
+def test_the_report_renders_the_table_and_the_verdicts(tmp_path):
+    rows = [row("st-torch", PEER, 86.72, 100, 400, mb=90.9, b1_ms=9.5, agreement={"mean": 1.0, "min": 1.0, "n": 3}),
+            row("model2vec", PEER, 70.0, 20000, 90000, mb=15.4), row("tk-static", TOOLKIT, 70.1, 25000, 95000, mb=30.7),
+            row("tk-static-refined", TOOLKIT, 71.0, 25000, 95000),
+            {**row("ct2-int8", PEER, None, None, None), "status": "failed: build step ctranslate2 failed"}]
+    cfg = {**FULL.__dict__, "out": "x"}
+    header = {"date": "today", "cpu": "AMD EPYC", "cores": 2, "flags": ["avx2"], "threads": 2, "command": "python -m bench.peers",
+              "note": "", "config": cfg, "full": cfg, "reduced": {"rounds": 1},
+              "environments": {"main": {"python": "py", "packages": {"torch": "2.13"}}},
+              "data": {"stsb_pairs": 1500, "mrpc_pairs": 408, "scored_sentences": 3, "mrpc_queries": 1, "mrpc_candidates": 1,
+                       "timing_sentences": 3, "timing_tokens": {"mean": 10.0, "median": 9, "max": 20}},
+              "load_average": {"before": [0.1, 0, 0], "after": [0.2, 0, 0]}, "minutes": {"build": 1.0, "total": 2.0},
+              "steps": {"model2vec": {"seconds": 60, "cached": False, "error": None, "venv": "main"}}}
+    result = {"header": header, "rows": rows, "front": {"b1": ["tk-static"], "b32": []}, "goal": verdicts(rows)}
+    text = render(json.loads(json.dumps(result)))
+    assert "| tk-static | toolkit | 70.10 |" in text and "ct2-int8 (failed)" in text
+    assert "NOT met" in text and "REDUCED run" in text
+    assert "(the gap: 1.10 points short)" in text
