@@ -27,13 +27,15 @@ PEERS_WORK ?= runs/peers
 PEERS_OUT  ?= bench/results/$(shell date -u +%F)/peers
 GLUE_ARGS ?=
 
-.PHONY: help venv test test-transformers4 test-all demo bench bench-glue bench-peers clean
+.PHONY: help venv test test-e2e test-versions test-transformers4 test-all demo bench bench-glue bench-peers clean
 
 help:
 	@echo "make demo                run the main job (offline, a few minutes on 2 CPU cores)"
-	@echo "make test                run the fast test suite (transformers 5 set, .venv)"
-	@echo "make test-transformers4  the fast suite on the transformers 4.57 set (.venv-transformers4)"
-	@echo "make test-all            the fast suite plus slow checks on real data in DATA=$(DATA)"
+	@echo "make test                the unit tests: no training loop, seconds each (transformers 5 set, .venv)"
+	@echo "make test-e2e            the end-to-end tests: tiny models trained, exported, run through the command line"
+	@echo "make test-transformers4  what depends on the transformers version, and a smoke run of each stage, on the"
+	@echo "                         transformers 4.57 set (.venv-transformers4)"
+	@echo "make test-all            every test: unit, end-to-end and the slow checks on real data in DATA=$(DATA)"
 	@echo "make bench               the headline benchmark on real data (needs DATA=$(DATA)); models in"
 	@echo "                         BENCH_WORK=$(BENCH_WORK) (kept: a re-run skips unchanged stages), report in BENCH_OUT;"
 	@echo "                         RETENTION=FILE[,...] adds the per-task students of those retention.json files"
@@ -51,10 +53,17 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 test: venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not data"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow and not data"
+
+test-e2e: venv
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "e2e and not slow and not data"
+
+# The tests marked `versions` (unit and end-to-end) in whatever environment VENV names.
+test-versions: venv
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "versions and not slow and not data"
 
 test-transformers4:
-	$(MAKE) test CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum,sentence VENV=.venv-transformers4
+	$(MAKE) test-versions CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum,sentence VENV=.venv-transformers4
 
 test-all: venv
 	COMPRESS_DATA=$(DATA) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile

@@ -26,14 +26,19 @@ from pathlib import Path
 
 import torch
 
-from compress.auto.run import BURSTS, AutoConfig, auto
-from compress.core.formats.artifacts import is_model_dir, read_metrics, utc_now, write_json_atomic
+from compress.auto.config import AutoConfig
+from compress.auto.probe import BURSTS
+from compress.auto.run import auto
+from compress.core.formats.artifacts import is_model_dir
+from compress.core.formats.records import read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_summary, package_versions
 from compress.core.data.tasks import get_task
-from compress.core.train import work_dir_for
-from compress.eval.latency.runs import LatencyConfig, measure_latency
+from compress.core.checkpoints import work_dir_for
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.runs import measure_latency
 
 POINT = (1, 128)
 FRESH_RUNS = 3  # the fresh run is repeated; a model meets its budget only if its slowest run does
@@ -44,7 +49,7 @@ def p50(dirs: list[Path], repeats: int = 30, runs: int = 1) -> dict[str, list[fl
     a budget must hold in the slowest (``max``)."""
     cfg = LatencyConfig(batch=(POINT[0],), seq=(POINT[1],), repeats=repeats, peak=False, record=False, repeat_runs=runs,
                         bursts=BURSTS if len(dirs) > 1 else 1)  # taking turns as compress auto's final runs do
-    return {str(r["model"]): list(r["runs_p50_ms"]) for r in measure_latency(dirs, cfg)["rows"]}
+    return {r.model: list(r.runs_p50_ms) for r in measure_latency(dirs, cfg)["rows"]}
 
 
 def dev_score(model_dir: Path, task: str) -> float | None:
@@ -120,7 +125,8 @@ def main(argv=None) -> int:
             if key in results and not resume:
                 continue
             out = args.models / f"{task}-1of{fraction}"
-            results[key] = row = search_budget(args, task, fraction, fractions, teacher_ms, glue, results, resume)
+            results[key] = row = search_budget(args, task, fraction, fractions, teacher_ms=teacher_ms, glue=glue,
+                                               results=results, resume=resume)
             if "chosen" in row:  # a failed search leaves the folder's earlier report, which is not this one's
                 keep_report(out, args.out / out.name)
             save()
@@ -135,12 +141,13 @@ def retime(args, results: dict, save) -> None:
         if row["task"] in args.tasks.split(",") and str(row["fraction"]) in args.fractions.split(",") and "chosen" in row:
             teacher = args.teachers / f"teacher-{row['task']}"
             check = fresh_check(teacher, args.models / f"{row['task']}-1of{row['fraction']}", hand_made(args.hand_made, row["task"]),
-                                row["teacher_ms"], row["fraction"], row["task"], relative=row.get("relative", False))
+                                teacher_ms=row["teacher_ms"], fraction=row["fraction"], task=row["task"],
+                                relative=row.get("relative", False))
             row["retimed"] = {"when": utc_now(), **check}
             save()
 
 
-def search_budget(args, task: str, fraction: int, fractions: list[int], teacher_ms: float, glue: Path, results: dict,
+def search_budget(args, task: str, fraction: int, fractions: list[int], *, teacher_ms: float, glue: Path, results: dict,
                   resume: bool) -> dict:
     """One budget's search (``compress auto``; resumed when ``resume``) and its fresh check: the row of 1/``fraction``."""
     key = f"{task}/1/{fraction}"
@@ -177,7 +184,7 @@ def search_budget(args, task: str, fraction: int, fractions: list[int], teacher_
     row["minutes_with_reused"] = round(row["minutes"] + sum(
         r["minutes"] for r in results.values() if str(args.models / f"{r['task']}-1of{r['fraction']}") in row["reused"]), 1)
     row.update(fresh_check(teacher, out if "chosen" in row else None, hand_made(args.hand_made, task),
-                           row["teacher_ms"], fraction, task, relative=relative))
+                           teacher_ms=row["teacher_ms"], fraction=fraction, task=task, relative=relative))
     if "chosen" in row:
         row["chosen"].update(row.pop("chosen_fresh"), retention=row["chosen"]["accuracy"] / dev_score(teacher, task))
     return row
@@ -191,7 +198,7 @@ def keep_report(out: Path, keep: Path) -> None:
             shutil.copyfile(out / "search" / name, keep / name)
 
 
-def fresh_check(teacher: Path, chosen: Path | None, others: list[Path], teacher_ms: float, fraction: int, task: str,
+def fresh_check(teacher: Path, chosen: Path | None, others: list[Path], *, teacher_ms: float, fraction: int, task: str,
                 relative: bool = False) -> dict:
     """The fresh latency run (FRESH_RUNS runs, the models taking turns in bursts): the chosen model against the budget
     in its slowest run and against 1/N of the teacher in each run, and the best hand-made model under the budget.

@@ -22,8 +22,10 @@ import json
 import time
 from pathlib import Path
 
-from compress.core.formats.artifacts import write_json_atomic
-from compress.eval.latency.runs import LatencyConfig, measure_latency
+from compress.core.formats.writes import write_json_atomic
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.row import Row
+from compress.eval.latency.runs import measure_latency
 
 
 def config(bursts: int, repeats: int = 30, warmup: int = 5, runs: int = 5) -> LatencyConfig:
@@ -32,11 +34,11 @@ def config(bursts: int, repeats: int = 30, warmup: int = 5, runs: int = 5) -> La
                          repeat_runs=runs, bursts=bursts)
 
 
-def summary(rows: list[dict]) -> list[dict]:
+def summary(rows: list[Row]) -> list[dict]:
     """Each latency row's name, per-run p50s, median p50, spread and speed-ups over the first model, rounded."""
-    return [{"model": r["name"], "runs_p50_ms": [round(x, 3) for x in r["runs_p50_ms"]], "p50_ms": round(r["p50_ms"], 3),
-             "spread_pct": round(r["spread_pct"], 1), "speedup": round(r["speedup"], 2),
-             "speedup_min": round(r["speedup_min"], 2)} for r in rows]
+    return [{"model": r.name, "runs_p50_ms": [round(x, 3) for x in r.runs_p50_ms], "p50_ms": round(r.p50_ms, 3),
+             "spread_pct": round(r.spread_pct, 1), "speedup": round(r.speedup, 2),
+             "speedup_min": round(r.speedup_min, 2)} for r in rows]
 
 
 def alternate(models: list[Path], bursts: tuple[int, ...], reps: int, out: Path | None = None, *, repeats: int = 30,

@@ -29,10 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.core.formats.artifacts import artifact_format, load_tokenizer, utc_now, write_json_atomic, write_text_atomic
+from compress.core.formats.artifacts import artifact_format, load_tokenizer
+from compress.core.formats.records import utc_now
+from compress.core.formats.writes import write_json_atomic, write_text_atomic
 from compress.core.hardware import hardware, package_versions
-from compress.core.formats.runtime import NumpyRunner, OpenVINORunner, load_model
-from compress.eval.latency.runs import LatencyConfig, worker_env
+from compress.core.formats.openvino_runtime import OpenVINORunner
+from compress.core.formats.runners import NumpyRunner
+from compress.core.formats.runtime import load_model
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.runs import worker_env
 from compress.eval.latency.backends import forward_of
 from compress.eval.latency.lengths import batches, real_inputs
 

@@ -22,12 +22,15 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import SST2_TRAIN, minilm_path
-from compress.core.formats.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
 from compress.distill.task import DistillConfig, distill
 from compress.distill.general import GeneralDistillConfig, distill_general
-from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import format_markdown, report_record
+from compress.eval.latency.runs import measure_latency
 
 GLUE_MAX_LENGTH = {"sst2": 64, "mrpc": 128}
 
@@ -98,7 +101,8 @@ def main(argv=None) -> int:
         header = {"date": utc_now(), **cpu_summary(),
                   "threads": torch.get_num_threads(), "packages": package_versions(),
                   "command": "python -m bench.distill " + " ".join(sys.argv[1:]), "note": args.note}
-        write_json_atomic(partial, {"header": header, **results})
+        latency = results["latency"]  # its rows as latency.json holds them
+        write_json_atomic(partial, {"header": header, **results, "latency": report_record(latency) if latency else None})
         (args.out / "distill.md").write_text(render(results, header), encoding="utf-8")
 
     # 1. The headline students on SST-2.
@@ -181,7 +185,7 @@ def render(results: dict, header: dict) -> str:
     if results["students"]:
         lines += ["", "## Students", "", "| student | init | params | SST-2 dev acc | teacher | retention | s/epoch |",
                   "|---|---|--:|--:|--:|--:|--:|"]
-    params = {Path(row["model"]).name: row["params"] for row in (results.get("latency") or {}).get("rows", [])}
+    params = {Path(row.model).name: row.params for row in (results.get("latency") or {}).get("rows", [])}
     for name, r in results["students"].items():
         ret, p = r["retention"], params.get(Path(r["model_dir"]).name)
         init = "general-distilled" if "/" in r["init"] else r["init"]

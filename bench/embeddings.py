@@ -33,13 +33,18 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
-from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
 from compress.distill.embedding import EmbeddingDistillConfig, distill_embedding
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency, megabytes, size_on_disk
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import format_markdown, report_record
+from compress.eval.latency.rows import megabytes, size_on_disk
+from compress.eval.latency.runs import measure_latency
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 
 GLUE_SENTENCES = ("stsb", "mrpc", "rte", "sst2", "cola", "wnli")  # the GLUE training files on this machine
 SCORED = ("stsb", "mrpc")
@@ -130,7 +135,8 @@ def main(argv=None) -> int:
         header = {"date": utc_now(), **cpu_summary(),
                   "threads": torch.get_num_threads(), "packages": package_versions(),
                   "command": "python -m bench.embeddings " + " ".join(sys.argv[1:]), "note": args.note}
-        write_json_atomic(args.out / "embeddings.json", {"header": header, **results})
+        latency = {"latency": report_record(results["latency"])} if "latency" in results else {}  # rows as latency.json holds them
+        write_json_atomic(args.out / "embeddings.json", {"header": header, **results, **latency})
         (args.out / "embeddings.md").write_text(render(results, header), encoding="utf-8")
 
     teacher = teacher_folder(args.models)
@@ -169,8 +175,8 @@ def main(argv=None) -> int:
 
 def _latency_ms(results: dict, model_dir: str, seq: int) -> float | None:
     for row in (results.get("latency") or {}).get("rows", []):
-        if Path(row["model"]).name == Path(model_dir).name and row["batch"] == 1 and row["seq"] == seq:
-            return row["p50_ms"]
+        if Path(row.model).name == Path(model_dir).name and row.batch == 1 and row.seq == seq:
+            return row.p50_ms
     return None
 
 
@@ -179,7 +185,7 @@ def goal(results: dict) -> dict:
     teacher = results["teacher"]["scores"]["stsb"]["spearmanr"]
     retention = results["int8"]["scores"]["stsb"]["spearmanr"] / teacher
     speedups = {}
-    for seq in sorted({row["seq"] for row in results["latency"]["rows"]}):
+    for seq in sorted({row.seq for row in results["latency"]["rows"]}):
         t = _latency_ms(results, "teacher-all-minilm-l6-v2", seq)
         q = _latency_ms(results, results["int8"]["model_dir"], seq)
         speedups[seq] = t / q if t and q else None

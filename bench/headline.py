@@ -20,11 +20,14 @@ import numpy as np
 from bench.profile import run_worker
 from bench.retention import best_rows
 from bench.teachers import minilm_path
-from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.formats.onnx import export_onnx
 from compress.core.hardware import hardware, package_versions
 from compress.core.data.tasks import get_task
-from compress.eval.latency.runs import BELOW_FLOOR, MIN_PASSES, REAL_SLICE_S, LatencyConfig, measure_latency
+from compress.eval.latency.config import MIN_PASSES, REAL_SLICE_S, LatencyConfig
+from compress.eval.latency.report import BELOW_FLOOR, report_record
+from compress.eval.latency.runs import measure_latency
 from compress.eval.plots import _pyplot, save_figure
 from compress.eval.references import published_score
 from compress.core.model.shapes import resolve_shape
@@ -151,9 +154,11 @@ def build_results(work: Path, glue: Path, *, repeats: int = 20, runs: int = 3, a
             source = next((o for o in models if o["group"] == m["group"] and o["sst2"] is not None and parent
                            and Path(parent).resolve() == Path(o["dir"]).resolve()), None)
             m["sst2"] = source["sst2"] if source else None
-    latency = measure_latency([base] + [m["dir"] for m in models], LatencyConfig(
+    # The reports as latency.json holds them (rows as dicts): the targets are computed on that, as on a bench.json
+    # read back, and go into bench.json as they are.
+    latency = report_record(measure_latency([base] + [m["dir"] for m in models], LatencyConfig(
         batch=(1, 32), seq=(128,), repeats=repeats, min_seconds=MIN_SECONDS, max_seconds=MAX_SECONDS, warmup=5, repeat_runs=runs,
-        reference_backends=REFERENCE_BACKENDS, lengths="sst2", data_dir=str(glue), lengths_passes=2, record=False))
+        reference_backends=REFERENCE_BACKENDS, lengths="sst2", data_dir=str(glue), lengths_passes=2, record=False)))
     teacher_scores = {t: _dev(work / f"teacher-{t}", t) for t in TASKS}
     for m in models:
         m["retention"] = m["sst2"] / teacher_scores["sst2"] if m["sst2"] is not None and teacher_scores["sst2"] else None
@@ -186,9 +191,9 @@ def real_in_turns(latency: dict, models: list[dict], glue: Path, runs: int) -> d
     teachers, students = real_candidates(latency, models)
     if not teachers or not students:
         return None
-    return measure_latency(teachers + students, LatencyConfig(
+    return report_record(measure_latency(teachers + students, LatencyConfig(
         batch=(1,), seq=(128,), repeats=BURSTS, bursts=BURSTS, min_seconds=MIN_SECONDS, max_seconds=MAX_SECONDS, warmup=5,
-        repeat_runs=runs, peak=False, lengths="sst2", data_dir=str(glue), lengths_batch=1, lengths_passes=2, record=False))
+        repeat_runs=runs, peak=False, lengths="sst2", data_dir=str(glue), lengths_batch=1, lengths_passes=2, record=False)))
 
 
 def _turns_lines(results: dict[str, Any]) -> list[str]:

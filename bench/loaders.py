@@ -33,7 +33,9 @@ import torch
 
 from bench.embeddings import teacher_folder
 from bench.pretrain import corpus_paths
-from compress.core.formats.artifacts import artifact_format, load_tokenizer, read_compression, utc_now, write_json_atomic
+from compress.core.formats.artifacts import artifact_format, load_tokenizer
+from compress.core.formats.records import read_compression, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.compat import HAS_OPTIMUM_ONNX, TRANSFORMERS_MAJOR
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
@@ -42,7 +44,8 @@ from compress.core.formats.sentence import encode, read_spec
 from compress.core.model.structure import model_inputs
 from compress.export import ExportConfig, export
 from compress.prune import EmbeddingPruneConfig, prune_embedding
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 
 TOLERANCE = 1e-4
 

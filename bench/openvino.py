@@ -36,15 +36,9 @@ from pathlib import Path
 import torch
 
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import (
-    artifact_format,
-    compression_record,
-    load_tokenizer,
-    read_compression,
-    save_model_dir,
-    utc_now,
-    write_json_atomic,
-)
+from compress.core.formats.artifacts import artifact_format, load_tokenizer, save_model_dir
+from compress.core.formats.records import compression_record, read_compression, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.formats.onnx import export_onnx
 from compress.core.hardware import cpu_summary, package_versions
@@ -52,8 +46,11 @@ from compress.core.formats.openvino import export_openvino
 from compress.core.formats.runtime import load_model_for_task
 from compress.core.model.shapes import Shape
 from compress.core.data.tasks import get_task
-from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import format_markdown, report_record
+from compress.eval.latency.runs import measure_latency
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from compress.students.init import init_student
 from compress.core.model.shapes import resolve_shape
 
@@ -149,7 +146,7 @@ def main(argv=None) -> int:
               "threads": latency["threads"], "packages": package_versions(), "command": command, "note": args.note,
               "load_average_before": load_before, "tiny": args.tiny}
     results = {"header": header, "models": describe_models(dirs), "latency": latency}
-    write_json_atomic(args.out / "openvino.json", results)
+    write_json_atomic(args.out / "openvino.json", {**results, "latency": report_record(latency)})  # rows as latency.json's
     (args.out / "openvino.md").write_text(render(results), encoding="utf-8")
     print((args.out / "openvino.md").read_text())
     return 0
@@ -187,9 +184,9 @@ def describe_models(dirs: dict[str, dict[tuple[str, str], Path]]) -> list[dict]:
 def render(results: dict) -> str:
     header, latency = results["header"], results["latency"]
     packages = header["packages"]
-    rows = {(str(Path(r["model"])), r["batch"]): r for r in latency["rows"]}
-    batches = sorted({r["batch"] for r in latency["rows"]})
-    seq = latency["rows"][0]["seq"]
+    rows = {(str(Path(r.model)), r.batch): r for r in latency["rows"]}
+    batches = sorted({r.batch for r in latency["rows"]})
+    seq = latency["rows"][0].seq
     load = header.get("load_average_before")
     calibrated = next((m["calibration_examples"] for m in results["models"] if m["calibration_examples"]), CALIBRATION)
     lines = [
@@ -222,13 +219,13 @@ def render(results: dict) -> str:
             cells = []
             for b in batches:
                 row, ref = rows.get((m["model_dir"], b)), rows.get((base["model_dir"], b))
-                cells += [f"{row['p50_ms']:.2f}" if row else "—",
-                          f"{ref['p50_ms'] / row['p50_ms']:.2f}x" if row and ref else "—"]
-            first = rows.get((m["model_dir"], batches[0])) or {}
+                cells += [f"{row.p50_ms:.2f}" if row else "—",
+                          f"{ref.p50_ms / row.p50_ms:.2f}x" if row and ref else "—"]
+            first = rows.get((m["model_dir"], batches[0]))
             ran = by_dir[m["model_dir"]].get("layer_precisions")
             runs_in = (f"{m['inference_precision']}; matmuls " + ", ".join(f"{k} x{v}" for k, v in sorted(ran.items()))) if ran else ""
-            lines.append(f"| {m['precision']} | {m['runtime']} | {first.get('backend', '—')} | "
-                         f"{first.get('size_mb', float('nan')):.1f} | " + " | ".join(cells) + f" | {runs_in} |")
+            lines.append(f"| {m['precision']} | {m['runtime']} | {first.backend if first else '—'} | "
+                         f"{first.size_mb if first else float('nan'):.1f} | " + " | ".join(cells) + f" | {runs_in} |")
         lines.append("")
     lines += ["speed-up: the fp32 PyTorch p50 of the same network and batch / this p50.", "", "## Latency table", "",
               format_markdown(latency)]

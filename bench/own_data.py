@@ -38,19 +38,25 @@ from pathlib import Path
 
 import torch
 
-from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.data.sources import TaskData, TaskOptions
 from compress.core.errors import CompressError
 from compress.core.hardware import cpu_summary, package_versions
 from compress.core.data.resolve import resolve_task
+from compress.core.data.tasks import KINDS
 from compress.core.model.shapes import ShapeSizes, StudentShape
 from compress.core.train import TrainConfig
 from compress.distill.task import DistillConfig, distill
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.eval.latency.runs import LatencyConfig, measure_latency, megabytes, size_on_disk
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import report_record
+from compress.eval.latency.rows import megabytes, size_on_disk
+from compress.eval.latency.runs import measure_latency
 from compress.eval.references import OWN_TEST
 from compress.export import ExportConfig, export
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from compress.teacher.finetune import FinetuneConfig, finetune
 
 SEED = 42
@@ -244,11 +250,12 @@ def latency_models(task: OwnTask, work: Path) -> list[Path]:
 
 def latency(task: OwnTask, files: dict[str, str], work: Path, out: Path, runs: int) -> dict:
     """Every model at batch 1 on the test sentences at their own lengths, in turns (``runs`` runs), and at 128 tokens;
-    the teacher also on each fp32 backend, so every row has its speed-up over the teacher's fastest fp32 one."""
+    the teacher also on each fp32 backend, so every row has its speed-up over the teacher's fastest fp32 one. The
+    report as latency.json holds it: it is kept in the state file, and read back from there by :func:`model_rows`."""
     cfg = LatencyConfig(batch=(1,), seq=(128,), warmup=5, repeats=20, bursts=4, repeat_runs=runs,
                         reference_backends=REFERENCE_BACKENDS, lengths=files["test"], lengths_batch=1, lengths_passes=1,
                         record=False, out=str(out / f"latency-{task.name}"))
-    return measure_latency([str(p) for p in latency_models(task, work)], cfg)
+    return report_record(measure_latency([str(p) for p in latency_models(task, work)], cfg))
 
 
 # ---------------------------------------------------------------------------- report
@@ -263,7 +270,7 @@ INT8_COST = 1.0  # points of the test metric int8 may cost against its fp32 mode
 def model_rows(name: str, state: dict, work: Path) -> list[dict]:
     """One row per timed model: its test score, retention of the teacher's, size, batch-1 real-sentence speed."""
     task = TASKS[name]
-    metric = "accuracy" if task.kind == "text-classification" else "entity_f1"
+    metric = KINDS[task.kind].primary_metric  # accuracy, entity F1
     scores = state["test"][name]
     teacher_score = scores["teacher"][metric]
     real = {Path(r["model"]).name: r for r in state["latency"][name]["real_rows"] if r["batch"] == 1}

@@ -125,8 +125,8 @@ OV_MATMUL = ("FullyConnected", "FullyConnectedQuantizedLegacy", "MatMul")
 
 
 def ov_profile(model_dir: str, batch: int, seq: int, threads: int, repeats: int = 200) -> dict:
-    from compress.core.formats.artifacts import OPENVINO_FILE
-    from compress.core.formats.runtime import compile_openvino
+    from compress.core.formats.layout import OPENVINO_FILE
+    from compress.core.formats.openvino_runtime import compile_openvino
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     compiled = compile_openvino(Path(model_dir) / OPENVINO_FILE, threads=threads, perf_count=True)

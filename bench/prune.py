@@ -17,11 +17,14 @@ from pathlib import Path
 
 import torch
 
-from compress.core.formats.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
 from compress.eval.heads import HeadsConfig, analyze_heads
-from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import format_markdown, report_record
+from compress.eval.latency.runs import measure_latency
 from compress.prune import PruneConfig, prune
 
 
@@ -69,7 +72,7 @@ def main(argv=None) -> int:
     header = {"date": utc_now(), **cpu_summary(),
               "threads": torch.get_num_threads(), "packages": package_versions(),
               "command": "python -m bench.prune " + " ".join(sys.argv[1:])}
-    write_json_atomic(args.out / "prune.json", {"header": header, "summary": summary, "latency": latency,
+    write_json_atomic(args.out / "prune.json", {"header": header, "summary": summary, "latency": report_record(latency),
                                                 "heads_analysis": str(heads) if heads else None})
     lines = [
         "# Head pruning on SST-2: MiniLM-L6 teacher, 50% of the heads removed",

@@ -24,10 +24,13 @@ import torch
 
 from bench.embeddings import GLUE_SENTENCES, scores, teacher_folder
 from bench.pretrain import corpus_paths
-from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import format_markdown, report_record
+from compress.eval.latency.runs import measure_latency
 from compress.prune import EmbeddingPruneConfig, prune_embedding
 
 
@@ -72,7 +75,8 @@ def main(argv=None) -> int:
     if not args.skip_latency:
         results["latency"] = measure_latency([teacher, pruned], LatencyConfig(
             batch=(1,), seq=(32, 128), repeats=50, warmup=10, record=False, out=str(args.out / "prune-embedding-latency")))
-    write_json_atomic(args.out / "prune-embedding.json", results)
+    latency = {"latency": report_record(results["latency"])} if "latency" in results else {}  # rows as latency.json's
+    write_json_atomic(args.out / "prune-embedding.json", {**results, **latency})
     (args.out / "prune-embedding.md").write_text(render(results), encoding="utf-8")
     print((args.out / "prune-embedding.md").read_text())
     return 0

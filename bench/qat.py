@@ -19,15 +19,17 @@ from pathlib import Path
 
 import torch
 
-from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 
 MAX_LENGTH = {"sst2": 64, "mrpc": 128, "stsb": 128}
 
 
-def run(parent: Path, out: Path, task: str, glue: Path, scheme: str, steps: int, lr: float, examples: int) -> dict:
+def run(parent: Path, out: Path, task: str, glue: Path, scheme: str, *, steps: int, lr: float, examples: int) -> dict:
     seconds = None
     if not (out / "config.json").is_file():
         cfg = {"backend": "inc", "scheme": scheme, "task": task, "data_dir": str(glue), "max_length": MAX_LENGTH[task],
@@ -61,8 +63,8 @@ def main(argv=None) -> int:
         parent = args.teachers / f"teacher-{task}"
         for scheme in ("static", "qat"):
             print(f"== {task}: inc {scheme}", flush=True)
-            rows.append(run(parent, args.models / f"teacher-{task}-inc-{scheme}", task, glue, scheme, args.steps, args.lr,
-                            args.examples))
+            rows.append(run(parent, args.models / f"teacher-{task}-inc-{scheme}", task, glue, scheme, steps=args.steps,
+                            lr=args.lr, examples=args.examples))
     header = {"date": utc_now(), **cpu_summary(),
               "threads": torch.get_num_threads(), "packages": package_versions(),
               "command": "python -m bench.qat " + " ".join(sys.argv[1:] if argv is None else argv)}

@@ -22,11 +22,15 @@ from pathlib import Path
 import torch
 
 from bench.headline import bert_base_shape
-from compress.core.formats.artifacts import read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
-from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import format_markdown, report_record
+from compress.eval.latency.runs import measure_latency
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 
 TASKS = ("sst2", "mrpc", "stsb")
 BACKENDS = (("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static"))
@@ -88,18 +92,18 @@ def main(argv=None) -> int:
     dirs = [Path(p) for p in parents] + [Path(r["model_dir"]) for r in runs]
     latency = measure_latency(dirs, LatencyConfig(batch=(1, 32), seq=(128,), repeats=args.repeats, warmup=5, record=False,
                                                   out=str(args.out / "quantize-latency")))
-    p50 = {(str(Path(row["model"]).absolute()), row["batch"]): row for row in latency["rows"]}
+    p50 = {(str(Path(row.model).absolute()), row.batch): row for row in latency["rows"]}
     for r in runs:
         for batch in (1, 32):
             mine, theirs = p50.get((str(Path(r["model_dir"]).absolute()), batch)), p50.get((str(Path(r["parent_dir"]).absolute()), batch))
             if mine and theirs:
-                r[f"p50_b{batch}"], r[f"parent_p50_b{batch}"] = mine["p50_ms"], theirs["p50_ms"]
-                r[f"speedup_b{batch}"] = theirs["p50_ms"] / mine["p50_ms"]
-                r["size_mb"], r["parent_size_mb"] = mine["size_mb"], theirs["size_mb"]
+                r[f"p50_b{batch}"], r[f"parent_p50_b{batch}"] = mine.p50_ms, theirs.p50_ms
+                r[f"speedup_b{batch}"] = theirs.p50_ms / mine.p50_ms
+                r["size_mb"], r["parent_size_mb"] = mine.size_mb, theirs.size_mb
     header = {"date": utc_now(), **cpu_summary(),
               "threads": torch.get_num_threads(), "packages": package_versions(),
               "command": "python -m bench.quantize " + " ".join(sys.argv[1:] if argv is None else argv)}
-    write_json_atomic(args.out / "quantize.json", {"header": header, "runs": runs, "latency": latency})
+    write_json_atomic(args.out / "quantize.json", {"header": header, "runs": runs, "latency": report_record(latency)})
     (args.out / "quantize.md").write_text(render(runs, latency, header), encoding="utf-8")
     print((args.out / "quantize.md").read_text())
     return 0

@@ -48,15 +48,17 @@ import torch
 
 from bench.pretrain import corpus_paths
 from bench.teachers import minilm_path
-from compress.core.formats.artifacts import (build_lock, compression_record, load_tokenizer, read_compression, read_metrics,
-                                     save_model_dir, utc_now, write_json_atomic)
+from compress.core.formats.artifacts import load_tokenizer, save_model_dir
+from compress.core.formats.records import compression_record, read_compression, read_metrics, utc_now
+from compress.core.formats.writes import build_lock, write_json_atomic
 from compress.core.config import from_dict
 from compress.core.hardware import cpu_summary, package_versions
 from compress.core.formats.runtime import load_model
 from compress.core.data.tasks import get_task
 from compress.distill.task import DistillConfig, distill
 from compress.distill.general import GeneralDistillConfig, distill_general
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 
 ROWS = {
     "a": "KD + hard, no augmentation (the former defaults)",
@@ -93,7 +95,7 @@ def save_results(store: Path, header: dict, results: dict, mine: set[str]) -> No
         (store.parent / "retention.md").write_text(render(results, header), encoding="utf-8")
 
 
-def row_config(row: str, task: str, student: str, args, seed: int, general: Path | None,
+def row_config(row: str, task: str, student: str, args, seed: int, *, general: Path | None,
                encoder: Path | None = None) -> dict:
     """The distill options of one row (each row adds to the one before)."""
     init = "teacher"  # 3L-384: teacher layers 1,3,5; 4L-312: teacher layers 1,2,4,5 cut to 312 wide (teacher-slices)
@@ -270,7 +272,7 @@ def main(argv=None) -> int:
             for row in args.rows.split(","):
                 if row == "j" and args.task_init is None:
                     parser.error("row j needs --task-init DIR: a student distilled on another task")
-                run_row(args, teacher, task, student, row, seeds, results, mine, save)
+                run_row(args, teacher, task, student, row, seeds, results=results, mine=mine, save=save)
             if student == "3L-384" and not args.no_int8:
                 int8_row(args, task, student, results, mine, save)
     save()
@@ -278,7 +280,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_row(args, teacher: Path, task: str, student: str, row: str, seeds: list[int], results: dict, mine: set[str],
+def run_row(args, teacher: Path, task: str, student: str, row: str, seeds: list[int], *, results: dict, mine: set[str],
             save) -> None:
     """Every seed of one row not yet in ``results``, after its starting point (row j's encoder, rows d and i's general
     stage), each saved as it ends."""
@@ -294,7 +296,7 @@ def run_row(args, teacher: Path, task: str, student: str, row: str, seeds: list[
         if key in results:
             continue
         print(f"== {key}", flush=True)
-        cfg = row_config(row, task, student, args, seed, general, encoder)
+        cfg = row_config(row, task, student, args, seed, general=general, encoder=encoder)
         results[key] = {"task": task, "student": student, "row": row, "seed": seed,
                         **student_run(teacher, args.models / key.replace("/", "-"), cfg),
                         **({"general": general_cost} if general_cost else {})}

@@ -25,7 +25,9 @@ import torch
 from scipy.stats import spearmanr
 
 from bench.teachers import minilm_path
-from compress.core.formats.artifacts import load_tokenizer, utc_now, write_json_atomic
+from compress.core.formats.artifacts import load_tokenizer
+from compress.core.formats.records import utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.hardware import cpu_summary, package_versions
 from compress.core.formats.runtime import load_model
 from compress.core.model.shapes import Shape

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.headline import _turns_lines, compute_targets, real_candidates, real_in_turns
-from compress.core.formats.artifacts import write_json_atomic, write_text_atomic
+from compress.core.formats.writes import write_json_atomic, write_text_atomic
 from compress.core.hardware import hardware, package_versions
 
 

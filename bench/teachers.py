@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.data.sources import TaskData
 from compress.core.hardware import cpu_summary, package_versions
 from compress.core.data.tasks import get_task

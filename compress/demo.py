@@ -27,12 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import check_output, is_quantized, parent_path, read_compression
+from compress.core.formats.artifacts import is_quantized
+from compress.core.formats.records import parent_path, read_compression
+from compress.core.preflight import check_output
 from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.data.tasks import get_task
+from compress.eval.latency.report import read_report
+from compress.eval.latency.row import Row
 from compress.eval.latency.runs import default_threads
-from compress.eval.leaderboard import METRIC_LABELS
+from compress.eval.leaderboard_render import METRIC_LABELS
 from compress.pipeline import MANIFEST, run_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -144,13 +148,14 @@ class HeadlineRow:
 
 
 def _latency_report(run_dir: Path) -> dict[str, Any]:
-    """The report of the run's latency stage (the first one the manifest lists), or {} when it has none."""
+    """The report of the run's latency stage (the first one the manifest lists; its rows as records), or {} when it
+    has none."""
     manifest = run_dir / MANIFEST
     stages = json.loads(manifest.read_text(encoding="utf-8"))["stages"] if manifest.is_file() else {}
     for name, stage in stages.items():
         report = run_dir / name / "latency.json"
         if stage.get("kind") == "latency" and report.is_file():
-            return json.loads(report.read_text(encoding="utf-8"))
+            return read_report(json.loads(report.read_text(encoding="utf-8")))
     return {}
 
 
@@ -174,12 +179,12 @@ def headline_rows(run_dir: Path) -> tuple[list[HeadlineRow], dict[str, Any]]:
     table["latency"] = _latency_report(run_dir)
     task = table["tasks"][0] if table["tasks"] else None
     point = (table["point"]["batch"], table["point"]["seq"])
-    timed: dict[Path, list[dict[str, Any]]] = {}
+    timed: dict[Path, list[Row]] = {}
     for row in table["latency"].get("rows", []):
-        if (row["batch"], row["seq"]) == point:
-            timed.setdefault(Path(row["model"]).resolve(), []).append(row)
+        if row.point == point:
+            timed.setdefault(Path(row.model).resolve(), []).append(row)
     models = {Path(m["path"]).resolve(): m for m in table["models"]}
-    members: dict[Path, list[dict[str, Any]]] = {}
+    members: dict[Path, list[Row]] = {}
     for path, model in models.items():
         members.setdefault(_home(model, set(models)), []).extend(timed.get(path, []))
     rows = []
@@ -188,13 +193,13 @@ def headline_rows(run_dir: Path) -> tuple[list[HeadlineRow], dict[str, Any]]:
         score = model["scores"].get(task) if task else None
         if score is None and not times:
             continue
-        fastest = min(times, key=lambda r: r["p50_ms"], default=None)
-        torch_ms = [r["p50_ms"] for r in times if str(r["backend"]).startswith("torch")]
+        fastest = min(times, key=lambda r: r.p50_ms, default=None)
+        torch_ms = [r.p50_ms for r in times if str(r.backend).startswith("torch")]
         rows.append(HeadlineRow(
             name=model["name"], params=model["params"], size_mb=model["size_mb"],
             score=score, precision="int8" if is_quantized(home) else "fp32",
-            torch_ms=min(torch_ms) if torch_ms else None, fastest_ms=fastest["p50_ms"] if fastest else None,
-            fastest_backend=fastest["backend"] if fastest else None))
+            torch_ms=min(torch_ms) if torch_ms else None, fastest_ms=fastest.p50_ms if fastest else None,
+            fastest_backend=fastest.backend if fastest else None))
     return rows, table
 
 

@@ -25,7 +25,7 @@ SkipLayerNormalization fused is refused. It is checked like any export.
 
 ``--precision bf16`` (OpenVINO) keeps fp32 weights and records ``inference_precision_hint: bf16``:
 every loader asks the CPU plugin for bf16 where the CPU has bf16 kernels, f32 elsewhere
-(:func:`compress.core.formats.runtime.recorded_precision`); the check runs what the loaders will run,
+(:func:`compress.core.formats.openvino_runtime.recorded_precision`); the check runs what the loaders will run,
 against :data:`BF16_TOLERANCE`.
 
 A sentence-embedding folder stays one: its pooling files travel with the graph, which is
@@ -43,34 +43,23 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from compress.core.formats.artifacts import (
-    COMPRESSION_FILE,
-    METRICS_FILE,
-    ONNX,
-    ONNX_FILE,
-    TORCH,
-    artifact_format,
-    check_output,
-    compression_record,
-    is_quantized,
-    load_config,
-    load_tokenizer,
-    output_dir,
-    parent_path,
-    read_compression,
-    require_model_dir,
-    saved_head,
-    write_json_atomic,
-)
+from compress.core.formats.artifacts import load_config, load_tokenizer, output_dir
+from compress.core.formats.folder import open_folder
+from compress.core.formats.layout import COMPRESSION_FILE, METRICS_FILE, ONNX, ONNX_FILE, TORCH
+from compress.core.formats.records import compression_record, parent_path, read_compression
+from compress.core.formats.writes import write_json_atomic
+from compress.core.preflight import check_output
 from compress.core.formats.card import sentence_loading_line
 from compress.core.config import option
 from compress.core.errors import CompressError
-from compress.core.formats.onnx import OUTPUTS, export_onnx, format_fusion, fuse_onnx
+from compress.core.formats.onnx import export_onnx, format_fusion, fuse_onnx
 from compress.core.formats.openvino import export_openvino
 from compress.core.registry import Registry
-from compress.core.data.resolve import task_fields, task_of_model
-from compress.core.formats.runtime import load_model, structure_of
+from compress.core.data.resolve import task_fields, task_of_folder
+from compress.core.formats.architecture import structure_of
+from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import is_sentence_folder
+from compress.core.model.heads import EXPORTABLE_HEADS, HEADS
 from compress.core.model.structure import model_inputs
 
 # The check's default largest difference for a bf16 folder: bf16 keeps 8 bits of mantissa, so each product carries a
@@ -158,19 +147,19 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
     """Write ``model_dir`` as ``cfg.format`` to ``out`` and check its outputs against the source's."""
     cfg.validate()
     check_output(out, overwrite, inputs=model_dir)
-    source = require_model_dir(model_dir)
-    fmt = artifact_format(source)
-    if cfg.fuse and is_quantized(source):
+    folder = open_folder(model_dir)
+    source, fmt = folder.path, folder.format
+    if cfg.fuse and folder.quantized:
         raise CompressError(f"{source} is int8; --fuse optimises an fp32 graph: export its fp32 parent with --fuse, or "
                             "quantize that parent's fused graph with compress quantize --backend onnxruntime --fuse")
     exporter = EXPORTERS.get(cfg.format).get(fmt)
     if exporter is None:
         raise CompressError(f"{source} has format {fmt}, which compress export does not know; "
                             f"it exports {', '.join(EXPORTERS.get(cfg.format))}")
-    head = saved_head(source)
-    if head not in OUTPUTS:
-        raise CompressError(f"export supports {', '.join(OUTPUTS)} models; {source} is a {head} model")
-    tolerance = cfg.tolerance if cfg.tolerance is not None else (0.5 if is_quantized(source) else BF16_TOLERANCE
+    head = folder.head
+    if head not in EXPORTABLE_HEADS:
+        raise CompressError(f"export supports {', '.join(EXPORTABLE_HEADS)} models; {source} is a {head} model")
+    tolerance = cfg.tolerance if cfg.tolerance is not None else (0.5 if folder.quantized else BF16_TOLERANCE
                                                                  if cfg.precision == "bf16" else 1e-3)
     with output_dir(out, overwrite) as tmp:
         staged = tmp / "model"  # the exporters write a complete directory of their own
@@ -181,17 +170,17 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
         if cfg.precision == "bf16":  # asked before the check, so the check runs what every loader of the folder will
             write_json_atomic(tmp / "compression.json", {**read_compression(tmp), "inference_precision_hint": "bf16"})
         fusion = _fuse(source, tmp) if cfg.fuse else {}
-        check = compare_outputs(source, tmp, OUTPUTS[head])
+        check = compare_outputs(source, tmp, HEADS[head].outputs)
         if check["max_abs_diff"] > tolerance:
             raise CompressError(
                 f"the {cfg.format} export of {source} differs from it by {check['max_abs_diff']:.3g} "
                 f"(tolerance {tolerance:g}); nothing was written"
             )
-        before = read_compression(source)
+        before = folder.record
         written = read_compression(tmp)
-        own = task_of_model(source)  # the task travels with the export, which may be copied without its parent
+        own = task_of_folder(folder)  # the task travels with the export, which may be copied without its parent
         record = compression_record(
-            stage="export", method=cfg.format, config=cfg, parent=source,
+            stage="export", method=cfg.format, config=cfg, parent=folder,
             structure=written.get("structure") or before.get("structure"),  # the graph's (a classifier's last layer: first token)
             extra={**{k: before[k] for k in ("head", "task", "precision", "backend", "scheme") if k in before},
                    **{k: written[k] for k in ("format", "backend", "precision", "inference_precision",

@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.core.formats.artifacts import check_output, check_writable, dir_hash, write_json_atomic, write_text_atomic
+from compress.core.formats.records import dir_hash
+from compress.core.formats.writes import check_writable, write_json_atomic, write_text_atomic
+from compress.core.preflight import check_output
 from compress.core.config import field_names, from_dict, load_file
 from compress.core.errors import CompressError
-from compress.core.train import fingerprint
+from compress.core.checkpoints import fingerprint
 from compress.eval.evaluate import evaluate
 from compress.eval.latency.runs import measure_latency
 from compress.eval.leaderboard import LeaderboardConfig

@@ -29,17 +29,13 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from compress.core.model import structure as st
-from compress.core.formats.artifacts import (
-    check_output,
-    compression_record,
-    load_tokenizer,
-    read_metrics,
-    require_torch_weights,
-    save_model_dir,
-    utc_now,
-)
+from compress.core.formats.artifacts import require_torch_weights, save_model_dir
+from compress.core.formats.folder import open_folder
+from compress.core.formats.records import compression_record, read_metrics, utc_now
+from compress.core.preflight import check_output
 from compress.core.config import flat_keywords, option
-from compress.core.data.sources import TaskData, check_max_length, collate, load_task_data, load_test_split
+from compress.core.data.features import check_max_length, collate
+from compress.core.data.sources import TaskData, load_task_data, load_test_split
 from compress.core.errors import CompressError
 from compress.core.model.graph_pruning import prune_ffn_neurons
 from compress.core.model.importance import (
@@ -56,7 +52,7 @@ from compress.core.model.importance import (
 )
 from compress.core.registry import Registry
 from compress.core.data.resolve import resolve_task, task_fields
-from compress.core.formats.runtime import load_model, load_model_for_task
+from compress.core.formats.runtime import load_folder_for_task, load_folder_model, load_model, load_model_for_task
 from compress.core.formats.sentence import SentenceSpec, finish, pooled, pooled_embeddings, read_spec, staged_sentence_files, tokenize
 from compress.core.model.structure import config_sizes, heads_per_layer
 from compress.core.data.tasks import get_task, is_kind, task_choices
@@ -67,7 +63,7 @@ from compress.eval.embeddings import embedding_record
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, split_records, test_records
 from compress.teacher.finetune import FinetuneConfig, finetune
-from compress.teacher.presets import resolve_model
+from compress.teacher.presets import open_model, resolve_model
 
 
 log = logging.getLogger(__name__)
@@ -469,12 +465,13 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
     """
     out = Path(out)
     check_output(out, overwrite, inputs=(model_dir, cfg))
-    model_dir = require_torch_weights(model_dir, "pruning")
-    task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=model_dir)
+    folder = open_folder(model_dir).check_torch("pruning")
+    model_dir = folder.path
+    task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=folder)
     if cfg.recovery_teacher:  # a missing teacher fails before any scoring, not after
         cfg = replace(cfg, recovery_teacher=str(require_torch_weights(resolve_model(cfg.recovery_teacher), "--recovery-teacher")))
-    tokenizer = load_tokenizer(model_dir)
-    model = load_model_for_task(model_dir, task)
+    tokenizer = folder.tokenizer
+    model = load_folder_for_task(folder, task)
     _check_plan(model, cfg)  # impossible requests fail before any data is read
     max_length = cfg.data.resolved_max_length(task, config_sizes(model.config).max_positions)
     features, dev, _ = load_task_data(task, tokenizer, replace(cfg.data, max_train_examples=cfg.importance_examples),
@@ -489,14 +486,14 @@ def prune(model_dir: str | Path, out: str | Path, cfg: PruneConfig, *, overwrite
                        recover if cfg.recovery != "none" else None, random.Random(cfg.train.seed))
     before = {"params": st.count_parameters(model), "structure": st.describe(model), "dev": evaluate(model)}
     # Said before any pruning: scores and cuts of a model that is not fine-tuned for the task mean nothing.
-    fit = check_teacher_fit(model_dir, task, before["dev"], dev_labels(dev), role="the model to prune", advice=(
+    fit = check_teacher_fit(folder, task, before["dev"], dev_labels(dev), role="the model to prune", advice=(
         f"Its importance scores and the dev metric that checks each cut mean nothing; prune a model fine-tuned on "
         f"{task.display} (compress teacher finetune)."))
     ctx.log.append({"step": "start", "params": before["params"], "dev": before["dev"]})
     model, after_prune, recovered, summary = _prune_and_recover(model, ctx, cfg.recovery)
     summary.update(task=task.name, teacher_at_chance=fit["at_chance"], teacher_warning=fit["warning"])
     record = compression_record(
-        stage="prune", method=_method(cfg, cfg.recovery), config=cfg, parent=model_dir, seed=cfg.train.seed,
+        stage="prune", method=_method(cfg, cfg.recovery), config=cfg, parent=folder, seed=cfg.train.seed,
         extra={**task_fields(task), "before": before, "summary": {k: v for k, v in summary.items() if k != "steps"},
                "teacher_check": fit, "teacher_at_chance": fit["at_chance"]},
     )
@@ -557,10 +554,11 @@ def prune_embedding(model_dir: str | Path, out: str | Path, cfg: EmbeddingPruneC
     """
     out = Path(out)
     check_output(out, overwrite, inputs=(model_dir, cfg))
-    model_dir = require_torch_weights(resolve_model(model_dir), "pruning")
+    folder = open_model(model_dir).check_torch("pruning")
+    model_dir = folder.path
     spec = read_spec(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, head="base", attn_implementation="eager" if cfg.head_criterion == "entropy" else None)
+    tokenizer = folder.tokenizer
+    model = load_folder_model(folder, head="base", attn_implementation="eager" if cfg.head_criterion == "entropy" else None)
     _check_plan(model, cfg)
     check_max_length(cfg.max_length, config_sizes(model.config).max_positions)
     sentence_cfg = cfg.distill_config(init=str(model_dir))  # the sentence sources and eval tasks, as distillation reads them
@@ -593,7 +591,7 @@ def prune_embedding(model_dir: str | Path, out: str | Path, cfg: EmbeddingPruneC
     model, _, _, summary = _prune_and_recover(model, ctx, cfg.recovery)
     summary.update(embedding=True, sentences={"sources": sources, "heldout": n_held, "scoring": len(scoring)})
     record = compression_record(
-        stage="prune-embedding", method=_method(cfg, cfg.recovery), config=cfg, parent=model_dir, seed=cfg.train.seed,
+        stage="prune-embedding", method=_method(cfg, cfg.recovery), config=cfg, parent=folder, seed=cfg.train.seed,
         extra={"before": before, "summary": {k: v for k, v in summary.items() if k != "steps"},
                "sentence": {"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": spec.max_seq_length}},
     )

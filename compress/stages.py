@@ -15,36 +15,20 @@ Classes and functions are named as "module:attr" strings and imported on first u
 from __future__ import annotations
 
 import argparse
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from compress.core.config import Choices
 from compress.core.errors import CompressError
+from compress.core.lazy import load
+from compress.core.model.heads import HEADS
 from compress.core.preflight import DIRECTORY, HUB
 from compress.core.registry import Registry
-from compress.core.data.tasks import (
-    CLASSIFICATION,
-    MULTI_LABEL,
-    REGRESSION,
-    TASKS,
-    TOKEN,
-    USER_KINDS,
-    USER_METRICS,
-    is_kind,
-    task_choices,
-    user_task,
-)
+from compress.core.data.tasks import TASKS, USER_KINDS, is_kind, task_choices, user_kind, user_task
 
 SEVERAL = ("models", "runs")  # input names that take several directories; "model", "teacher" take one
 OWN_DATA = ("task", "train_file", "dev_file")  # a training stage's early options (Stage.early): its task and data files
-
-
-def load(path: str) -> Any:
-    """The object a "module:attr" string names, imported on first use."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass(frozen=True)
@@ -158,15 +142,6 @@ def register(entry: Stage | Command) -> Stage | Command:
 # ---------------------------------------------------------------------------- tasks, init
 
 
-# What a user's own data holds, per kind: the label in a row of its file.
-_LABEL_FORMATS = {
-    CLASSIFICATION: "a label name",
-    MULTI_LABEL: "label names: a JSON list, or --label-sep",
-    REGRESSION: "a number",
-    TOKEN: "a tag per word: O, B-TYPE, I-TYPE",
-}
-
-
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
     """Rows as left-aligned columns, the first row the header."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -175,10 +150,10 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 def _reads(kind: str) -> str:
     """A kind's default columns as ``--task KIND`` reads them: "text, label"."""
-    sample = user_task(kind, "kind", ("O", "B-x") if kind == TOKEN else ("a", "b"))
+    sample = user_task(kind, "kind", user_kind(kind).sample_labels)
     columns = sample.column_map
     words = [columns[f] for f in sample.text_fields]
-    if kind == TOKEN:  # a CoNLL file has no header: a word and its tag per line
+    if sample.behaviour.tagged_words:  # a CoNLL file has no header: a word and its tag per line
         return f"{words[0]} (word list), {columns['label']}; or CoNLL"
     return f"{', '.join(words)}, {columns['label']}"
 
@@ -186,10 +161,9 @@ def _reads(kind: str) -> str:
 def _tasks(v: dict[str, Any], say: Say) -> tuple[str, list[str]]:
     """``compress tasks``: the kinds of a user's own task, then the registered benchmark tasks, as tables."""
     own = [("kind", "reads (default columns)", "label", "metrics", "primary")]
-    for kind in USER_KINDS:
-        metrics, primary = USER_METRICS[kind]
-        shown = ", ".join(metrics) + (", f1_<type>" if kind == TOKEN else "")
-        own.append((kind, _reads(kind), _LABEL_FORMATS[kind], shown, primary))
+    for kind in map(user_kind, USER_KINDS):
+        shown = ", ".join(kind.metrics) + (", f1_<type>" if kind.tagged_words else "")
+        own.append((kind.name, _reads(kind.name), kind.label_help, shown, kind.primary_metric))
     presets = [("task", "kind", "labels (official order)", "metrics", "splits")]
     for t in TASKS.values():
         presets.append((t.name, t.kind, t.labels_description, ", ".join(t.metrics[:2]), ", ".join(s.name for s in t.splits)))
@@ -219,7 +193,7 @@ def _init_flags(p: argparse.ArgumentParser) -> None:
     presets = Choices(list(TASKS), accept=lambda name: name in task_choices() and not is_kind(name))
     p.add_argument("--task", choices=presets, help="give the model this benchmark task's head and label names (your own "
                    "task's come from its training file: compress teacher finetune --task KIND)")
-    p.add_argument("--head", choices=["base", "sequence-classification", "token-classification", "question-answering", "masked-lm", "pretraining"], help="head without a task (default: base)")
+    p.add_argument("--head", choices=list(HEADS), help="head without a task (default: base)")
     p.add_argument("--max-positions", type=int, default=512, help="position embeddings (default: 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
     p.add_argument("--out", required=True, metavar="DIR", help="output model directory")
@@ -269,9 +243,9 @@ register(Stage(
   compress latency --model models/teacher models/student --batch 1,32 --seq 128
   compress latency --model models/teacher models/student-int8 --repeat-runs 3 --reference-backends torch,onnxruntime,openvino
   compress latency --model models/teacher models/student --lengths sst2 --data-dir ~/glue_data   # real dev sentences""",
-    "compress.eval.latency.runs:LatencyConfig", "compress.eval.latency.runs:measure_latency",
+    "compress.eval.latency.config:LatencyConfig", "compress.eval.latency.runs:measure_latency",
     (Input("models", "--model", "model directories; the first is the reference of the ratio column"),),
-    produces_model=False, report="compress.eval.latency.runs:summarize", said=None,
+    produces_model=False, report="compress.eval.latency.report:summarize", said=None,
     recipe_entry="compress.pipeline:run_latency",
 ))
 
@@ -330,7 +304,7 @@ register(Stage(
   compress auto --teacher models/minilm --embedding --corpus wiki/ --budget 'speedup>=3x@b1,s128' \\
       --out models/minilm-3x          # sentence embeddings: a sentence-transformers folder, scored by the cosine
                                       # to the teacher on held-out sentences (STS-B with --data-dir holding it)""",
-    "compress.auto.run:AutoConfig", "compress.auto.run:auto",
+    "compress.auto.config:AutoConfig", "compress.auto.run:auto",
     (Input("teacher", "--teacher", "fine-tuned teacher (with --embedding: a sentence-embedding model): directory, alias "
            "or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the chosen model, with the search's report in search/)",
@@ -431,7 +405,7 @@ register(Stage(
       --max-drop 0.5 --out models/sst2-int8-static      # calibrated, refused if it loses more than 0.5 dev points
   compress quantize --model models/all-minilm --backend openvino --scheme static --corpus wiki/ --sentences-from stsb \\
       --data-dir ~/glue_data --min-cosine 0.99 --out models/minilm-ov   # a sentence-embedding folder: no task, cosine check""",
-    "compress.quantize.run:QuantizeConfig", "compress.quantize.run:quantize",
+    "compress.quantize.config:QuantizeConfig", "compress.quantize.run:quantize",
     (Input("model", "--model", "fp32 model directory"),),
     out_help="int8 model directory",
     report="compress.quantize.run:summarize", early=OWN_DATA,

@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress.core.formats.artifacts import utc_now
+from compress.core.formats.records import utc_now
 from compress.core.errors import CompressError
 from compress.core.formats.sentence import SentenceSpec, encode
-from compress.core.data.tasks import CLASSIFICATION, REGRESSION, Task
+from compress.core.data.tasks import Task
 from compress.eval.metrics import pearson, spearman
 
 EMBEDDING_EVAL = "embedding-eval"  # metrics.json "kind" of these records
@@ -106,36 +106,38 @@ def _retrieval_plan(task: Task, ds) -> _Plan:
     )
 
 
-@dataclass(frozen=True)
-class _KindEmbedding:
-    measure: str  # "similarity" or "retrieval"
-    metrics: tuple[str, ...]
-    primary: str  # the metric retention is computed on
-    plan: Callable[[Task, Any], _Plan]
-
-
-_BY_KIND: dict[str, _KindEmbedding] = {
-    REGRESSION: _KindEmbedding("similarity", ("pearson", "spearmanr"), "spearmanr", _similarity_plan),
-    CLASSIFICATION: _KindEmbedding("retrieval", ("recall_at_1", "mrr"), "mrr", _retrieval_plan),
-}
-
-
-def check_embedding_task(task: Task) -> _KindEmbedding:
-    """How ``task`` scores embeddings; a one-line error for a task that cannot (single sentences, SQuAD)."""
-    usable = "stsb (similarity) or a pair classification task with a positive class such as mrpc, qqp, rte (retrieval)"
-    if not task.is_pair or task.kind not in _BY_KIND:
-        raise CompressError(f"{task.display} cannot score sentence embeddings: it needs sentence pairs; use {usable}")
-    if task.kind == CLASSIFICATION:
-        positive_label(task)
-    return _BY_KIND[task.kind]
-
-
 def positive_label(task: Task) -> int:
     """The label index of a pair with the same meaning (``equivalent``, ``duplicate``, ``entailment``)."""
     for i, name in enumerate(task.label_names):
         if name.lower() in POSITIVE_LABELS:
             return i
     raise CompressError(f"{task.display} has no positive label ({', '.join(POSITIVE_LABELS)}) to retrieve pairs by")
+
+
+@dataclass(frozen=True)
+class _KindEmbedding:
+    measure: str  # "similarity" or "retrieval"
+    metrics: tuple[str, ...]
+    primary: str  # the metric retention is computed on
+    plan: Callable[[Task, Any], _Plan]
+    check: Callable[[Task], Any] = lambda task: None  # refuse a task it cannot measure, before any data is read
+
+
+# Keyed by what the task predicts (``TaskKind.prediction``): a score is a pair's similarity, a label names pairs to retrieve.
+_BY_PREDICTION: dict[str, _KindEmbedding] = {
+    "score": _KindEmbedding("similarity", ("pearson", "spearmanr"), "spearmanr", _similarity_plan),
+    "label": _KindEmbedding("retrieval", ("recall_at_1", "mrr"), "mrr", _retrieval_plan, check=positive_label),
+}
+
+
+def check_embedding_task(task: Task) -> _KindEmbedding:
+    """How ``task`` scores embeddings; a one-line error for a task that cannot (single sentences, SQuAD)."""
+    usable = "stsb (similarity) or a pair classification task with a positive class such as mrpc, qqp, rte (retrieval)"
+    kind = _BY_PREDICTION.get(task.behaviour.prediction)
+    if not task.is_pair or kind is None:
+        raise CompressError(f"{task.display} cannot score sentence embeddings: it needs sentence pairs; use {usable}")
+    kind.check(task)
+    return kind
 
 
 def primary_metric(task: Task) -> str:

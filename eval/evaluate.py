@@ -21,42 +21,21 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from compress.core.formats.artifacts import (
-    STATIC,
-    append_metrics,
-    artifact_format,
-    atomic_path,
-    check_writable,
-    load_tokenizer,
-    require_model_dir,
-    saved_head,
-    utc_now,
-    write_text_atomic,
-)
+from compress.core.formats.folder import ModelFolder, open_folder
+from compress.core.formats.layout import STATIC
+from compress.core.formats.records import append_metrics, utc_now
+from compress.core.formats.writes import atomic_path, check_writable, write_text_atomic
 from compress.core.config import flat_keywords, option
-from compress.core.data.sources import (
-    EVAL_BATCH_SIZE,
-    DataSource,
-    TaskOptions,
-    check_max_length,
-    collate,
-    load_split,
-    squad_eval_features,
-    tokenize_classification,
-)
+from compress.core.data.features import check_max_length, collate, squad_eval_features, tokenize_classification
+from compress.core.data.sources import EVAL_BATCH_SIZE, DataSource, TaskOptions, load_split
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.formats.openvino import export_openvino
-from compress.core.data.resolve import resolve_task, task_of_model
-from compress.core.formats.runtime import load_model, model_device
+from compress.core.data.resolve import resolve_task, task_of_folder
+from compress.core.formats.runtime import load_folder_model, load_model, model_device
 from compress.core.formats.sentence import read_spec
 from compress.core.model.structure import config_sizes, input_names
 from compress.core.data.tasks import (
-    CLASSIFICATION,
-    MULTI_LABEL,
-    REGRESSION,
-    SPAN,
-    TOKEN,
     UNLABELLED,
     Split,
     Task,
@@ -172,16 +151,14 @@ def output_to_task_labels(config, task: Task) -> list[int]:
 # ---------------------------------------------------------------------------- prediction
 
 
-PER_TOKEN = {"start_logits", "end_logits"}
-
-
-def predict(model, features, collator, batch_size: int, device, outputs: tuple[str, ...] = ("logits",), desc="predicting",
+def predict(model, features, collator, batch_size: int, device, *, outputs: tuple[str, ...] = ("logits",), desc="predicting",
             per_token: bool = False):
     """Run ``model`` over tokenised ``features`` in length-sorted batches.
 
     Returns one list per name in ``outputs``, in the original feature order; each item
-    is a numpy array: a feature's logits (labels,), its per-token start/end logits (seq,),
-    or with ``per_token`` its per-token logits (seq, labels), cut to the feature's own length.
+    is a numpy array: a feature's logits (labels,), or with ``per_token`` (the head's outputs
+    score token positions) its start/end logits (seq,) or its per-token logits (seq, labels),
+    cut to the feature's own length.
     """
 
     model_inputs = set(input_names(model))  # DistilBERT and ModernBERT take no token_type_ids
@@ -203,7 +180,7 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
                 for j, i in enumerate(index):
                     row = values[j]
                     # Per-token outputs are cut back to the feature's own (unpadded) length.
-                    results[name][int(i)] = row[: lengths[int(i)]] if per_token or name in PER_TOKEN else row
+                    results[name][int(i)] = row[: lengths[int(i)]] if per_token else row
     return [results[name] for name in outputs]
 
 
@@ -212,18 +189,19 @@ def predict(model, features, collator, batch_size: int, device, outputs: tuple[s
 
 def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     """Evaluate ``model_dir`` on ``cfg.task`` (default: the model's own task); one result record per split evaluated."""
-    model_dir = require_model_dir(model_dir)
-    task = eval_task(model_dir, cfg)
+    folder = open_folder(model_dir)
+    model_dir = folder.path
+    task = eval_task(folder, cfg)
     splits = task.resolve_splits(cfg.split)
     if cfg.submission and any(s.submission_file is None for s in splits):
         raise CompressError("--submission writes GLUE server files from test predictions; use --split test")
     if cfg.embedding:
-        return evaluate_embeddings(model_dir, task, splits, cfg)
+        return evaluate_embeddings(folder, task, splits, cfg)
     _check_destinations(model_dir, cfg)
-    per_kind = _BY_KIND[task.kind]
-    check_head(model_dir, task)  # before load_model would put a fresh, untrained head on it
-    model = _load(model_dir, task.behaviour.head, cfg.runtime)  # config and weights first: their errors are the clearest
-    tokenizer = load_tokenizer(model_dir)
+    per_kind = _per_kind(task)
+    check_head(folder, task)  # before load_model would put a fresh, untrained head on it
+    model = _load(folder, task.behaviour.head, cfg.runtime)  # config and weights first: their errors are the clearest
+    tokenizer = folder.tokenizer
     per_kind.check(model.config, task)  # fail before loading any data
     model_max = config_sizes(model.config).max_positions
     max_length = cfg.max_length if cfg.max_length is not None else min(task.behaviour.max_length, model_max)
@@ -232,7 +210,8 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
 
     records = []
     for split in splits:
-        record = per_kind.evaluate_split(model, tokenizer, task, split, cfg, max_length, device, model_dir)
+        record = per_kind.evaluate_split(model, tokenizer, task, split, cfg, max_length=max_length, device=device,
+                                         model_dir=model_dir)
         if cfg.runtime != "auto":
             record["runtime"] = cfg.runtime
         if cfg.record and record.get("metrics"):
@@ -244,36 +223,37 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     return records
 
 
-def eval_task(model_dir: Path, cfg: EvalConfig) -> Task:
+def eval_task(folder: ModelFolder, cfg: EvalConfig) -> Task:
     """The task to score: a preset ``--task``, else the model's own (a kind given must be the model's)."""
     if cfg.task and not is_kind(cfg.task):
         return resolve_task(cfg.task, cfg.own)
-    if task_of_model(model_dir) is None:
-        raise CompressError(f"no --task given and {model_dir} records no task (its config.json has no task head); "
+    if task_of_folder(folder) is None:
+        raise CompressError(f"no --task given and {folder.path} records no task (its config.json has no task head); "
                             "pass --task, e.g. --task sst2, or evaluate a model fine-tuned on your task")
-    return resolve_task(cfg.task, cfg.own, model=model_dir)
+    return resolve_task(cfg.task, cfg.own, model=folder)
 
 
-def _load(model_dir: Path, head: str, runtime: str):
+def _load(folder: ModelFolder, head: str, runtime: str):
     """The model as ``runtime`` runs it: its own format's loader, or OpenVINO after a conversion in a temporary folder."""
     if runtime == "auto":
-        return load_model(model_dir, head=head)
-    fmt = artifact_format(model_dir)
+        return load_folder_model(folder, head=head)
+    fmt = folder.format
     if fmt not in ("torch", "onnx"):
-        raise CompressError(f"--runtime {runtime} converts fp32 PyTorch or ONNX folders; {model_dir} is {fmt}, which runs on "
-                            "its own runtime: drop --runtime")
+        raise CompressError(f"--runtime {runtime} converts fp32 PyTorch or ONNX folders; {folder.path} is {fmt}, which runs "
+                            "on its own runtime: drop --runtime")
     with tempfile.TemporaryDirectory(prefix="compress-eval-openvino-") as tmp:
         # The compiled model holds its weights: the IR can go with the folder.
-        return load_model(export_openvino(model_dir, Path(tmp) / "openvino"), head=head)
+        return load_model(export_openvino(folder.path, Path(tmp) / "openvino"), head=head)
 
 
-def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], cfg: EvalConfig) -> list[dict[str, Any]]:
+def evaluate_embeddings(folder: ModelFolder, task: Task, splits: tuple[Split, ...], cfg: EvalConfig) -> list[dict[str, Any]]:
     """``--embedding``: score the directory's sentence embeddings on ``task``'s split(s); one record per split.
 
     Any format loads with its base model's ``last_hidden_state`` (int8 directories too); the
     pooling and normalisation come from the folder's sentence-transformers files.
     """
     check_embedding_task(task)  # fail before loading anything
+    model_dir = folder.path
     if cfg.submission:
         raise CompressError("--submission writes GLUE server predictions; it does not apply to --embedding")
     if cfg.record:
@@ -281,8 +261,8 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
     for split in splits:
         if not split.labelled:
             raise CompressError(f"{task.display} {split.name} has no labels to score embeddings against; use --split dev")
-    model = load_model(model_dir, head="base")
-    tokenizer = load_tokenizer(model_dir)
+    model = load_folder_model(folder, head="base")
+    tokenizer = folder.tokenizer
     spec = read_spec(model_dir)
     model_max = config_sizes(model.config).max_positions
     max_length = cfg.max_length if cfg.max_length is not None else spec.max_length(tokenizer, model_max)
@@ -301,17 +281,17 @@ def evaluate_embeddings(model_dir: Path, task: Task, splits: tuple[Split, ...], 
     return records
 
 
-def check_head(model_dir: Path, task: Task) -> None:
+def check_head(folder: ModelFolder, task: Task) -> None:
     """Refuse a model whose saved head is not the one ``task`` is scored with (a question-answering
     model on SST-2, a classifier on SQuAD, a bare encoder): it would be scored through a fresh, random head."""
-    if artifact_format(model_dir) == STATIC:
-        raise CompressError(f"{model_dir} is a static (model2vec) folder: token vectors with no task head; score its "
+    if folder.format == STATIC:
+        raise CompressError(f"{folder.path} is a static (model2vec) folder: token vectors with no task head; score its "
                             "sentence embeddings with --embedding (on a pair task such as stsb or mrpc)")
-    head, wanted = saved_head(model_dir), task.behaviour.head
+    head, wanted = folder.head, task.behaviour.head
     if head != wanted:
         has = "no task head (a bare encoder)" if head == "base" else f"a {head} head"
         raise CompressError(
-            f"{model_dir} has {has} but {task.display} is scored with a {wanted} head; "
+            f"{folder.path} has {has} but {task.display} is scored with a {wanted} head; "
             f"evaluate it on a task its head was trained for, or fine-tune it on {task.display} first"
         )
 
@@ -319,7 +299,8 @@ def check_head(model_dir: Path, task: Task) -> None:
 def _ax_from_mnli(model, tokenizer, cfg, max_length, device, model_dir) -> dict[str, Any]:
     ax = get_task("ax")
     try:
-        return _evaluate_glue(model, tokenizer, ax, ax.split("test"), cfg, max_length, device, model_dir)
+        return _evaluate_glue(model, tokenizer, ax, ax.split("test"), cfg, max_length=max_length, device=device,
+                              model_dir=model_dir)
     except CompressError as err:
         return {"kind": "eval", "task": "ax", "split": "test", "skipped": str(err)}
 
@@ -341,12 +322,13 @@ def glue_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int, 
     def score(model):
         mapping = output_to_task_labels(model.config, task)
         target = device if device is not None else model_device(model)
-        (logits,) = predict(model, features, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval")
+        (logits,) = predict(model, features, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval",
+                            per_token=task.behaviour.per_token)
         logits = np.stack(logits)  # (n, num_labels)
         # Reorder the model's outputs into the task's label order, then decide: argmax, a threshold or the score.
         task_logits = np.empty_like(logits)
         task_logits[:, mapping] = logits
-        preds = _BY_KIND[task.kind].decide(task, task_logits)
+        preds = _per_kind(task).decide(task, task_logits)
         metrics = task_metrics(task, preds, labels) if (labels != UNLABELLED).all() else None
         return metrics, preds
 
@@ -377,8 +359,8 @@ def token_scorer(tokenizer, task: Task, ds, *, max_length: int, batch_size: int,
     def score(model):
         mapping = output_to_task_labels(model.config, task)
         target = device if device is not None else model_device(model)
-        (logits,) = predict(model, features, collator, batch_size, target, outputs=("logits",), desc=f"{task.display} eval",
-                            per_token=True)
+        (logits,) = predict(model, features, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval",
+                            per_token=task.behaviour.per_token)
         ordered = []
         for rows in logits:  # (pieces, labels) in the model's output order -> the task's label order
             reordered = np.empty_like(rows)
@@ -405,7 +387,8 @@ def squad_scorer(
     def score(model):
         target = device if device is not None else model_device(model)
         starts, ends = predict(
-            model, inputs, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval"
+            model, inputs, collator, batch_size, target, outputs=task.behaviour.outputs, desc=f"{task.display} eval",
+            per_token=task.behaviour.per_token,
         )
         width = max(len(s) for s in starts)
         start_logits = np.full((len(starts), width), -1e4, dtype=np.float32)  # (n_features, seq_len)
@@ -427,7 +410,7 @@ def squad_scorer(
 
 def make_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device=None):
     """The task's scorer with the evaluation options of ``cfg``."""
-    return _BY_KIND[task.kind].scorer(tokenizer, task, ds, cfg, max_length, device)
+    return _per_kind(task).scorer(tokenizer, task, ds, cfg, max_length, device)
 
 
 def _glue_scorer(tokenizer, task: Task, ds, cfg: EvalConfig, max_length: int, device):
@@ -488,7 +471,7 @@ def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> 
     return records
 
 
-def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
+def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, *, max_length, device, model_dir):
     """One split of a task with labels (GLUE, a user's classes, scores, label sets or tags): metrics and prediction files."""
     ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
     metrics, preds = make_scorer(tokenizer, task, ds, cfg, max_length, device)(model)
@@ -507,13 +490,13 @@ def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, 
         raise CompressError(f"{task.display} {split.name} has examples without labels; check the data file")
     out = predictions_dir(cfg, model_dir)
     if out is not None:
-        record["predictions"] = str(_BY_KIND[task.kind].write(out, task, split, ds, preds))
+        record["predictions"] = str(_per_kind(task).write(out, task, split, ds, preds))
     if cfg.submission and split.submission_file:
         record["submission"] = str(write_submission(Path(cfg.submission), task, split, ds["idx"], preds))
     return record
 
 
-def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, max_length, device, model_dir):
+def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, *, max_length, device, model_dir):
     ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
     scorer = make_scorer(tokenizer, task, ds, cfg, max_length, device)
     metrics, (preds, null_odds) = scorer(model)
@@ -560,7 +543,7 @@ def predictions_dir(cfg: EvalConfig, model_dir: Path) -> Path | None:
 
 def format_prediction(task: Task, value) -> str:
     """One prediction as the GLUE server wants it: 0/1, a label name, or a %.3f score."""
-    return _BY_KIND[task.kind].format(task, value)
+    return _per_kind(task).format(task, value)
 
 
 def _format_label(task: Task, value) -> str:
@@ -676,7 +659,7 @@ class _KindEval:
 
     check: Callable  # (model config, task) -> refuse a model made for another task, before any data loads
     scorer: Callable  # (tokenizer, task, dataset, EvalConfig, max_length, device) -> score(model)
-    evaluate_split: Callable  # (model, tokenizer, task, split, cfg, max_length, device, model_dir) -> record
+    evaluate_split: Callable  # (model, tokenizer, task, split, cfg, *, max_length, device, model_dir) -> record
     decide: Callable | None  # (task, (n, outputs) logits in the task's label order) -> predictions; None: spans, tags
     format: Callable | None  # (task, prediction) -> its text in prediction and GLUE server files; None: spans, tags
     write: Callable | None = None  # (out dir, task, split, dataset, predictions) -> the predictions file; None: spans
@@ -694,14 +677,19 @@ def _above_threshold(task: Task, logits: np.ndarray) -> np.ndarray:
 # Sentence tasks, token tasks and SQuAD are scored by three different algorithms (one
 # prediction per example; one per word, read at its first piece; answer spans gathered over
 # context windows), and a label is an argmax, a label set a threshold, a score the one output.
-# This table is the module's one dispatch on the kind.
-_BY_KIND: dict[str, _KindEval] = {
-    CLASSIFICATION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda task, logits: logits.argmax(axis=1),
-                              _format_label, _write_table),
-    MULTI_LABEL: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, _above_threshold, _format_labels,
-                           _write_table),
-    REGRESSION: _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda task, logits: logits[:, 0],
-                          _format_score, _write_table),
-    TOKEN: _KindEval(output_to_task_labels, _token_scorer, _evaluate_glue, None, None, write_conll_predictions),
-    SPAN: _KindEval(_any_model, _squad_scorer, _evaluate_squad, None, None),
+# This table, keyed by what one prediction is (``TaskKind.prediction``), is the module's one dispatch on the kind.
+_BY_PREDICTION: dict[str, _KindEval] = {
+    "label": _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda task, logits: logits.argmax(axis=1),
+                       _format_label, _write_table),
+    "labels": _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, _above_threshold, _format_labels,
+                        _write_table),
+    "score": _KindEval(output_to_task_labels, _glue_scorer, _evaluate_glue, lambda task, logits: logits[:, 0],
+                       _format_score, _write_table),
+    "tags": _KindEval(output_to_task_labels, _token_scorer, _evaluate_glue, None, None, write_conll_predictions),
+    "answer": _KindEval(_any_model, _squad_scorer, _evaluate_squad, None, None),
 }
+
+
+def _per_kind(task: Task) -> _KindEval:
+    """How ``task`` is evaluated: by what one of its predictions is (a label, labels, a score, tags, an answer)."""
+    return _BY_PREDICTION[task.behaviour.prediction]

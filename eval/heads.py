@@ -41,21 +41,14 @@ import torch
 from sklearn.manifold import MDS
 
 from compress.core.model import structure as st
-from compress.core.formats.artifacts import (
-    TORCH,
-    artifact_format,
-    check_output,
-    is_quantized,
-    load_tokenizer,
-    output_dir,
-    parent_path,
-    read_compression,
-    require_model_dir,
-    utc_now,
-    write_json_atomic,
-)
+from compress.core.formats.artifacts import artifact_format, is_quantized, load_tokenizer, output_dir
+from compress.core.formats.layout import TORCH
+from compress.core.formats.records import parent_path, read_compression, utc_now
+from compress.core.formats.writes import write_json_atomic
+from compress.core.preflight import check_output, require_model_dir
 from compress.core.config import flat_keywords, option
-from compress.core.data.sources import TaskData, check_max_length, collate, encode_examples, load_split, load_task_data
+from compress.core.data.features import check_max_length, collate, encode_examples
+from compress.core.data.sources import TaskData, load_split, load_task_data
 from compress.core.errors import CompressError
 from compress.core.model.importance import head_importance_gradient, head_importance_magnitude, heads_to_remove, masked_heads
 from compress.core.logs import progress
@@ -665,7 +658,7 @@ def _grid(per_layer: Sequence[Sequence[float]], ids: Sequence[Sequence[int]], wi
     return grid
 
 
-def _heatmap(ax, grid, layer_ids, title: str, vmin=None, vmax=None, cmap="viridis", fmt="{:.2f}"):
+def _heatmap(ax, grid, layer_ids, title: str, *, vmin=None, vmax=None, cmap="viridis", fmt="{:.2f}"):
     shown = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)  # NaN cells stay blank
     ax.set_xticks(range(grid.shape[1]))
     ax.set_yticks(range(grid.shape[0]), [str(l) for l in layer_ids])

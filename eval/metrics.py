@@ -28,7 +28,7 @@ from seqeval.metrics import f1_score as seq_f1
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from compress.core.errors import CompressError
-from compress.core.data.tasks import CLASSIFICATION, MULTI_LABEL, REGRESSION, SPAN, TOKEN, UNLABELLED, Task, entity_types, get_task
+from compress.core.data.tasks import UNLABELLED, Task, entity_types, get_task
 
 ArrayLike = Union[Sequence[float], np.ndarray]
 
@@ -137,9 +137,9 @@ def task_metrics(task: Task, predictions: Any, references: Any) -> dict[str, flo
     Classification takes class indices, regression floats, multi-label multi-hot rows,
     token classification lists of tag names per sentence.
     """
-    if task.kind == MULTI_LABEL:
+    if task.behaviour.multi_hot:
         return multi_label_metrics(predictions, references)
-    if task.kind == TOKEN:
+    if task.behaviour.tagged_words:
         scores = entity_metrics(predictions, references)
         # Every type the task has is reported; one absent from a split's gold and predictions scores nothing there.
         kept = {f"f1_{t}" for t in entity_types(task.label_names)} | {"entity_f1", "entity_precision", "entity_recall", "n"}
@@ -234,7 +234,7 @@ def chance_check(task: Task, metrics: dict[str, float], labels: ArrayLike | None
     Returns ``{"at_chance", "metric", "value", "threshold", "rule"}`` (plus ``"chance"``, the
     rate, for classification), or None when ``metrics`` lack the metric the rule reads.
     """
-    return _CHANCE_RULES[task.kind](task, metrics, labels)
+    return _CHANCE_RULES[task.behaviour.prediction](task, metrics, labels)
 
 
 def _classification_chance(task: Task, metrics: dict[str, float], labels: ArrayLike | None) -> dict | None:
@@ -295,6 +295,6 @@ def _entity_chance(task: Task, metrics: dict[str, float], labels: Any | None) ->
             "threshold": CHANCE_ENTITY_F1, "rule": f"entity_f1 < {CHANCE_ENTITY_F1:g}"}
 
 
-# The kind of a task decides what chance means; this table is the module's one dispatch on it.
-_CHANCE_RULES = {CLASSIFICATION: _classification_chance, MULTI_LABEL: _multi_label_chance, REGRESSION: _regression_chance,
-                 TOKEN: _entity_chance, SPAN: _span_chance}
+# What a task predicts (``TaskKind.prediction``) decides what chance means; this table is the module's one dispatch on it.
+_CHANCE_RULES = {"label": _classification_chance, "labels": _multi_label_chance, "score": _regression_chance,
+                 "tags": _entity_chance, "answer": _span_chance}

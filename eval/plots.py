@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from compress.core.formats.artifacts import atomic_path
+from compress.core.formats.writes import atomic_path
 
 
 def _pyplot():
@@ -125,7 +125,8 @@ def label_hlines(ax, lines: Sequence[tuple[float, str]], points: Sequence[tuple[
         for text in texts:
             text.remove()
         fig.canvas.draw()
-        texts = _place_labels(ax, lines, colours, points, sizes, avoid, renderer, fontsize)
+        texts = _place_labels(ax, lines, colours, points=points, sizes=sizes, avoid=avoid, renderer=renderer,
+                              fontsize=fontsize)
         inside, boxes = ax.get_window_extent(renderer), [t.get_window_extent(renderer) for t in texts]
         over = max(0.0, max(b.y1 for b in boxes) - inside.y1)
         under = max(0.0, inside.y0 - min(b.y0 for b in boxes))
@@ -137,7 +138,7 @@ def label_hlines(ax, lines: Sequence[tuple[float, str]], points: Sequence[tuple[
     return texts
 
 
-def _place_labels(ax, lines, colours, points, sizes, avoid, renderer, fontsize) -> list:
+def _place_labels(ax, lines, colours, *, points, sizes, avoid, renderer, fontsize) -> list:
     """Each line's label at the rightmost free place along it (right-aligned at x = 0.99, 0.97, ... in axes units)."""
     # deferred: a heavy import, paid only where it is used
     from matplotlib.transforms import blended_transform_factory

@@ -7,7 +7,7 @@
 temporary sibling directory renamed into place; a non-empty ``out_dir`` is refused
 unless ``overwrite``):
 
-* ``pareto-<task>.png``: accuracy vs latency per task (``compress.eval.leaderboard.plot_pareto``);
+* ``pareto-<task>.png``: accuracy vs latency per task (``compress.eval.leaderboard_render.plot_pareto``);
 * ``report.md``: the tables, their notes and the plots linked;
 * ``report.html``: the same document, tables as HTML tables and the plots embedded as
   base64 data URIs, with an inline style sheet: one file that opens anywhere, offline;
@@ -26,9 +26,13 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from compress.core.formats.artifacts import check_output, is_model_dir, output_dir, read_compression, write_json_atomic
+from compress.core.formats.artifacts import is_model_dir, output_dir
+from compress.core.formats.records import read_compression
+from compress.core.formats.writes import write_json_atomic
+from compress.core.preflight import check_output
 from compress.core.errors import CompressError
-from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, expand_runs, format_markdown, plot_all
+from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, expand_runs
+from compress.eval.leaderboard_render import format_markdown, plot_all
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"

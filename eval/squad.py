@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from compress.core.formats.artifacts import write_text_atomic
+from compress.core.formats.writes import write_text_atomic
 from compress.core.errors import CompressError
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -248,7 +248,7 @@ def postprocess_predictions(
 ) -> tuple[dict[str, str], dict[str, float]]:
     """Answer texts from window logits, as Hugging Face run_qa's postprocess_qa_predictions.
 
-    ``features`` are the windows of ``compress.core.data.sources.squad_eval_features``: each has
+    ``features`` are the windows of ``compress.core.data.features.squad_eval_features``: each has
     ``example_id`` and ``offset_mapping`` (char span per token, None outside the
     context). ``start_logits``/``end_logits``: (n_features, seq_len), rows possibly
     padded past a window's length. Returns ``(predictions, null_odds)`` where

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from compress.core.model import structure as st
-from compress.core.formats.artifacts import HEADS
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.formats.runtime import load_model
+from compress.core.model.families import class_names, head_of_class
 from compress.core.model.shapes import Shape
 from compress.core.model.structure import config_sizes
 from compress.students.layer_map import every_kth
@@ -183,9 +183,9 @@ def load_pretrained_student(teacher: nn.Module, path: str | Path, seed: int = 0)
 
     A head the directory lacks starts new, drawn from ``seed``: the same for the same seed."""
     arch = type(teacher).__name__
-    if arch not in HEADS:
-        raise CompressError(f"cannot match a {arch} teacher's head; valid teacher classes: {', '.join(HEADS)}")
-    head = HEADS[arch]
+    head = head_of_class(arch)
+    if head is None:
+        raise CompressError(f"cannot match a {arch} teacher's head; valid teacher classes: {', '.join(class_names())}")
     labels = {}
     if head == "sequence-classification":
         labels = {"num_labels": teacher.config.num_labels, "id2label": dict(teacher.config.id2label)}

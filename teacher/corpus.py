@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from compress.core.data.sources import read_text_file
+from compress.core.data.files import read_text_file
 from compress.core.errors import CompressError
 from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 from compress.teacher.tokenizer import CONTINUATION
@@ -371,14 +371,16 @@ def mask_tokens(
     ``(masked_input_ids, labels)``, labels = original id where selected, -100 elsewhere.
     """
     masked, labels, _ = _mask_with_actions(
-        input_ids, maskable, word_start, mask_token_id, random_token_ids, generator,
-        mlm_probability, whole_word, max_predictions,
+        input_ids, maskable=maskable, word_start=word_start, mask_token_id=mask_token_id,
+        random_token_ids=random_token_ids, generator=generator, mlm_probability=mlm_probability,
+        whole_word=whole_word, max_predictions=max_predictions,
     )  # fmt: skip
     return masked, labels
 
 
 def _mask_with_actions(
     input_ids: torch.Tensor,
+    *,
     maskable: torch.Tensor,
     word_start: torch.Tensor,
     mask_token_id: int,
@@ -520,8 +522,9 @@ class PretrainCollator:
         input_ids, token_type_ids, maskable, lengths = self._layout(instances)
         attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # (batch, seq)
         masked, labels, actions = _mask_with_actions(
-            input_ids, maskable, ~self._continues[input_ids], self.mask_id, self.random_token_ids,
-            step_generator(self.seed, step), self.mlm_probability, self.whole_word, self.max_predictions,
+            input_ids, maskable=maskable, word_start=~self._continues[input_ids], mask_token_id=self.mask_id,
+            random_token_ids=self.random_token_ids, generator=step_generator(self.seed, step),
+            mlm_probability=self.mlm_probability, whole_word=self.whole_word, max_predictions=self.max_predictions,
         )  # fmt: skip
         batch = {
             "input_ids": masked,

@@ -12,9 +12,14 @@ import torch
 import transformers
 from transformers import BertTokenizerFast
 
-from compress.core.formats.artifacts import HEAD_CLASSES, check_output, check_tokenizer, compression_record, load_tokenizer, save_model_dir
+from compress.core.formats.artifacts import load_tokenizer, save_model_dir
+from compress.core.formats.folder import check_tokenizer
+from compress.core.formats.records import compression_record
+from compress.core.preflight import check_output
 from compress.core.compat import wordpiece_tokenizer
 from compress.core.errors import CompressError
+from compress.core.model.families import get_family
+from compress.core.model.heads import HEADS
 from compress.core.model.shapes import Shape
 from compress.core.model.structure import make_config
 from compress.core.data.tasks import get_task, is_kind
@@ -64,12 +69,13 @@ def create_model(
             if t.id2label:
                 extra.update(id2label=t.id2label, label2id={name: i for i, name in t.id2label.items()})
     head = head or "base"
-    if head not in HEAD_CLASSES:
-        raise CompressError(f"unknown head {head!r}; valid: {', '.join(HEAD_CLASSES)}")
+    if head not in HEADS:
+        raise CompressError(f"unknown head {head!r}; valid: {', '.join(HEADS)}")
+    arch = get_family("bert").head_class(head)  # a new teacher is a BERT (other families are loaded, not created)
     torch.manual_seed(seed)
     config = make_config(shape, vocab_size=len(tok), max_positions=max_positions, **extra)
-    config.architectures = [HEAD_CLASSES[head]]
-    model = getattr(transformers, HEAD_CLASSES[head])(config)
+    config.architectures = [arch]
+    model = getattr(transformers, arch)(config)
     record = compression_record(
         stage="create",
         method="random-init",

@@ -20,29 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compress.core.formats.artifacts import (
-    append_metrics,
-    check_output,
-    compression_record,
-    load_tokenizer,
-    publish,
-    read_compression,
-    read_metrics,
-    require_torch_weights,
-    save_model_dir,
-    utc_now,
-    write_json_atomic,
-)
+from compress.core.formats.artifacts import save_model_dir
+from compress.core.formats.records import append_metrics, compression_record, read_compression, read_metrics, utc_now
+from compress.core.formats.writes import publish, write_json_atomic
+from compress.core.preflight import check_output
 from compress.core.config import flat_keywords, option
-from compress.core.data.sources import TaskData, collate, load_task_data, load_test_split
+from compress.core.data.features import collate
+from compress.core.data.sources import TaskData, load_task_data, load_test_split
 from compress.core.errors import CompressError
 from compress.core.data.resolve import resolve_task, task_fields
-from compress.core.formats.runtime import load_model_for_task
+from compress.core.formats.runtime import load_folder_for_task
 from compress.core.model.structure import config_sizes, count_parameters, model_inputs
 from compress.core.data.tasks import Task, task_choices
-from compress.core.train import TrainConfig, is_main_process, load_weights, prepare_work_dir, train, work_dir_for
+from compress.core.checkpoints import load_weights, prepare_work_dir, work_dir_for
+from compress.core.processes import is_main_process
+from compress.core.train import TrainConfig, train
 from compress.eval.evaluate import dev_evaluator, format_table, split_records, test_records
-from compress.teacher.presets import resolve_model
+from compress.teacher.presets import open_model
 
 # The BERT paper's fine-tuning grid (appendix A.3).
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
@@ -66,10 +60,11 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     """
     out = Path(out)
     check_output(out, overwrite, inputs=(model, cfg), resume=cfg.resume)
-    source = require_torch_weights(resolve_model(model), "fine-tuning")
-    task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=source)
-    tokenizer = load_tokenizer(source)
-    net = load_model_for_task(source, task, seed=cfg.train.seed)  # a bare encoder's new head: from --seed
+    folder = open_model(model).check_torch("fine-tuning")
+    source = folder.path
+    task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=folder)
+    tokenizer = folder.tokenizer
+    net = load_folder_for_task(folder, task, seed=cfg.train.seed)  # a bare encoder's new head: from --seed
     max_length = cfg.data.resolved_max_length(task, config_sizes(net.config).max_positions)
     features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
     test = load_test_split(task, cfg.data)
@@ -100,7 +95,7 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
         "processes": result.processes, "history": result.history, "when": utc_now(),
     }
     record = compression_record(
-        stage="finetune", method="finetune", config=cfg, parent=source, seed=cfg.train.seed,
+        stage="finetune", method="finetune", config=cfg, parent=folder, seed=cfg.train.seed,
         extra={**task_fields(task), "params": count_parameters(net), "best": result.best, "best_step": result.best_step},
     )
     save_model_dir(net, out, tokenizer=tokenizer, record=record, overwrite=overwrite,
@@ -134,7 +129,7 @@ def finetune_grid(
     out = Path(out)
     check_output(out, overwrite, inputs=(model, cfg))
     task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file,
-                        model=require_torch_weights(resolve_model(model), "fine-tuning"))
+                        model=open_model(model).check_torch("fine-tuning"))
     scratch = out.parent / f".{out.name}.grid"
     scratch.mkdir(parents=True, exist_ok=True)
     rows, best_dir, best_value = [], None, None

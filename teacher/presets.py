@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compress.core.formats.artifacts import require_model_dir
+from compress.core.formats.folder import ModelFolder, open_folder
 from compress.core.hub import download_model
 # The hub aliases (HUB_ALIASES, which compress.pipeline imports from here) live beside the command line's early checks.
-from compress.core.preflight import HUB_ALIASES, model_repo  # noqa: F401
+from compress.core.preflight import HUB_ALIASES, model_repo, require_model_dir  # noqa: F401
 
 
 def resolve_model(name: str | Path) -> Path:
@@ -19,7 +19,15 @@ def resolve_model(name: str | Path) -> Path:
     Hub models are downloaded into the Hugging Face cache (safetensors only); offline,
     this fails at once with a one-line message.
     """
+    return require_model_dir(local_model(name))
+
+
+def open_model(name: str | Path) -> ModelFolder:
+    """The opened folder of ``name`` (:func:`resolve_model`'s directory, checked once, as a record)."""
+    return open_folder(local_model(name))
+
+
+def local_model(name: str | Path) -> Path:
+    """Where ``name`` lives on this machine, unchecked: the path itself when it exists, else the hub model's download."""
     path = Path(name).expanduser()
-    if path.exists():
-        return require_model_dir(path)
-    return require_model_dir(download_model(model_repo(name)))
+    return path if path.exists() else download_model(model_repo(name))

@@ -22,20 +22,16 @@ import torch
 import torch.nn.functional as F
 from transformers import BertForPreTraining, BertTokenizerFast
 
-from compress.core.formats.artifacts import check_output, compression_record, read_metrics, save_model_dir, utc_now
+from compress.core.formats.artifacts import save_model_dir
+from compress.core.formats.records import compression_record, read_metrics, utc_now
+from compress.core.preflight import check_output
 from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
 from compress.core.model.shapes import TEACHER_SHAPES, ShapeSizes
 from compress.core.model.structure import PretrainingForward, count_parameters, make_config
-from compress.core.train import (
-    Phase,
-    TrainConfig,
-    is_main_process,
-    main_process_first,
-    prepare_work_dir,
-    train_phases,
-    work_dir_for,
-)
+from compress.core.checkpoints import prepare_work_dir, work_dir_for
+from compress.core.processes import is_main_process, main_process_first
+from compress.core.train import Phase, TrainConfig, train_phases
 from compress.eval.plots import plot_curves
 from compress.teacher.corpus import (
     PretrainCollator,

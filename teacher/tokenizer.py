@@ -14,7 +14,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertTokenizerFast
 
-from compress.core.data.sources import read_text_file
+from compress.core.data.files import read_text_file
 from compress.core.errors import CompressError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"

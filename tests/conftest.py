@@ -91,17 +91,18 @@ def make_tiny_model(head: str = "sequence-classification", seed: int = 0, **over
     import torch
     import transformers
 
-    from compress.core.formats.artifacts import HEAD_CLASSES
+    from compress.core.model.families import get_family
 
     torch.manual_seed(seed)
     config = tiny_config(**overrides)
-    model = getattr(transformers, HEAD_CLASSES[head])(config)
+    model = getattr(transformers, get_family("bert").head_class(head))(config)
     model.eval()
     return model
 
 
 def save_tiny(model, tokenizer, out: Path, **record_kw) -> Path:
-    from compress.core.formats.artifacts import compression_record, save_model_dir
+    from compress.core.formats.artifacts import save_model_dir
+    from compress.core.formats.records import compression_record
 
     record = compression_record(stage=record_kw.pop("stage", "test"), method=record_kw.pop("method", "tiny"), **record_kw)
     return save_model_dir(model, out, tokenizer=tokenizer, record=record)

@@ -51,7 +51,8 @@ def ws(tmp_path_factory):
                                     "  - {name: b, run: quantize, model: no-such-model, config: {backend: torch}}\n")
     (root / "corpus-latin1.txt").write_bytes(b"one sentence.\n\ncaf\xe9 two.\n")
     (root / "runs-empty").mkdir()
-    from compress.quantize.run import QuantizeConfig, quantize
+    from compress.quantize.config import QuantizeConfig
+    from compress.quantize.run import quantize
 
     quantize(root / "model", root / "int8", QuantizeConfig(backend="torch"))
     return root
@@ -152,6 +153,7 @@ def test_cases_cover_at_least_30_inputs():
     assert len(CASES) >= 30
 
 
+@pytest.mark.e2e
 def test_usage_error_and_no_traceback_in_a_real_process(ws):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     for args in (["eval", "--task", "sst2"], ["eval", "--model", "missing", "--task", "sst2"], ["nosuchcommand"]):

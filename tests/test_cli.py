@@ -59,6 +59,7 @@ def _one_line_error(code, out, err):
     return lines[0]
 
 
+@pytest.mark.e2e
 def test_usage_error_is_one_line():
     line = _one_line_error(*run_cli("eval", "--task", "sst2"))
     assert "the following arguments are required: --model" in line and "--help" in line
@@ -69,11 +70,13 @@ def test_missing_model_dir_is_one_line(tmp_path):
     assert line.startswith("compress eval: error: model directory") and "does not exist" in line
 
 
+@pytest.mark.e2e
 def test_offline_hub_is_one_line(tiny_model_dir):
     line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst2"))
     assert "Hugging Face hub" in line and "--data-dir" in line
 
 
+@pytest.mark.e2e
 def test_bad_option_value_is_one_line(tiny_model_dir):
     line = _one_line_error(*run_cli("eval", "--model", tiny_model_dir, "--task", "sst2", "--eval-batch-size", "0"))
     assert "--eval-batch-size must be at least 1" in line
@@ -106,7 +109,7 @@ def test_eval_with_config_file(tiny_model_dir, tmp_path, capsys):
 
 
 def test_init_creates_a_loadable_model(tmp_path, tokenizer, capsys):
-    from compress.core.formats.artifacts import read_compression
+    from compress.core.formats.records import read_compression
     from compress.core.formats.runtime import load_model
 
     vocab = tmp_path / "tok" / "vocab.txt"
@@ -170,6 +173,7 @@ def test_debug_flag_and_variable_show_the_traceback(tiny_model_dir, monkeypatch,
         main(argv)
 
 
+@pytest.mark.e2e
 def test_unexpected_exception_in_a_real_process(tiny_model_dir):
     """The console entry point: one line and status 1; with COMPRESS_DEBUG=1 the traceback."""
     script = ("import sys, compress.eval.evaluate as e\n"

@@ -8,11 +8,15 @@ import torch
 
 from compress.cli import main
 from compress.core.model import structure as st
-from compress.core.formats.artifacts import read_compression
+from compress.core.formats.records import read_compression
 from compress.core.formats.runtime import load_model
 from compress.export import ExportConfig, export
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
+
+# Depends on the installed transformers version: the transformers 4.57 set runs it too (make test-transformers4).
+pytestmark = pytest.mark.versions
 
 TEXTS = ["a gripping , funny film .", "the plot made no sense at all and the actors looked bored", "no"]
 
@@ -40,6 +44,7 @@ def sources(tmp_path_factory):
     }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["fp32", "pruned"])
 @pytest.mark.parametrize("fmt", ["onnx", "openvino"])
 def test_an_fp32_model_of_any_structure_exports_with_equal_outputs(sources, kind, fmt, tmp_path):

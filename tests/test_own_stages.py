@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from compress.core.formats.artifacts import read_compression, read_metrics
+from compress.core.formats.records import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.data.tasks import user_task
-from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, format_markdown
+from compress.eval.leaderboard import LeaderboardConfig, build_table, collect
+from compress.eval.leaderboard_render import format_markdown
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 from tests.own_data import own_task_files
 
@@ -194,7 +195,8 @@ def workers_in_process(monkeypatch) -> list[dict]:
 
 
 def test_lengths_reads_a_data_file_through_the_models_own_task(own, tmp_path):
-    from compress.core.data.sources import DataSource, encode_examples, load_split
+    from compress.core.data.features import encode_examples
+    from compress.core.data.sources import DataSource, load_split
     from compress.eval.latency.lengths import lengths_task, real_inputs
 
     tok, ner, intents = own["tokenizer"], own["teachers"]["token-classification"], own["teachers"]["text-classification"]
@@ -225,9 +227,11 @@ def test_lengths_reads_a_data_file_through_the_models_own_task(own, tmp_path):
     assert real_inputs(str(lines), tok, task=task).lengths.tolist() == [5, 3]  # .txt: one text per line, always
 
 
+@pytest.mark.e2e
 def test_latency_times_every_model_on_the_user_task_file(own, monkeypatch, tmp_path):
     """The parent resolves the file's task once and sends it with every job; a worker reads the file through it."""
-    from compress.eval.latency.runs import LatencyConfig, measure_latency
+    from compress.eval.latency.config import LatencyConfig
+    from compress.eval.latency.runs import measure_latency
 
     ner = own["teachers"]["token-classification"]
     conll = own["files"]["token-classification"]["test"]
@@ -248,6 +252,7 @@ def test_latency_times_every_model_on_the_user_task_file(own, monkeypatch, tmp_p
 # ---------------------------------------------------------------------------- heads without --task
 
 
+@pytest.mark.e2e
 def test_heads_of_a_models_own_task_from_its_files(own, tmp_path):
     from compress.eval.heads import HeadsConfig, analyze_heads
 
@@ -290,6 +295,8 @@ def _own_recipe(files, base, **student) -> dict:
     }
 
 
+@pytest.mark.versions
+@pytest.mark.e2e
 def test_a_recipe_on_your_own_data_runs_every_stage_and_skips_them_when_unchanged(own, tmp_path, monkeypatch):
     from compress.pipeline import run_recipe
 

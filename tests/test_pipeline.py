@@ -72,7 +72,7 @@ def test_run_skip_and_rerun(inputs, tmp_path):
 def _as_if_run_before(run, recipe, drops: dict[str, list[tuple[str, ...]]]) -> None:
     """Rewrite the manifest as a toolkit without the options in ``drops`` (stage -> key paths) would have left it:
     those stages with another hash and no such keys, every later stage with the inputs it saw then."""
-    from compress.core.train import fingerprint
+    from compress.core.checkpoints import fingerprint
     from compress.pipeline import _input_digest, stage_hash
 
     path = run / "manifest.json"
@@ -176,9 +176,10 @@ def test_committed_recipes_validate(tmp_path):
     assert tinybert.stages[1].config_refs == {"init": "${general}"} and tinybert.stages[1].config.two_stage
 
 
+@pytest.mark.e2e
 def test_general_then_task_distillation_on_augmented_data_in_one_recipe(inputs, tmp_path):
     """The two-stage path: general distillation -> intermediate terms -> prediction layer on augmented rows."""
-    from compress.core.formats.artifacts import read_compression, read_metrics
+    from compress.core.formats.records import read_compression, read_metrics
 
     data, init = inputs
     corpus = tmp_path / "corpus.txt"

@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compress.core.formats.artifacts import parent_path, read_compression, read_metrics
+from compress.core.formats.records import parent_path, read_compression, read_metrics
 from compress.core.data.tasks import GLUE_TASKS, get_task
-from compress.eval.leaderboard import LeaderboardConfig, ModelRow, build_table, mean_over, model_params, ratio
+from compress.eval.leaderboard import LeaderboardConfig, build_table, mean_over, ratio
+from compress.eval.leaderboard_rows import ModelRow, model_params
 from compress.eval.references import published, published_score
 
 ROLES = {  # role -> table label; the teacher first: the leaderboard compares every row with its first

@@ -53,7 +53,8 @@ from bench.glue import report as glue_report
 from bench.retention import MAX_LENGTH
 from bench.teachers import TEACHER_RECIPE, minilm_path
 from compress.distill.augment import AUTO_COPIES, AUTO_MAX_EXAMPLES
-from compress.core.formats.artifacts import read_compression, read_metrics, utc_now, write_json_atomic
+from compress.core.formats.records import read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.config import from_dict
 from compress.core.data.sources import TaskData
 from compress.core.errors import CompressError
@@ -62,8 +63,9 @@ from compress.core.data.tasks import get_task
 from compress.core.train import TrainConfig
 from compress.distill.task import DistillConfig, distill
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.eval.leaderboard import split_scores
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.eval.leaderboard_rows import split_scores
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from compress.teacher.finetune import FinetuneConfig, finetune
 
 GLUE_ORDER = ("sst2", "mrpc", "stsb", "cola", "rte", "wnli")  # the GLUE tasks with local data on this machine
@@ -236,7 +238,7 @@ def student_config(task: str, shape: str, glue: Path, work: Path, settings: Glue
     return from_dict(DistillConfig, options)
 
 
-def student_stage(task: str, shape: str, teacher: Path, out: Path, glue: Path, work: Path, settings: GlueSettings) -> bool:
+def student_stage(task: str, shape: str, teacher: Path, out: Path, *, glue: Path, work: Path, settings: GlueSettings) -> bool:
     """Distil ``teacher`` into a ``shape`` student in ``out`` unless done; whether it ran."""
     if done(out):
         return False
@@ -345,7 +347,8 @@ def stages(task: str, glue: Path, work: Path, settings: GlueSettings) -> list[tu
     plan = [("teacher", teacher, lambda: teacher_stage(task, glue, teacher, settings))]
     for shape in STUDENTS:
         student, int8 = root / f"student-{shape}", root / f"student-{shape}-int8-ov"
-        plan.append((shape, student, lambda s=shape, f=student: student_stage(task, s, teacher, f, glue, work, settings)))
+        plan.append((shape, student,
+                     lambda s=shape, f=student: student_stage(task, s, teacher, f, glue=glue, work=work, settings=settings)))
         plan.append((f"{shape} int8", int8, lambda f=student, q=int8: int8_stage(task, f, q, glue, settings)))
     return plan
 

@@ -42,7 +42,7 @@ class Ctx:
     data: Path
     teacher: Path  # the packaged all-MiniLM-L6-v2 sentence-transformers folder (read only)
     settings: dict[str, Any]  # PeersConfig as a dict
-    flags: tuple[str, ...]  # the CPU's instruction-set flags (compress.core.hardware)
+    int8_preset: str  # ONNX Runtime's int8 preset for this CPU: compress.core.hardware.precisions().int8_preset
 
     @property
     def peers(self) -> Path:
@@ -51,13 +51,6 @@ class Ctx:
     @property
     def toolkit(self) -> Path:
         return self.work / "toolkit"
-
-
-def int8_preset(flags: tuple[str, ...], arch: str = "x86_64") -> str:
-    """The ONNX Runtime int8 preset for this CPU: arm64, avx512_vnni where VNNI exists, else avx2 (uint8 weights)."""
-    if arch.lower() in ("arm64", "aarch64"):
-        return "arm64"
-    return "avx512_vnni" if "avx512_vnni" in flags else "avx2"
 
 
 def record(folder: Path, made_with: str, options: dict[str, Any] | None = None, weights: list[str] | None = None) -> dict:
@@ -85,7 +78,7 @@ def st_onnx(ctx: Ctx) -> dict[str, dict]:
     """``SentenceTransformer(dir, backend="onnx")`` + ``save_pretrained``; ``export_dynamic_quantized_onnx_model``."""
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model  # deferred: the peer
 
-    folder, preset = st_copy(ctx), int8_preset(ctx.flags)
+    folder, preset = st_copy(ctx), ctx.int8_preset
     exported = not (folder / "onnx" / "model.onnx").is_file()
     model = SentenceTransformer(str(folder), backend="onnx", device="cpu",
                                 model_kwargs=None if exported else {"file_name": "onnx/model.onnx"})
@@ -169,7 +162,7 @@ def ort_fused(ctx: Ctx) -> dict[str, dict]:
         optimized = optimize_model(str(source), model_type="bert", num_heads=config["num_attention_heads"],
                                    hidden_size=config["hidden_size"])
         optimized.save_model_to_file(str(fused / "model.onnx"))
-    weight = "QInt8" if int8_preset(ctx.flags) != "avx2" else "QUInt8"
+    weight = "QInt8" if ctx.int8_preset != "avx2" else "QUInt8"
     if not (int8 / "model.onnx").is_file():
         quant_pre_process(str(fused / "model.onnx"), str(int8 / "pre.onnx"), skip_optimization=True)
         quantize_dynamic(str(int8 / "pre.onnx"), str(int8 / "model.onnx"), weight_type=getattr(QuantType, weight))
@@ -220,7 +213,8 @@ def _toolkit_variants(ctx: Ctx, source: Path, prefix: str, variants: tuple[str, 
     """Exports and int8 of ``source`` via ``compress.export.export`` / ``compress.quantize.run.quantize``, each skipped when made."""
     from compress.core.config import from_dict  # deferred: the toolkit
     from compress.export import ExportConfig, export
-    from compress.quantize.run import QuantizeConfig, quantize
+    from compress.quantize.config import QuantizeConfig
+    from compress.quantize.run import quantize
 
     calibration = {**_sentences(ctx), "calibration_examples": int(ctx.settings["calibration_examples"])}
     recipes: dict[str, tuple[str, Callable[[Path], Any]]] = {
@@ -346,11 +340,12 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--teacher", type=Path, required=True)
     parser.add_argument("--settings", required=True, help="the coordinator's PeersConfig as JSON")
-    parser.add_argument("--flags", default="", help="the CPU's instruction-set flags, comma-separated")
+    parser.add_argument("--int8-preset", default="avx2", choices=sorted(ST_PRESETS),
+                        help="ONNX Runtime's int8 preset for this CPU (the coordinator's compress.core.hardware.precisions())")
     parser.add_argument("--rebuild", action="store_true", help="remove the step's settings-dependent files first")
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
-    ctx = Ctx(args.work.resolve(), args.data.resolve(), args.teacher.resolve(), settings, tuple(filter(None, args.flags.split(","))))
+    ctx = Ctx(args.work.resolve(), args.data.resolve(), args.teacher.resolve(), settings, args.int8_preset)
     if args.rebuild:
         remove_outputs(ctx.work, args.step)
     began = time.monotonic()

@@ -110,7 +110,7 @@ def token_stats(teacher: Path, texts: list[str]) -> dict[str, float]:
 
 
 def build_all(cfg: PeersConfig, contenders: list[Contender], teacher: Path, pythons: dict[str, str],
-              flags: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
+              int8_preset: str) -> tuple[dict[str, dict], dict[str, dict]]:
     """Run every step the contenders need (skipping one whose records exist with the same settings).
 
     Returns (contender -> its build record, or {"error": ...}; step -> {"seconds", "cached", "error"}).
@@ -132,7 +132,7 @@ def build_all(cfg: PeersConfig, contenders: list[Contender], teacher: Path, pyth
             log = work / "logs" / f"build-{step.name}.log"
             command = [pythons[step.venv], "-m", "bench.peers.build", step.name, "--work", str(work),
                        "--data", str(Path(cfg.data).resolve()), "--teacher", str(teacher),
-                       "--settings", json.dumps(settings), "--flags", ",".join(flags)]
+                       "--settings", json.dumps(settings), "--int8-preset", int8_preset]
             if any(o is not None and o.get("key") != key for o in old):
                 command.append("--rebuild")  # made under other settings
             with open(log, "w", encoding="utf-8") as f:
@@ -204,8 +204,9 @@ def run(cfg: PeersConfig, command: str) -> Path:
     from bench.peers.render import plot, render
     from bench.peers.report import make_plan, pareto_front, verdicts
     from bench.teachers import minilm_path
-    from compress.core.formats.artifacts import utc_now, write_json_atomic
-    from compress.core.hardware import cpu_info, cpu_summary
+    from compress.core.formats.records import utc_now
+    from compress.core.formats.writes import write_json_atomic
+    from compress.core.hardware import cpu_summary, precisions
 
     started, load_before = time.monotonic(), os.getloadavg()
     work, out = Path(cfg.work).resolve(), Path(cfg.out)
@@ -219,9 +220,10 @@ def run(cfg: PeersConfig, command: str) -> Path:
     texts["score"].write_text(json.dumps(plan.texts), encoding="utf-8")
     texts["timing"].write_text(json.dumps(timing), encoding="utf-8")
 
-    builds, steps = build_all(cfg, contenders, teacher, pythons, cpu_info()["flags"])
+    builds, steps = build_all(cfg, contenders, teacher, pythons, precisions().int8_preset)
     build_seconds = time.monotonic() - started
-    workers = start_all(contenders, builds, pythons, cfg.threads, work, texts, cfg.warmup_passes)
+    workers = start_all(contenders, builds, pythons, threads=cfg.threads, work=work, texts=texts,
+                        warmup_passes=cfg.warmup_passes)
     try:
         timed = {n: w for n, w in workers.items() if not w.error}
         rounds(timed, cfg.rounds, texts["timing"])

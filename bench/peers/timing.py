@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from bench.peers.contenders import Contender
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository: bench is importable from here under either environment
+ROOT = Path(__file__).resolve().parents[2]  # the repository: bench is importable from here under either environment
 B32 = 32
 # A worker is not started when less memory than this is available (all stay loaded at once: about 0.1-0.9 GB each).
 MIN_FREE_MB = 1500
@@ -90,7 +90,7 @@ def embeddings_key(texts_file: Path, build: dict[str, Any]) -> str:
     return json.dumps({"texts": texts_file.read_text(encoding="utf-8"), "build": build}, sort_keys=True)
 
 
-def start_all(contenders: list[Contender], builds: dict[str, dict], pythons: dict[str, str], threads: int,
+def start_all(contenders: list[Contender], builds: dict[str, dict], pythons: dict[str, str], *, threads: int,
               work: Path, texts: dict[str, Path], warmup_passes: int) -> dict[str, Worker]:
     """Start, load, score and warm up every contender whose build exists, one after another."""
     env, workers = thread_env(threads), {}

@@ -1,7 +1,8 @@
-"""``compress auto --embedding``: the budget search over students of a sentence-embedding teacher.
+"""``compress auto --embedding``'s pieces: its options, sentences, candidates and score.
 
-:mod:`compress.auto.run` runs it as it runs a task search (latency probe and model, budgets, successive halving as an
-Optuna study, final measurement, report, pareto plot); this module holds what differs:
+:mod:`compress.auto.run` runs an embedding search as it runs a task search (latency probe and model, budgets, successive
+halving as an Optuna study, final measurement, report, pareto plot), through the search target
+:class:`compress.auto.targets.EmbeddingTarget`; this module holds what differs:
 
 - **Sentences.** Gathered once, as ``compress distill-embedding`` gathers them (``--corpus``, ``--sentences-from``:
   distinct, in a seeded order), by :func:`prepare`. The first ``--check-sentences`` (at most half) are held out
@@ -11,8 +12,9 @@ Optuna study, final measurement, report, pareto plot); this module holds what di
   and narrower FFNs (:func:`candidate_shapes`), distilled by ``distill_embedding`` (round 0 cut from the teacher, a
   later round continuing the one before); and one static student (``distill_static``, model2vec), trained once beside
   the halving as it has no shape to halve, skipped with a log line where model2vec is not installed.
-- **Variants** (:data:`VARIANTS`). torch fp32 and dynamic int8, ONNX Runtime and OpenVINO static int8 calibrated on
-  the training sentences, OpenVINO fp32 and bf16 (where the CPU has bf16 kernels); INC cannot calibrate an embedding folder.
+- **Variants** (:data:`compress.auto.variants.EMBEDDING_VARIANTS`). torch fp32 and dynamic int8, ONNX Runtime and
+  OpenVINO static int8 calibrated on the training sentences, OpenVINO fp32 and bf16 (where the CPU has bf16 kernels);
+  INC cannot calibrate an embedding folder.
 - **Score.** One check for every candidate, variant and compared model, chosen once (``--embedding-score``): STS-B dev
   Spearman of each pair's cosine (x100, as ``compress eval --embedding --task stsb`` scores it) when STS-B is asked
   for, or found under ``--data-dir``; else the mean cosine (x100) of the model's embeddings to the teacher's on the
@@ -30,16 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.core.formats.artifacts import (
-    STATIC,
-    load_config,
-    load_tokenizer,
-    model_format,
-    read_json,
-    saved_head,
-    write_json_atomic,
-    write_text_atomic,
-)
+from compress.core.formats.artifacts import load_config, load_tokenizer, model_format, saved_head
+from compress.core.formats.layout import STATIC
+from compress.core.formats.records import read_json
+from compress.core.formats.writes import write_json_atomic, write_text_atomic
 from compress.core.config import option
 from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
@@ -52,7 +48,7 @@ from compress.core.train import TrainConfig
 from compress.distill.embedding import EMBEDDING_TERMS, EmbeddingDistillConfig, distill_embedding, embedding_sentences
 from compress.distill.static import StaticDistillConfig, distill_static, model2vec
 from compress.eval.embeddings import cosine_rows, embedding_scorer
-from compress.quantize.run import QuantizeConfig
+from compress.quantize.config import QuantizeConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +59,6 @@ TARGET_FILE, CHECK_FILE, TRAIN_FILE, TEACHER_FILE = "target.json", "check.txt", 
 STATIC_LABEL, STATIC_VARIANT = "static", "model2vec"  # the static student's label among the candidates, its variant
 STATIC_PCA = 256  # model2vec's own default dimension, for a static student scored on STS-B
 BATCH = 64  # sentences per forward pass when scoring
-# What each backend contributes for an embedding folder: (variant name, how it is made from an fp32 student folder).
-VARIANTS = {
-    "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
-    "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "static")),),
-    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
-                 ("openvino-int8", ("quantize", "openvino", "static"))),
-}
 
 
 @dataclass(frozen=True)
@@ -119,16 +108,15 @@ class EmbeddingSearch:
 
 
 @dataclass(frozen=True)
-class EmbeddingTarget:
-    """What an embedding search stands on where a task search has its task: its sentences and its score (target.json)."""
+class EmbeddingCheck:
+    """What an embedding search scores every model by, where a task search has its dev set: its held-out and training
+    sentences and its score (``target.json`` in the work folder's ``sentences/``)."""
 
-    root: Path | None = None  # the work folder's sentences/ (None: not prepared yet)
-    score: str = ""  # STSB or COSINE
-    description: str = ""  # what the score is, in the report's words
+    root: Path  # the work folder's sentences/
+    score: str  # STSB or COSINE
+    description: str  # what the score is, in the report's words
     teacher: float = math.nan  # the teacher's score
     data_dir: str | None = None  # where STS-B's dev split is read (None: the hub)
-    name: str = "embedding"  # in the search's keys and its report, where a task's name goes
-    user: bool = False  # never a user's own task (the search's keys take it as a preset)
 
     @property
     def train_file(self) -> Path:
@@ -177,12 +165,12 @@ def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]
 # ---------------------------------------------------------------------------- the sentences and the score
 
 
-def prepare(teacher_dir: Path, options: EmbeddingSearch, data_dir: str | None, seed: int, work: Path) -> EmbeddingTarget:
+def prepare(teacher_dir: Path, options: EmbeddingSearch, data_dir: str | None, seed: int, work: Path) -> EmbeddingCheck:
     """Split the search's sentences once into held-out and training ones, fix the score and the teacher's; a resumed
     search keeps what it prepared (``target.json`` is written last, so a half-prepared folder is prepared again)."""
     root = work / SENTENCES
     if (root / TARGET_FILE).is_file():
-        return load_target(work)
+        return load_check(work)
     gather = EmbeddingDistillConfig(corpus=options.corpus, sentences_from=options.sentences_from, data_dir=data_dir,
                                     heldout_sentences=0, seed=seed)
     sentences, sources = embedding_sentences(gather)  # distinct, in the seeded order; at least 2, or a one-line error
@@ -195,26 +183,26 @@ def prepare(teacher_dir: Path, options: EmbeddingSearch, data_dir: str | None, s
     write_text_atomic(root / CHECK_FILE, "\n".join(check) + "\n")  # one sentence a line (whitespace normalised)
     write_text_atomic(root / TRAIN_FILE, "\n\n".join(train) + "\n")  # a blank line between them: each its own document
     score = _score_kind(options.embedding_score, data_dir)
-    target = EmbeddingTarget(root, score, _description(score, len(check), data_dir), data_dir=data_dir)
+    made = EmbeddingCheck(root, score, _description(score, len(check), data_dir), data_dir=data_dir)
     if score == COSINE:
         np.save(root / TEACHER_FILE, _embeddings(teacher_dir, check))  # (check sentences, d)
-    target = replace(target, teacher=score_folder(teacher_dir, target))
-    write_json_atomic(root / TARGET_FILE, {"score": score, "description": target.description, "teacher": target.teacher,
+    made = replace(made, teacher=score_folder(teacher_dir, made))
+    write_json_atomic(root / TARGET_FILE, {"score": score, "description": made.description, "teacher": made.teacher,
                                            "data_dir": data_dir, "check_sentences": len(check),
                                            "train_sentences": len(train), "sources": sources})
     log.info("sentences: %d held out, %d to distil on; score: %s (the teacher: %.2f)", len(check), len(train),
-             target.description, target.teacher)
-    return target
+             made.description, made.teacher)
+    return made
 
 
-def load_target(work: Path) -> EmbeddingTarget:
+def load_check(work: Path) -> EmbeddingCheck:
     """The embedding search :func:`prepare` made in ``work`` (a worker reads the coordinator's)."""
     root = work / SENTENCES
     if not (root / TARGET_FILE).is_file():
         raise CompressError(f"{root} holds no prepared sentences ({TARGET_FILE}): the process that starts an --embedding "
                             "search prepares them before any candidate trains; start it first")
     data = read_json(root / TARGET_FILE)
-    return EmbeddingTarget(root, data["score"], data["description"], float(data["teacher"]), data.get("data_dir"))
+    return EmbeddingCheck(root, data["score"], data["description"], float(data["teacher"]), data.get("data_dir"))
 
 
 def _score_kind(choice: str, data_dir: str | None) -> str:
@@ -249,25 +237,25 @@ def _embeddings(folder: Path, texts: list[str]) -> np.ndarray:
     return encode(load_model(folder, head="base"), load_tokenizer(folder), texts, read_spec(folder), batch_size=BATCH)
 
 
-def score_folder(folder: Path, target: EmbeddingTarget) -> float:
+def score_folder(folder: Path, check: EmbeddingCheck) -> float:
     """The search's score of one model folder, in points (x100): any format the runtime loads (fp32, int8, ONNX,
     OpenVINO, static)."""
-    if target.score == STSB:
-        task, ds = get_task(STSB), _stsb_dev(target.data_dir)
+    if check.score == STSB:
+        task, ds = get_task(STSB), _stsb_dev(check.data_dir)
         metrics, _ = embedding_scorer(load_tokenizer(folder), task, ds, read_spec(folder), batch_size=BATCH)(
             load_model(folder, head="base"))
         return float(metrics["spearmanr"])
-    mine = _embeddings(folder, target.check_sentences())  # (n, d)
-    teacher = np.load(target.root / TEACHER_FILE)  # (n, d)
+    mine = _embeddings(folder, check.check_sentences())  # (n, d)
+    teacher = np.load(check.root / TEACHER_FILE)  # (n, d)
     if mine.shape != teacher.shape:
         raise CompressError(f"{folder} embeds in {mine.shape[1]} dimensions, the teacher in {teacher.shape[1]}: a cosine to "
                             "the teacher's embeddings needs its space; score on STS-B (--embedding-score stsb)")
     return float(100.0 * cosine_rows(mine, teacher).mean())
 
 
-def variant_score(path: Path, target: EmbeddingTarget, fp32: float, max_drop: float | None) -> float:
+def variant_score(path: Path, check: EmbeddingCheck, fp32: float, max_drop: float | None) -> float:
     """An int8 or bf16 variant's own score; refused (CompressError) when it is more than ``max_drop`` points below its fp32's."""
-    score = score_folder(path, target)
+    score = score_folder(path, check)
     if max_drop is not None and fp32 - score > max_drop:
         raise CompressError(f"{path.name} scores {score:.2f}, {fp32 - score:.2f} points below its fp32 model's {fp32:.2f}: "
                             f"more than --max-drop {max_drop:g}")
@@ -277,18 +265,18 @@ def variant_score(path: Path, target: EmbeddingTarget, fp32: float, max_drop: fl
 # ---------------------------------------------------------------------------- candidates and variants
 
 
-def train_candidate(teacher_dir: Path, target: EmbeddingTarget, shape: Shape, init: str, epochs: int,
-                    losses: tuple[str, ...], train: TrainConfig, max_length: int | None, out: Path) -> float:
+def train_candidate(teacher_dir: Path, check: EmbeddingCheck, shape: Shape, out: Path, *, init: str, epochs: int,
+                    losses: tuple[str, ...], train: TrainConfig, max_length: int | None) -> float:
     """Distil ``shape`` on the search's training sentences into ``out`` (``init``: teacher, or an earlier round's
-    folder to continue); its score."""
-    cfg = EmbeddingDistillConfig(corpus=(str(target.train_file),), student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}",
+    folder to continue) for ``epochs``; its score."""
+    cfg = EmbeddingDistillConfig(corpus=(str(check.train_file),), student=f"{shape.layers}L-{shape.hidden}-{shape.ffn}",
                                  heads=shape.heads, init=init, losses=losses, train=replace(train, epochs=epochs),
                                  **({"max_length": max_length} if max_length else {}))
     distill_embedding(teacher_dir, out, cfg, overwrite=True)
-    return score_folder(out, target)
+    return score_folder(out, check)
 
 
-def train_static(teacher_dir: Path, target: EmbeddingTarget, train: TrainConfig, out: Path) -> dict | None:
+def train_static(teacher_dir: Path, check: EmbeddingCheck, train: TrainConfig, out: Path) -> dict | None:
     """The static student (model2vec's table of the teacher, refined on the training sentences), trained once: its
     entry (score NaN when it failed), or None where model2vec is not installed."""
     try:
@@ -298,23 +286,23 @@ def train_static(teacher_dir: Path, target: EmbeddingTarget, train: TrainConfig,
         return None
     # A cosine to the teacher's embeddings needs the teacher's space: no PCA then (it would rotate the table's).
     width = config_sizes(load_config(teacher_dir)).hidden
-    cfg = StaticDistillConfig(pca_dims=None if target.score == COSINE else min(STATIC_PCA, width),
-                              corpus=(str(target.train_file),), seed=train.seed, device=train.device)
+    cfg = StaticDistillConfig(pca_dims=None if check.score == COSINE else min(STATIC_PCA, width),
+                              corpus=(str(check.train_file),), seed=train.seed, device=train.device)
     started = time.monotonic()
     if out.exists():  # a run killed while writing it: made afresh
         shutil.rmtree(out)
     try:
         distill_static(teacher_dir, out, cfg, overwrite=True)
-        score = score_folder(out, target)
+        score = score_folder(out, check)
     except CompressError as err:
         log.warning("static candidate failed: %s", err)
         score = math.nan
     return {"label": STATIC_LABEL, "round": 0, "epochs": cfg.train.epochs, "score": score, "dir": str(out),
-            "teacher": target.teacher, "seconds": round(time.monotonic() - started, 1), "init": "model2vec"}
+            "teacher": check.teacher, "seconds": round(time.monotonic() - started, 1), "init": "model2vec"}
 
 
-def quantize_config(target: EmbeddingTarget, backend: str, scheme: str, seed: int, probe: bool) -> QuantizeConfig:
+def quantize_config(check: EmbeddingCheck, backend: str, scheme: str, seed: int, probe: bool) -> QuantizeConfig:
     """How an embedding folder becomes an int8 variant: calibrated on the training sentences (a probe's random-weight
     shape on a few), its guard's cosine to fp32 checked on a few of them; the search scores the result itself."""
-    return QuantizeConfig(backend=backend, scheme=scheme, corpus=(str(target.train_file),), seed=seed, max_drop=None,
+    return QuantizeConfig(backend=backend, scheme=scheme, corpus=(str(check.train_file),), seed=seed, max_drop=None,
                           calibration_examples=16 if probe else 128, check_sentences=8 if probe else 64)

@@ -1,6 +1,9 @@
 """``compress auto``'s report: ``search.json`` (every number of the search), ``report.md`` and ``pareto.png``
 (accuracy against measured latency), written beside the chosen model in ``OUT/search``.
 
+:class:`ReportData` gathers what the search measured; :func:`report_data` makes ``search.json``'s dict of it (the
+format on disk) and :func:`write_report` writes the three files from that dict.
+
 Every model's accuracy is its ``score``: the task's dev metric, or with ``--embedding`` the embedding check the search
 used (``search.json``'s ``score`` says which, in words; the tables head its column "score" then, "dev" otherwise).
 A model with no latency prediction (the static student: no shape) shows "—" there."""
@@ -9,31 +12,50 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from compress.core.formats.artifacts import atomic_path, utc_now, write_json_atomic
-from compress.auto.search import pareto_front, points
+from compress.auto.engine import Halving
+from compress.auto.search import pareto_front
+from compress.auto.state import Probe, SearchRun
+from compress.core.formats.records import utc_now
+from compress.core.formats.writes import atomic_path, write_json_atomic
 
 
-def report_data(cfg, task, budgets, probe, model, predicted, halving, results, chosen, teacher_dir, started, search) -> dict:
-    at = sorted(points(budgets) or {(1, 128)})[0]
-    score = task.description if cfg.embedding else f"{task.display} dev {task.primary_metric}"
+@dataclass(frozen=True, kw_only=True)
+class ReportData:
+    """What ``search.json`` is made of, gathered once the final runs are measured."""
+
+    run: SearchRun  # the teacher, the target (its name, its score's words, the options), the budgets, the trained entries
+    probe: Probe  # the latency probe: its model's error, the teacher's timings, where it was reused from
+    predicted: dict[str, dict]  # label -> its prediction ("variants" predicted to fit, "measurements")
+    halving: Halving
+    results: list[dict]  # the finalists as measured (and the second run's candidates)
+    chosen: dict | None  # the result chosen, None when nothing met every budget
+    started: float  # time.monotonic() when the search started
+
+
+def report_data(data: ReportData) -> dict:
+    """``search.json``'s content (its ``compared`` rows are added by the caller, measured in the same run)."""
+    run, probe = data.run, data.probe
+    cfg, target, at = run.cfg, run.target, run.at[0]
     return {
-        "kind": "auto", "when": utc_now(), "task": task.name, "teacher": str(teacher_dir), "score": score,
-        "score_column": "score" if cfg.embedding else "dev",
-        "budgets": [b.text for b in budgets], "backends": list(cfg.backends), "point": list(at),
-        "seconds": round(time.monotonic() - started, 1), "latency_model_error": probe["error"], "final_runs": cfg.final_runs,
-        "probe_reused_from": probe.get("reused_from"),
-        "teacher_ms": probe["teacher"], "teacher_probe_timings": probe.get("teacher_timings"),
-        "predicted": {k: {"variants": v["variants"]} for k, v in predicted.items()},
-        "trained": list(search.state["trained"].values()), "halving_stopped": halving.stopped,
-        "trials": list(halving.trials),
+        "kind": "auto", "when": utc_now(), "task": target.name, "teacher": str(run.teacher_dir),
+        "score": target.score_description, "score_column": target.score_column,
+        "budgets": [b.text for b in run.budgets], "backends": list(cfg.backends), "point": list(at),
+        "seconds": round(time.monotonic() - data.started, 1), "latency_model_error": probe.error,
+        "final_runs": cfg.final_runs, "probe_reused_from": probe.reused_from,
+        "teacher_ms": probe.teacher, "teacher_probe_timings": probe.teacher_timings,
+        "predicted": {k: {"variants": v["variants"]} for k, v in data.predicted.items()},
+        "trained": list(run.search.state["trained"].values()), "halving_stopped": data.halving.stopped,
+        "trials": list(data.halving.trials),
         "results": [{k: v for k, v in r.items() if k not in ("measurement", "predicted")}
                     | {"measured_p50_ms": r["measurement"]["points"][at]["p50_ms"],
                        "slowest_p50_ms": r["measurement"]["points"][at].get("slowest", {}).get("p50_ms"),
                        "predicted_p50_ms": r["predicted"]["points"][at]["p50_ms"] if r["predicted"] else None,
-                       "size_bytes": r["measurement"]["size_bytes"]} for r in results],
-        "chosen": None if chosen is None else {"name": chosen["name"], "dir": chosen["dir"], "accuracy": chosen["accuracy"]},
+                       "size_bytes": r["measurement"]["size_bytes"]} for r in data.results],
+        "chosen": None if data.chosen is None else {"name": data.chosen["name"], "dir": data.chosen["dir"],
+                                                    "accuracy": data.chosen["accuracy"]},
     }
 
 
@@ -49,6 +71,7 @@ def _teacher_timings(report: dict, at: tuple[int, int]) -> str:
 
 
 def write_report(where: Path, report: dict) -> None:
+    """``search.json``, ``report.md`` and ``pareto.png`` in ``where``, from :func:`report_data`'s dict."""
     where.mkdir(parents=True, exist_ok=True)
     write_json_atomic(where / "search.json", report)
     at = tuple(report["point"])

@@ -18,7 +18,8 @@ A *measurement* is a plain dict, one per model::
                            "throughput": 196.0, "speedup": 8.2,
                            "slowest": {"p50_ms": 5.6, ..., "throughput": 178.6, "speedup": 7.4}}, ...}}
 
-(the keys of a ``compress latency`` row; :func:`measurement` builds it from such rows).
+(figures of a ``compress latency`` :class:`~compress.eval.latency.row.Row`, named as its fields and as the budgets
+name them; :func:`measurement` builds it from such rows).
 ``slowest`` is present when the timing was repeated (``--repeat-runs``): each figure in
 its worst run, which is what a budget is judged on, so a model that fits in one run only
 is not chosen.
@@ -35,10 +36,11 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 import numpy as np
 
 # The budget grammar lives in compress.core, so that the command line checks --budget before importing torch;
-# compress.auto.run and the tests import it from here.
+# compress.auto's modules and the tests import it from here.
 from compress.core.budgets import Budget, budget_option, parse_budgets  # noqa: F401
 from compress.core.errors import CompressError
 from compress.core.model.shapes import Shape
+from compress.eval.latency.row import Row
 
 # ---------------------------------------------------------------------------- budgets
 
@@ -48,21 +50,24 @@ def points(budgets: Iterable[Budget]) -> set[tuple[int, int]]:
     return {(b.batch, b.seq) for b in budgets if b.batch is not None}
 
 
-def measurement(rows: Iterable[Mapping[str, Any]], size_bytes: float) -> dict:
-    """A measurement dict from one model's ``compress latency`` rows (each with ``batch`` and ``seq``)."""
-    keys = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup")
+# The figures of a row a measurement's point holds (each under its field's name, as the budgets name them).
+MEASURED = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup")
 
-    def point(r: Mapping[str, Any]) -> dict:
-        found = {k: r[k] for k in keys if k in r}
-        if len(r.get("runs_p50_ms", ())) > 1:  # repeated runs: the worst run of each figure
-            slowest = dict(r["slowest_run"])
-            slowest["throughput"] = r["batch"] * 1e3 / slowest["p50_ms"]
-            if "speedup_min" in r:
-                slowest["speedup"] = r["speedup_min"]
+
+def measurement(rows: Iterable[Row], size_bytes: float) -> dict:
+    """A measurement dict from one model's ``compress latency`` rows (a figure a row lacks is left out)."""
+
+    def point(r: Row) -> dict:
+        found = {k: getattr(r, k) for k in MEASURED if getattr(r, k) is not None}
+        if len(r.runs_p50_ms) > 1:  # repeated runs: the worst run of each figure
+            slowest = r.slowest_run.to_dict()
+            slowest["throughput"] = r.batch * 1e3 / slowest["p50_ms"]
+            if r.speedup_min is not None:
+                slowest["speedup"] = r.speedup_min
             found["slowest"] = slowest
         return found
 
-    return {"size_bytes": size_bytes, "points": {(r["batch"], r["seq"]): point(r) for r in rows}}
+    return {"size_bytes": size_bytes, "points": {r.point: point(r) for r in rows}}
 
 
 # ---------------------------------------------------------------------------- latency model

@@ -1,4 +1,5 @@
-"""What machine and software a result was produced on (for provenance and latency headers)."""
+"""What machine and software a result was produced on (for provenance and latency headers), and which precisions
+its CPU runs natively (:class:`Precisions`, read by every stage that picks bf16, AMX or VNNI kernels)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import functools
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -20,6 +23,9 @@ INTERESTING_FLAGS = (
     "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimddp", "sve", "i8mm", "bf16",
 )
 
+CPUINFO = Path("/proc/cpuinfo")
+ARM_ARCHES = ("arm64", "aarch64")  # platform.machine() of a 64-bit ARM CPU (macOS, Linux)
+
 PACKAGES = (
     "torch", "transformers", "tokenizers", "datasets", "accelerate", "optimum", "optimum-onnx",
     "onnxruntime", "onnx", "openvino", "nncf", "neural-compressor-pt", "torch-pruning", "safetensors", "numpy",
@@ -31,8 +37,7 @@ PACKAGES = (
 def cpu_info() -> dict:
     """CPU model, its microarchitecture, core counts, memory and the relevant instruction-set flags."""
     name, flags, physical, generation = platform.processor() or platform.machine(), set(), set(), None
-    cpuinfo = Path("/proc/cpuinfo")
-    text = cpuinfo.read_text(errors="replace") if cpuinfo.exists() else ""
+    text = CPUINFO.read_text(errors="replace") if CPUINFO.exists() else ""
     if text:
         parsed = parse_cpuinfo(text)
         name, flags, physical, generation = parsed["name"] or name, parsed["flags"], parsed["physical"], parsed["generation"]
@@ -56,6 +61,42 @@ def cpu_info() -> dict:
         "microarchitecture": core.name,
         "core": core.core,
     }
+
+
+@dataclass(frozen=True)
+class Precisions:
+    """Which precisions this CPU runs natively: the one answer every stage reads (this module alone tests the flags).
+
+    What a runtime then actually ran is its own report (a latency row's and an export's ``inference_precision``);
+    OpenVINO's word on its bf16 kernels is ``compress.core.formats.openvino_runtime.openvino_bf16``.
+    """
+
+    bf16: bool  # native bf16 dot products: AVX512_BF16 or AMX-BF16 (x86), FEAT_BF16 (ARM's "bf16")
+    amx_bf16: bool  # AMX tile products in bf16 (TDPBF16PS): Sapphire Rapids and later
+    amx_int8: bool  # AMX tile products in int8 (TDPBUSD)
+    vnni: bool  # one-instruction int8 dot products on x86: AVX512-VNNI or AVX-VNNI
+    int8_preset: str  # ONNX Runtime's quantization preset: avx512_vnni (int8 weights), avx2 (uint8 weights), arm64
+    arch: str  # platform.machine(), e.g. x86_64, aarch64
+    source: str  # what it was read from: "/proc/cpuinfo flags", "no /proc/cpuinfo (no flags)" or "given flags"
+
+    @classmethod
+    def from_flags(cls, flags: Iterable[str], arch: str, source: str = "given flags") -> Precisions:
+        """The record for a CPU with these instruction-set flags (``/proc/cpuinfo`` spelling) and architecture."""
+        flags, arm = set(flags), arch.lower() in ARM_ARCHES
+        # ONNX Runtime's preset follows AVX512-VNNI alone: avx2's uint8 weights run 3x slower where it exists.
+        preset = "arm64" if arm else "avx512_vnni" if "avx512_vnni" in flags else "avx2"
+        return cls(bf16=bool({"avx512_bf16", "amx_bf16"} & flags) or (arm and "bf16" in flags),
+                   amx_bf16="amx_bf16" in flags, amx_int8="amx_int8" in flags,
+                   vnni=not arm and bool({"avx512_vnni", "avx_vnni"} & flags),
+                   int8_preset=preset, arch=arch, source=source)
+
+
+@functools.lru_cache(maxsize=1)
+def precisions() -> Precisions:
+    """This CPU's :class:`Precisions`, read once per process from :func:`cpu_info`'s flags."""
+    info = cpu_info()
+    source = "/proc/cpuinfo flags" if CPUINFO.exists() else "no /proc/cpuinfo (no flags)"
+    return Precisions.from_flags(info["flags"], info["arch"], source)
 
 
 def cpu_summary() -> dict:

@@ -1,4 +1,4 @@
-"""A package's public entry points, named in its ``__init__`` and imported on first use.
+"""Names imported on first use: a package's public entry points, and objects named ``"module:attr"``.
 
 ``import compress.core.data.tasks`` must stay as light as that module (the command line checks a task before any
 heavy import), so a package's ``__init__`` does not import its modules; it names its entry points and where they
@@ -23,3 +23,9 @@ def exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any
         return getattr(import_module(f"{package}.{where[name]}"), name)
 
     return __getattr__, sorted(where)
+
+
+def load(path: str) -> Any:
+    """The object a ``"module:attr"`` string names, imported now (a table names it without importing it)."""
+    module, _, attr = path.partition(":")
+    return getattr(import_module(module), attr)

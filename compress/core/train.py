@@ -12,7 +12,8 @@ owns what makes runs trustworthy:
   MLM masks) of (seed, step), and checkpoints store model, optimizer, scheduler and the
   torch RNG (dropout). Killing a run at any moment and resuming from its last
   checkpoint ends with the same weights as an uninterrupted run (CPU, fixed threads).
-* **Atomic checkpoints.** Each is written to a temporary directory and renamed.
+* **Atomic checkpoints.** Each is written to a temporary directory and renamed (see
+  :mod:`compress.core.checkpoints`).
 * **Failing loudly.** A NaN/inf loss, an optimizer step that overflows or inf/nan
   weights stop the run with a one-line error that names the last good checkpoint; a
   resume may lower the learning rate (see :data:`RESUMABLE_SETTINGS`). A run that fails
@@ -31,34 +32,37 @@ checkpoint by.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import hashlib
 import json
 import logging
 import math
-import os
-import pickle
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 import torch
-from safetensors.torch import load_model, save_model
 
-from compress.core.formats.artifacts import atomic_path, utc_now, write_json_atomic
+from compress.core.batches import epoch_order, global_batches
+from compress.core.checkpoints import (
+    BEST,
+    PROGRESS_FILE,
+    STATE_FILE,
+    discard_failed_run,
+    fingerprint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    save_weights,
+)
 from compress.core.config import option
 from compress.core.errors import CompressError
+from compress.core.formats.records import utc_now
+from compress.core.formats.writes import write_json_atomic
 from compress.core.logs import progress
+from compress.core.processes import is_main_process, make_accelerator
 
-CHECKPOINTS = "checkpoints"
-BEST = "best"
-STATE_FILE = "trainer_state.json"
-PROGRESS_FILE = "metrics.json"  # in the work directory: the training record so far, while the run goes
-PROGRESS_SHARE = 0.05  # rewriting it may take at most this share of the training time (a long history is MBs)
+PROGRESS_SHARE = 0.05  # rewriting PROGRESS_FILE may take at most this share of the training time (a long history is MBs)
 # Settings a --resume may change (e.g. a lower --lr after a NaN): neither the data order nor the
 # number of steps depends on them, so they are left out of the run key; a change is recorded in the history.
 RESUMABLE_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "max_grad_norm")
@@ -122,61 +126,6 @@ class TrainResult:
     processes: int = 1  # data-parallel processes the run was spread over
 
 
-# ---------------------------------------------------------------------------- helpers
-
-
-def fingerprint(*parts: Any) -> str:
-    """A short stable hash of JSON-able parts (configs, data sizes) to match checkpoints to runs."""
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def step_seed(seed: int, step: int) -> int:
-    """A per-step seed for batch randomness (MLM masks) that does not depend on history."""
-    return (seed * 1_000_003 + step * 7919) % (2**63 - 1)
-
-
-def epoch_order(
-    n: int, seed: int, epoch: int, shuffle: bool = True, lengths: Sequence[int] | None = None, batch_size: int = 1
-) -> list[int]:
-    """The example order of one epoch: a permutation fixed by (seed, epoch).
-
-    With ``lengths``, examples are grouped by length as in Hugging Face's
-    ``group_by_length``: the permutation is cut into mega-batches of 50 batches, each
-    sorted by length, so a batch holds similar lengths (little padding) while the data
-    order stays random. The batches are then shuffled too, keeping the longest first
-    (an out-of-memory error shows up at step one, not hours later).
-    """
-    if not shuffle:
-        return list(range(n))
-    g = torch.Generator().manual_seed(seed * 1009 + epoch)
-    order = torch.randperm(n, generator=g).tolist()
-    if lengths is None or batch_size <= 1:
-        return order
-    mega = batch_size * 50
-    grouped: list[int] = []
-    for start in range(0, n, mega):
-        grouped.extend(sorted(order[start : start + mega], key=lambda i: -lengths[i]))
-    batches = [grouped[i : i + batch_size] for i in range(0, n, batch_size)]
-    full = [b for b in batches if len(b) == batch_size]
-    tail = [b for b in batches if len(b) < batch_size]  # a short batch stays last
-    longest = max(range(len(full)), key=lambda b: lengths[full[b][0]]) if full else None
-    rest = [b for i, b in enumerate(full) if i != longest]
-    shuffled = [rest[i] for i in torch.randperm(len(rest), generator=g).tolist()]
-    head = [full[longest]] if longest is not None else []
-    return [i for b in head + shuffled + tail for i in b]
-
-
-def global_batches(n: int, batch_size: int, world: int) -> list[tuple[int, int]]:
-    """(start, end) of each global batch; the last one is trimmed to a multiple of ``world``."""
-    out = []
-    for start in range(0, n, batch_size):
-        end = min(start + batch_size, n)
-        end = start + ((end - start) // world) * world
-        if end > start:
-            out.append((start, end))
-    return out
-
 
 def param_groups(model, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: no decay on biases and LayerNorm weights (as in BERT)."""
@@ -196,160 +145,6 @@ def linear_schedule(optimizer, warmup: int, total: int):
         return max(0.0, (total - step) / max(1, total - warmup))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def make_accelerator(precision: str, device: str):
-    # deferred: a heavy import, paid only where it is used
-    from accelerate import Accelerator
-
-    # deferred: a heavy import, paid only where it is used
-    from accelerate.state import AcceleratorState
-
-    if precision == "fp16" and (device == "cpu" or not torch.cuda.is_available()):
-        raise CompressError("--precision fp16 needs a CUDA GPU; on a CPU use bf16 or fp32")
-    # One Accelerator per run: reset the mixed-precision state a previous run in this
-    # process left behind (the process group, if any, is kept).
-    AcceleratorState._reset_state(reset_partial_state=False)
-    # deferred: a heavy import, paid only where it is used
-    from accelerate.utils import DistributedDataParallelKwargs
-
-    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
-    # Some stages train parameters that a given step does not use (a classifier during
-    # TinyBERT's intermediate stage): data-parallel training must tolerate that.
-    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
-    state = distributed_state(device)  # the process group first, with the right CPU flag
-    return Accelerator(mixed_precision=mixed, cpu=state.device.type == "cpu", kwargs_handlers=[ddp])
-
-
-def _atomic_dir(final: Path) -> contextlib.AbstractContextManager[Path]:
-    @contextlib.contextmanager
-    def manager():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-        try:
-            yield tmp
-            if final.exists():
-                old = final.parent / f".{final.name}.old"
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-
-    return manager()
-
-
-def _save_weights(model, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        save_model(model, str(tmp))  # handles tied weights (MLM decoder = word embeddings)
-
-
-def load_weights(model, path: Path) -> None:
-    """Load a safetensors state (written by this loop) into ``model`` in place."""
-    missing, unexpected = load_model(model, str(path), strict=False)
-    if unexpected or [k for k in missing if "position_ids" not in k]:
-        raise CompressError(f"{path} does not match the model being trained; remove it or start without --resume")
-
-
-# ---------------------------------------------------------------------------- checkpoints
-
-
-def list_checkpoints(work_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (partial ones are temporary dirs and never listed)."""
-    root = Path(work_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / STATE_FILE).is_file()]
-    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
-
-
-def save_checkpoint(work_dir: Path, model, optimizer, scheduler, state: dict[str, Any], keep: int) -> Path:
-    final = Path(work_dir) / CHECKPOINTS / f"step-{state['step']:08d}"
-    with _atomic_dir(final) as tmp:
-        _save_weights(model, tmp / "model.safetensors")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / "rng.pt")
-        # The state file is written last: a checkpoint without it is never resumed from.
-        (tmp / STATE_FILE).write_text(json.dumps(state, default=str))
-    for old in list_checkpoints(work_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict[str, Any]:
-    load_weights(model, path / "model.safetensors")
-    optimizer.load_state_dict(_load_plain(path / "optimizer.pt"))
-    scheduler.load_state_dict(_load_plain(path / "scheduler.pt"))
-    rng = _load_plain(path / "rng.pt")
-    torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return json.loads((path / STATE_FILE).read_text())
-
-
-def _load_plain(file: Path) -> Any:
-    """A checkpoint file of tensors and plain containers; anything else (a pickle that could run code) is refused."""
-    try:
-        # weights_only: a checkpoint must never be able to run code when it is read.
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:  # what weights_only raises for anything but tensors and plain data
-        work_dir = file.parent.parent.parent  # work_dir / checkpoints / step-N / file
-        raise CompressError(
-            f"the checkpoint at {file.parent} is not trusted: {file.name} holds more than plain tensors and could run "
-            f"code if read; it was not read, remove {work_dir} to start over"
-        ) from err
-
-
-# ---------------------------------------------------------------------------- work directories
-
-
-_fresh_work_dirs: set[Path] = set()  # work directories prepare_work_dir created in this process (rank 0)
-
-
-def _holds_checkpoint(directory: Path) -> bool:
-    """Whether a complete checkpoint lies anywhere below ``directory`` (e.g. in a stage's subdirectory)."""
-    return any(directory.glob(f"**/{CHECKPOINTS}/step-*/{STATE_FILE}"))
-
-
-def discard_unused_work_dirs(around: Path | None = None) -> None:
-    """Remove the work directories this process created that hold no checkpoint: nothing in them can be resumed.
-
-    A command that succeeds removes its own; this catches one that failed before its
-    first checkpoint, at exit, or at once when training in ``around`` (the work
-    directory or a subdirectory of it, such as a distillation stage's) fails.
-    """
-    for work in sorted(_fresh_work_dirs):
-        if around is not None and work != around and work not in around.parents:
-            continue
-        if work.is_dir() and not _holds_checkpoint(work):
-            shutil.rmtree(work, ignore_errors=True)
-        if not work.is_dir():
-            _fresh_work_dirs.discard(work)
-
-
-atexit.register(discard_unused_work_dirs)  # a failure outside training (a later validation) leaves nothing behind either
-
-
-def _discard_failed_run(work_dir: Path, created: bool) -> None:
-    """After a failed run: unless it wrote a checkpoint (what --resume continues), remove what it left in ``work_dir``."""
-    if list_checkpoints(work_dir):
-        return
-    if created:
-        shutil.rmtree(work_dir, ignore_errors=True)
-    else:  # a directory that was there before (e.g. made by prepare_work_dir): only this run's files
-        with contextlib.suppress(FileNotFoundError):
-            (work_dir / PROGRESS_FILE).unlink()
-        for name in (BEST, CHECKPOINTS):
-            shutil.rmtree(work_dir / name, ignore_errors=True)
-    discard_unused_work_dirs(around=work_dir.absolute())
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -386,6 +181,20 @@ def train(
     return train_phases(model, [Phase(dataset, collate, lengths=lengths)], cfg, **kwargs)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What :func:`train_phases` is asked to do besides the model, phases and config (its keyword options)."""
+
+    loss_fn: LossFn  # (model, batch) -> (loss, logs)
+    work_dir: Path  # checkpoints, best weights and the progress file
+    evaluate: Callable[[Any], dict[str, float]] | None  # model -> metrics; None: no evaluation
+    select: str | None  # the metric of ``evaluate`` that picks the best weights (higher is better)
+    resume: bool  # continue from the newest checkpoint in work_dir, if any
+    run_key: Any  # JSON-able; must match for a checkpoint to be resumed
+    desc: str  # the progress bar's label and the progress file's "desc"
+    shuffle: bool  # a random example order per epoch (else the dataset's order)
+
+
 @dataclass
 class _Run:
     """A run in progress: what the steps of :func:`train_phases` share, and what a checkpoint keeps."""
@@ -395,7 +204,7 @@ class _Run:
     accelerator: Any
     optimizer: Any
     scheduler: Any
-    work_dir: Path
+    job: _Job
     key: str  # fingerprint of the settings and data sizes: a checkpoint resumes only the same run
     total: int  # optimizer steps over all phases
     eval_every: int
@@ -407,7 +216,6 @@ class _Run:
     running_n: int = 0
     order_of: tuple[int, int] | None = None  # (phase, epoch) whose example order `order` holds
     order: list[int] = field(default_factory=list)
-    desc: str = "training"
     examples: int = 0  # examples (over all processes) trained on since the last history entry
     seconds: float = 0.0  # time spent in training steps since then (evaluations and checkpoints excluded)
     written_at: float = -math.inf  # when the progress file was last written (time.monotonic), and how long it took
@@ -417,6 +225,10 @@ class _Run:
     @property
     def main(self) -> bool:
         return self.accelerator.is_main_process
+
+    @property
+    def work_dir(self) -> Path:
+        return self.job.work_dir
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -454,55 +266,54 @@ def train_phases(
 
     One optimizer and one warm-up/decay schedule span all phases. ``collate(items, step)``
     turns a process's share of a batch into tensors; the step number lets it draw
-    reproducible randomness (see :func:`step_seed`). ``select`` names the metric in
-    ``evaluate``'s result that picks the best checkpoint (higher is better). ``run_key``
-    (anything JSON-able: config, data sizes) must match for ``resume`` to accept a
-    checkpoint. A run that fails before its first checkpoint removes what it wrote
-    (``work_dir`` itself if it created it, and an empty :func:`prepare_work_dir` around it).
+    reproducible randomness (see :func:`compress.core.batches.step_seed`). ``select``
+    names the metric in ``evaluate``'s result that picks the best checkpoint (higher is
+    better). ``run_key`` (anything JSON-able: config, data sizes) must match for
+    ``resume`` to accept a checkpoint. A run that fails before its first checkpoint
+    removes what it wrote (``work_dir`` itself if it created it, and an empty
+    :func:`compress.core.checkpoints.prepare_work_dir` around it).
     """
-    work_dir = Path(work_dir)
-    created = not work_dir.exists()
+    job = _Job(loss_fn=loss_fn, work_dir=Path(work_dir), evaluate=evaluate, select=select, resume=resume,
+               run_key=run_key, desc=desc, shuffle=shuffle)
+    created = not job.work_dir.exists()
     try:
-        return _train(model, phases, cfg, loss_fn, work_dir, evaluate, select, resume, run_key, desc, shuffle)
+        return _train(model, phases, cfg, job)
     except BaseException:
         if is_main_process():
             with contextlib.suppress(OSError):  # the run's own error is the one to report
-                _discard_failed_run(work_dir, created)
+                discard_failed_run(job.work_dir, created)
         raise
 
 
-def _train(model, phases: Sequence[Phase], cfg: TrainConfig, loss_fn: LossFn, work_dir: Path,
-           evaluate: Callable[[Any], dict[str, float]] | None, select: str | None, resume: bool, run_key: Any,
-           desc: str, shuffle: bool) -> TrainResult:
+def _train(model, phases: Sequence[Phase], cfg: TrainConfig, job: _Job) -> TrainResult:
     """The body of :func:`train_phases`."""
     started = time.monotonic()
-    run = _start(model, phases, cfg, work_dir, run_key)
-    run.desc = desc
-    if resume:
+    run = _start(model, phases, cfg, job)
+    if job.resume:
         _resume(run, model)
     if run.result.best_step is not None and run.best_file.is_file():
         run.result.best_weights = run.best_file
     model, run.optimizer = run.accelerator.prepare(model, run.optimizer)
     model.train()
     _write_progress(run, force=True)
-    bar = progress(total=run.total, initial=run.step, desc=desc, unit="step", disable=not run.main)
+    bar = progress(total=run.total, initial=run.step, desc=job.desc, unit="step", disable=not run.main)
     while run.step < run.total:
         p, local = _locate(run.plan, run.step)
         phase = run.plan[p]["phase"]
         tick = time.monotonic()
-        logs = _accumulate(run, model, phase, _my_share(run, p, local, shuffle), loss_fn)
+        logs = _accumulate(run, model, phase, _my_share(run, p, local))
         _optimizer_step(run, model)
         run.seconds += time.monotonic() - tick
         run.examples += _global_batch_size(run, p, local)
         bar.update(1)
         epoch = round((local + 1) / run.plan[p]["steps_per_epoch"], 3)  # epochs of this phase done, as logged
         _log(run, logs, epoch, phase.name, bar)
-        evaluating = evaluate is not None and (run.step % run.eval_every == 0 or run.step == run.total)
+        evaluating = job.evaluate is not None and (run.step % run.eval_every == 0 or run.step == run.total)
         saving = run.step % run.save_every == 0 and run.step < run.total
         if evaluating or saving or run.step == run.total:
             _check_weights(run, model)  # no checkpoint, best or final weights are ever inf/nan
         if evaluating:
-            _evaluate_and_keep_best(run, model, evaluate, select, epoch)
+            _evaluate_and_keep_best(run, model, epoch)
         if saving:
             _checkpoint(run, model)
     bar.close()
@@ -514,7 +325,7 @@ def _train(model, phases: Sequence[Phase], cfg: TrainConfig, loss_fn: LossFn, wo
     return run.result
 
 
-def _start(model, phases: Sequence[Phase], cfg: TrainConfig, work_dir: Path, run_key: Any) -> _Run:
+def _start(model, phases: Sequence[Phase], cfg: TrainConfig, job: _Job) -> _Run:
     """A new run: accelerator, plan, seeded RNG, optimizer and schedule (the model is not wrapped yet)."""
     accelerator = make_accelerator(cfg.precision, cfg.device)
     world = accelerator.num_processes
@@ -523,15 +334,15 @@ def _start(model, phases: Sequence[Phase], cfg: TrainConfig, work_dir: Path, run
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total)
     sizes = [(len(p["phase"].dataset), p["batch_size"], p["steps"]) for p in plan]
     settings = asdict(cfg) | {"device": None, "keep_checkpoints": None}
-    key = fingerprint(settings | dict.fromkeys(RESUMABLE_SETTINGS), sizes, world, run_key)
+    key = fingerprint(settings | dict.fromkeys(RESUMABLE_SETTINGS), sizes, world, job.run_key)
     torch.manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps
     )
     return _Run(
-        cfg, plan, accelerator, optimizer, linear_schedule(optimizer, warmup, total), work_dir, key, total,
+        cfg, plan, accelerator, optimizer, linear_schedule(optimizer, warmup, total), job, key, total,
         eval_every=cfg.eval_every or plan[0]["steps_per_epoch"], save_every=cfg.save_every or plan[0]["steps_per_epoch"],
-        result=TrainResult(processes=world), legacy_key=fingerprint(settings, sizes, world, run_key),
+        result=TrainResult(processes=world), legacy_key=fingerprint(settings, sizes, world, job.run_key),
     )
 
 
@@ -580,14 +391,15 @@ def _use_settings(run: _Run, built: list[dict[str, Any]]) -> None:
     run.scheduler.base_lrs = [fresh["initial_lr"] for fresh in built]
 
 
-def _my_share(run: _Run, p: int, local: int, shuffle: bool) -> list[int]:
+def _my_share(run: _Run, p: int, local: int) -> list[int]:
     """Example indices of this process's interleaved share of the global batch at step ``local`` of phase ``p``."""
     entry = run.plan[p]
     epoch, index_in_epoch = divmod(local, entry["steps_per_epoch"])
     if run.order_of != (p, epoch):  # one permutation per (phase, epoch): a pure function of the seed
         run.order_of = (p, epoch)
         grouped = entry["phase"].lengths if run.cfg.group_by_length else None
-        run.order = epoch_order(len(entry["phase"].dataset), run.cfg.seed + 7 * p, epoch, shuffle, grouped, entry["batch_size"])
+        run.order = epoch_order(len(entry["phase"].dataset), run.cfg.seed + 7 * p, epoch, run.job.shuffle, grouped,
+                                entry["batch_size"])
     start, end = entry["batches"][index_in_epoch]
     return run.order[start:end][run.accelerator.process_index :: run.accelerator.num_processes]
 
@@ -599,10 +411,10 @@ def _global_batch_size(run: _Run, p: int, local: int) -> int:
     return end - start
 
 
-def _accumulate(run: _Run, model, phase: Phase, mine: list[int], loss_fn: LossFn) -> dict[str, float]:
+def _accumulate(run: _Run, model, phase: Phase, mine: list[int]) -> dict[str, float]:
     """Forward and backward over ``mine`` in ``grad_accum`` micro-batches; gradients sync across processes once.
 
-    Returns the loss and ``loss_fn``'s logs, averaged over the micro-batches.
+    Returns the loss and the job's ``loss_fn``'s logs, averaged over the micro-batches.
     """
     accelerator, world = run.accelerator, run.accelerator.num_processes
     micro = max(1, len(mine) // run.cfg.grad_accum)
@@ -614,7 +426,7 @@ def _accumulate(run: _Run, model, phase: Phase, mine: list[int], loss_fn: LossFn
         sync = c == len(chunks) - 1  # only the last micro-batch all-reduces the gradients
         with contextlib.nullcontext() if sync or world == 1 else accelerator.no_sync(model):
             with accelerator.autocast():
-                loss, logs = loss_fn(model, batch)
+                loss, logs = run.job.loss_fn(model, batch)
             _check_finite(run, loss)
             accelerator.backward(loss / len(chunks))
         for k, v in {"loss": loss, **logs}.items():
@@ -689,7 +501,7 @@ def _write_progress(run: _Run, *, force: bool = False, status: str = "running") 
     if not run.main or (status == "running" and not force and (now - run.written_at) * PROGRESS_SHARE < run.write_cost):
         return
     record = {
-        "kind": "training", "status": status, "desc": run.desc,
+        "kind": "training", "status": status, "desc": run.job.desc,
         "step": run.step, "total": run.total, "processes": run.accelerator.num_processes,
         "best_step": run.result.best_step, "history": run.result.history, "when": utc_now(),
     }
@@ -698,22 +510,22 @@ def _write_progress(run: _Run, *, force: bool = False, status: str = "running") 
     run.write_cost = run.written_at - now
 
 
-def _evaluate_and_keep_best(run: _Run, model, evaluate: Callable[[Any], dict[str, float]], select: str | None,
-                            epoch: float) -> None:
-    """Evaluate on rank 0 (the others wait); a new best by ``select`` (higher is better) has its weights saved."""
+def _evaluate_and_keep_best(run: _Run, model, epoch: float) -> None:
+    """Evaluate on rank 0 (the others wait); a new best by ``job.select`` (higher is better) has its weights saved."""
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         inner = accelerator.unwrap_model(model)
         inner.eval()
-        metrics = evaluate(inner)
+        metrics = run.job.evaluate(inner)
         inner.train()
         run.result.history.append({"step": run.step, "epoch": epoch, "eval": metrics})
+        select = run.job.select
         value = metrics.get(select) if select else None
         if value is not None and (run.best_value is None or value > run.best_value):
             run.best_value, run.result.best, run.result.best_step = float(value), metrics, run.step
             run.best_file.parent.mkdir(parents=True, exist_ok=True)
-            _save_weights(inner, run.best_file)
+            save_weights(inner, run.best_file)
             run.result.best_weights = run.best_file
         shown = "  ".join(f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float))
         log.info(f"step {run.step}/{run.total}  eval  {shown}" + ("  (best)" if run.result.best_step == run.step else ""))
@@ -793,49 +605,3 @@ def _stopped(run: _Run, what: str, step: int) -> CompressError:
         where = "no checkpoint was written yet; run again with a lower --lr"
     fp32 = ", or start over with --precision fp32" if run.cfg.precision != "fp32" else ""
     return CompressError(f"{what} at step {step}; training stopped and {where}{fp32}, or check the data")
-
-
-def distributed_state(device: str = "auto"):
-    """The process group of this run (created on first use from torchrun/accelerate's environment).
-
-    Accelerate sets up multi-process CPU training (gloo) only when told the run is on a
-    CPU, so the flag is decided here once, for every caller.
-    """
-    # deferred: a heavy import, paid only where it is used
-    from accelerate import PartialState
-
-    cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    return PartialState(cpu=cpu)
-
-
-def main_process_first():
-    """A context in which rank 0 runs first and the others wait (e.g. to build a shared cache)."""
-    return distributed_state().main_process_first()
-
-
-def work_dir_for(out: Path) -> Path:
-    """Checkpoints of a run live next to its output, so --resume finds them."""
-    out = Path(out).absolute()
-    return out.parent / f".{out.name}.work"
-
-
-def prepare_work_dir(work: Path, resume: bool) -> Path:
-    """Create the checkpoint directory (emptied first unless resuming), once, on rank 0.
-
-    One this call creates is removed again, when training fails or at exit, as long as
-    it holds no checkpoint (see :func:`discard_unused_work_dirs`): a command that fails
-    before its first checkpoint (a bad option, a NaN at step 2) leaves nothing behind.
-    """
-    with main_process_first():
-        if is_main_process():
-            if not resume and work.exists():
-                shutil.rmtree(work)
-            if not work.is_dir():
-                work.mkdir(parents=True)
-                _fresh_work_dirs.add(Path(work).absolute())
-    return work
-
-
-def is_main_process() -> bool:
-    """True on the process that writes outputs (rank 0), also outside distributed runs."""
-    return int(os.environ.get("RANK", "0")) == 0

@@ -45,7 +45,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from compress.core.formats.artifacts import atomic_path, build_lock
+from compress.core.formats.writes import atomic_path, build_lock
 from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.logs import progress
@@ -185,7 +185,7 @@ def replaceable(tokenizer, text: str, allowed: set[int] | None = None) -> tuple[
     return ids, spans
 
 
-def augment_text(tokenizer, text: str, candidates: Candidates, copies: int, prob: float, rng: random.Random,
+def augment_text(tokenizer, text: str, candidates: Candidates, *, copies: int, prob: float, rng: random.Random,
                  allowed: set[int] | None = None) -> list[str]:
     """``copies`` copies of ``text``, each one-piece word replaced with probability ``prob`` (Algorithm 1)."""
     ids, spans = replaceable(tokenizer, text, allowed)
@@ -213,7 +213,8 @@ def augment_examples(tokenizer, rows: list[dict], fields: tuple[str, ...], candi
     for index, row in enumerate(progress(rows, desc="augmenting", unit="example", leave=False)):
         # str seeds are hashed (SHA-512) the same in every process: reproducible, order-independent.
         rng = random.Random("\x00".join([str(seed), *(row.get(f) or "" for f in fields)]))
-        per_field = {f: augment_text(tokenizer, row[f], candidates, copies, prob, rng, allowed) for f in fields if row.get(f)}
+        per_field = {f: augment_text(tokenizer, row[f], candidates, copies=copies, prob=prob, rng=rng,
+                                    allowed=allowed) for f in fields if row.get(f)}
         for copy in range(copies):
             out.append({**{f: texts[copy] for f, texts in per_field.items()}, "source": index})
     return out

@@ -20,9 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from compress.distill import losses as L
-from compress.core.formats.artifacts import atomic_path, read_metrics, require_torch_weights, utc_now
+from compress.core.formats.records import read_metrics, utc_now
+from compress.core.formats.writes import atomic_path
 from compress.core.config import flat_keywords, option
-from compress.core.data.sources import DataSource, check_max_length, collate, load_split
+from compress.core.data.features import check_max_length, collate
+from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.model.shapes import StudentShape
@@ -36,15 +38,9 @@ from compress.core.formats.sentence import (
 )
 from compress.core.model.structure import config_sizes
 from compress.core.data.tasks import GLUE_TASKS, get_task
-from compress.core.train import (
-    Phase,
-    TrainConfig,
-    fingerprint,
-    is_main_process,
-    main_process_first,
-    prepare_work_dir,
-    work_dir_for,
-)
+from compress.core.checkpoints import fingerprint, prepare_work_dir, work_dir_for
+from compress.core.processes import is_main_process, main_process_first
+from compress.core.train import Phase, TrainConfig
 from compress.distill.steps import (
     Teacher,
     build_student,
@@ -59,7 +55,7 @@ from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embed
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import format_table
 from compress.teacher.corpus import read_documents
-from compress.teacher.presets import resolve_model
+from compress.teacher.presets import open_model
 
 
 # A sentence-embedding term: (student pooled (batch, d), teacher pooled (batch, d)) -> scalar.
@@ -135,9 +131,9 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     ``max_seq_length``, which ``SentenceTransformer(out)`` loads.
     """
     out = check_out(out, cfg, overwrite, teacher)
-    teacher_dir = require_torch_weights(resolve_model(teacher), "embedding distillation (the teacher)")
-    spec = read_spec(teacher_dir)
-    teach = open_teacher(teacher_dir, "base", set())
+    folder = open_model(teacher).check_torch("embedding distillation (the teacher)")
+    spec = read_spec(folder.path)
+    teach = open_teacher(folder, "base", set())
     student = build_student(teach, cfg, set())
     width, teacher_width = config_sizes(student.model.config).hidden, config_sizes(teach.model.config).hidden
     if width != teacher_width:
@@ -321,7 +317,7 @@ def _embedding_task_records(scorers: dict, student_model, teach: Teacher, spec: 
 
 def teacher_embedding_score(teach: Teacher, task, metric: str, score) -> float | None:
     """The teacher's dev score on ``task``'s embeddings: from its metrics.json when recorded, else measured now."""
-    for r in reversed(read_metrics(teach.dir)):
+    for r in reversed(read_metrics(teach.folder.path)):
         if r.get("kind") == EMBEDDING_EVAL and r.get("task") == task.name and r.get("split") == "dev":
             value = (r.get("metrics") or {}).get(metric)
             if value is not None:

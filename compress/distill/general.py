@@ -14,11 +14,15 @@ from pathlib import Path
 
 import torch
 
-from compress.core.formats.artifacts import saved_head, utc_now
+from compress.core.formats.folder import ModelFolder
+from compress.core.formats.records import utc_now
 from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
+from compress.core.model.heads import HEADS
 from compress.core.model.shapes import StudentShape
-from compress.core.train import Phase, TrainConfig, is_main_process, prepare_work_dir, work_dir_for
+from compress.core.checkpoints import prepare_work_dir, work_dir_for
+from compress.core.processes import is_main_process
+from compress.core.train import Phase, TrainConfig
 from compress.distill.steps import (
     Distiller,
     build_student,
@@ -33,7 +37,7 @@ from compress.distill.steps import (
 )
 from compress.distill.terms import ENCODER, MLM, LossWeights, needs_of
 from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
-from compress.teacher.presets import resolve_model
+from compress.teacher.presets import open_model
 
 
 def _general_defaults() -> TrainConfig:
@@ -79,11 +83,11 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
     (``compress distill --init DIR``).
     """
     out = check_out(out, cfg, overwrite, teacher)
-    teacher_dir = resolve_model(teacher)
+    folder = open_model(teacher)
     uses_mlm = bool({"kd", "mlm"} & set(cfg.losses))
-    _check_mlm_head(teacher_dir, uses_mlm)
+    _check_mlm_head(folder, uses_mlm)
     terms = tuple("hard" if t == "mlm" else t for t in cfg.losses)  # mlm is the "hard" term of an MLM batch
-    teach = open_teacher(teacher_dir, "masked-lm" if uses_mlm else "base", needs_of(terms))
+    teach = open_teacher(folder, "masked-lm" if uses_mlm else "base", needs_of(terms))
     student = build_student(teach, cfg, needs_of(terms), cfg.loss.layer_map)
     heldout, train_set = _read_corpus(cfg, teach.tokenizer)
     collate_step = _corpus_collator(teach.tokenizer, cfg, uses_mlm)
@@ -110,11 +114,11 @@ def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillCon
                           resume=cfg.resume, overwrite=overwrite, work=work)
 
 
-def _check_mlm_head(teacher_dir: Path, uses_mlm: bool) -> None:
+def _check_mlm_head(folder: ModelFolder, uses_mlm: bool) -> None:
     """The kd/mlm terms read masked-LM logits: refuse a teacher without an MLM head."""
-    if uses_mlm and saved_head(teacher_dir) not in ("masked-lm", "pretraining"):
+    if uses_mlm and not HEADS[folder.head].masked_lm:
         raise CompressError(
-            f"the kd/mlm terms need a teacher with a masked-LM head and {teacher_dir} has none; "
+            f"the kd/mlm terms need a teacher with a masked-LM head and {folder.path} has none; "
             "use --losses minilm (or hidden/attention/cosine)"
         )
 

@@ -28,20 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.core.formats.artifacts import (
-    COMPRESSION_FILE,
-    METRICS_FILE,
-    STATIC,
-    check_output,
-    compression_record,
-    load_tokenizer,
-    output_dir,
-    read_compression,
-    read_metrics,
-    require_torch_weights,
-    utc_now,
-    write_json_atomic,
-)
+from compress.core.formats.artifacts import load_tokenizer, output_dir
+from compress.core.formats.layout import COMPRESSION_FILE, METRICS_FILE, STATIC
+from compress.core.formats.records import compression_record, read_compression, read_metrics, utc_now
+from compress.core.formats.writes import write_json_atomic
+from compress.core.preflight import check_output
 from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
 from compress.core.logs import errors_only, progress
@@ -49,7 +40,9 @@ from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import SentenceSpec, pooled, read_spec
 from compress.core.formats.static import structure as static_structure
 from compress.core.model.structure import config_sizes
-from compress.core.train import Phase, TrainConfig, is_main_process, prepare_work_dir, work_dir_for
+from compress.core.checkpoints import prepare_work_dir, work_dir_for
+from compress.core.processes import is_main_process
+from compress.core.train import Phase, TrainConfig
 from compress.distill.embedding import (
     EMBEDDING_TERMS,
     check_sentence_options,
@@ -61,7 +54,7 @@ from compress.distill.steps import Teacher, device_for, open_teacher, train_keep
 from compress.eval.embeddings import EMBEDDING_EVAL, embedding_record, embedding_scorer
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import format_table
-from compress.teacher.presets import resolve_model
+from compress.teacher.presets import open_model
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +139,10 @@ def distill_static(teacher: str | Path, out: str | Path, cfg: StaticDistillConfi
     the evaluation of ``--eval-tasks`` made on the written folder).
     """
     out = check_output(out, overwrite, inputs=((teacher,), cfg))
-    teacher_dir = require_torch_weights(resolve_model(teacher), "static distillation (the teacher)")
+    folder = open_model(teacher).check_torch("static distillation (the teacher)")
     m2v = model2vec()
-    spec = read_spec(teacher_dir)
-    teach = open_teacher(teacher_dir, "base", set())
+    spec = read_spec(folder.path)
+    teach = open_teacher(folder, "base", set())
     width = config_sizes(teach.model.config).hidden
     if cfg.pca_dims is not None and cfg.pca_dims > width:
         raise CompressError(f"--pca-dims {cfg.pca_dims} is more than the teacher's width {width}: PCA cannot add "
@@ -158,15 +151,15 @@ def distill_static(teacher: str | Path, out: str | Path, cfg: StaticDistillConfi
     sentences, sources = embedding_sentences(cfg) if cfg.refining else ([], {})
     device = device_for(teach, cfg.train.device)
     static, projection, built = build_static(m2v, teach, cfg, device)
-    refinement, training = refine(static, projection, teach, spec, sentences, cfg, device, out) if sentences else (None, None)
+    refinement, training = refine(static, projection, teach, spec, sentences, cfg, device=device, out=out) if sentences else (None, None)
     if training is not None:
         training["sources"] = sources
     if not is_main_process():
         return out
     record = compression_record(
         stage="distill-static", method="model2vec" + ("+refined" if refinement and refinement["kept"] else ""),
-        config=cfg, parent=teach.dir, structure=static_structure(*static.embedding.shape), seed=cfg.train.seed,
-        extra={"format": STATIC, "precision": "fp32", "teacher": {"path": str(teach.dir), "hash": teach.hash},
+        config=cfg, parent=teach.folder, structure=static_structure(*static.embedding.shape), seed=cfg.train.seed,
+        extra={"format": STATIC, "precision": "fp32", "teacher": {"path": str(folder.path), "hash": teach.hash},
                "static": built, "sources": sources, "refinement": refinement, "params": int(static.embedding.size),
                "sentence": {"pooling": "mean", "normalize": True, "max_seq_length": static.max_length}})
     with output_dir(out, overwrite) as tmp:
@@ -206,7 +199,7 @@ def build_static(m2v: SimpleNamespace, teach: Teacher, cfg: StaticDistillConfig,
     Returns (StaticModel, (P (d, k), b (k,)) float32 tensors, what compression.json records).
     """
     started = time.monotonic()
-    teach.model.name_or_path = str(teach.dir)  # model2vec names its base model from it; a path is never looked up online
+    teach.model.name_or_path = str(teach.folder.path)  # model2vec names its base model from it; a path is never looked up online
     log.info("model2vec: the teacher embeds each of its %d tokens", len(teach.tokenizer))
     with _quiet_skeletoken(), _model2vec_bars():
         raw = m2v.distill_from_model(teach.model, teach.tokenizer, pca_dims=None, sif_coefficient=None,
@@ -279,7 +272,7 @@ class StaticMean(nn.Module):
 
 
 def refine(static, projection: tuple[torch.Tensor, torch.Tensor], teach: Teacher, spec: SentenceSpec,
-           sentences: list[str], cfg: StaticDistillConfig, device: torch.device, out: Path) -> tuple[dict, dict]:
+           sentences: list[str], cfg: StaticDistillConfig, *, device: torch.device, out: Path) -> tuple[dict, dict]:
     """Refine ``static``'s table in place so that each sentence's mean token vector points where the teacher's embedding does.
 
     A sentence's target is the teacher's pooled embedding through the PCA's affine map,

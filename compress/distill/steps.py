@@ -16,13 +16,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compress.core.formats.artifacts import check_output, compression_record, dir_hash, load_tokenizer, save_model_dir
+from compress.core.formats.artifacts import save_model_dir
+from compress.core.formats.folder import ModelFolder
+from compress.core.formats.records import compression_record
+from compress.core.preflight import check_output
 from compress.core.errors import CompressError
-from compress.core.formats.runtime import load_model
+from compress.core.formats.runtime import load_folder_model
 from compress.core.model.shapes import Shape
 from compress.core.model.structure import base_model, capture, config_sizes, count_parameters, encoder_layers, mlm_head, model_inputs, value_projection
 from compress.core.data.tasks import TaskKind
-from compress.core.train import Phase, TrainConfig, TrainResult, is_main_process, load_weights, train_phases
+from compress.core.checkpoints import load_weights
+from compress.core.processes import is_main_process
+from compress.core.train import Phase, TrainConfig, TrainResult, train_phases
 from compress.distill.terms import ENCODER, MLM, TERMS, Kind, LossWeights, Outputs, Step, needs_of
 from compress.students.init import TEACHER_METHODS, init_student, load_pretrained_student
 from compress.students.layer_map import parse_layer_map
@@ -98,7 +103,7 @@ def make_loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_
 
     def loss_fn(model, batch):
         index = batch.pop("cache_index", None)  # (batch,) rows of the teacher cache, in task distillation
-        teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs, teacher_hidden)
+        teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs=needs, hidden_index=teacher_hidden)
         student = model(batch, student_needs, student_hidden, kind)
         inner = model.module if hasattr(model, "module") else model  # DDP wraps the Distiller
         step = Step(kind, student, teacher, batch, batch["attention_mask"], pairs, inner.projections, loss,
@@ -119,7 +124,7 @@ def _gold_share(gold: torch.Tensor | None) -> float:
     return float(gold.sum()) / float(counts[0] / counts[1]) if counts[0] > 0 else 0.0
 
 
-def _teacher_outputs(kind: Kind, teacher_model, cache, batch, index, needs: set[str], hidden_index: set[int]) -> Outputs:
+def _teacher_outputs(kind: Kind, teacher_model, cache, batch, index, *, needs: set[str], hidden_index: set[int]) -> Outputs:
     """The teacher's outputs for a batch: from the cache when it holds them, else a no-grad forward."""
     if cache is not None:
         return _cached_outputs(kind, cache, batch, index, needs)
@@ -150,10 +155,10 @@ def _cached_outputs(kind: TaskKind, cache, batch, index: torch.Tensor, needs: se
 
 @dataclass
 class Teacher:
-    """The teacher of a run: its directory, content hash, tokenizer and loaded model."""
+    """The teacher of a run: its opened folder, content hash, tokenizer and loaded model."""
 
-    dir: Path
-    hash: str  # dir_hash: keys the teacher cache and a resumable run
+    folder: ModelFolder
+    hash: str  # the folder's: keys the teacher cache and a resumable run
     tokenizer: object
     model: nn.Module
 
@@ -173,11 +178,13 @@ def check_out(out: str | Path, cfg, overwrite: bool, *inputs) -> Path:
     return check_output(out, overwrite, inputs=(inputs, cfg), resume=cfg.resume)
 
 
-def open_teacher(teacher_dir: Path, head: str, needs: set[str]) -> Teacher:
-    """Load the teacher with ``head``; eager attention when a term reads attention maps."""
-    tokenizer = load_tokenizer(teacher_dir)
-    model = load_model(teacher_dir, head=head, attn_implementation="eager" if "attentions" in needs else None)
-    return Teacher(teacher_dir, dir_hash(teacher_dir), tokenizer, model)
+def open_teacher(folder: ModelFolder, head: str, needs: set[str]) -> Teacher:
+    """The teacher of an opened folder: its tokenizer, hash and model with ``head`` (eager attention when a term
+    reads attention maps)."""
+    tokenizer = folder.tokenizer  # first: a folder without a tokenizer is refused before its weights are read
+    key = folder.hash
+    model = load_folder_model(folder, head=head, attn_implementation="eager" if "attentions" in needs else None)
+    return Teacher(folder, key, tokenizer, model)
 
 
 def build_student(teacher: Teacher, cfg, needs: set[str], layer_map: str = "uniform", source: str | None = None) -> Student:
@@ -230,11 +237,11 @@ def distill_record(stage: str, cfg, teacher: Teacher, student: Student, **extra)
     """compression.json of a distilled student (``cfg``: any distillation config): teacher, student shape, init and
     layer map, plus ``extra``."""
     extra = {
-        "teacher": {"path": str(teacher.dir), "hash": teacher.hash}, "student_shape": student.shape.__dict__,
+        "teacher": {"path": str(teacher.folder.path), "hash": teacher.hash}, "student_shape": student.shape.__dict__,
         "init": student.init, "layer_map": [list(p) for p in student.pairs], "params": count_parameters(student.model),
         **extra,
     }
-    return compression_record(stage=stage, method="+".join(cfg.losses), config=cfg, parent=teacher.dir,
+    return compression_record(stage=stage, method="+".join(cfg.losses), config=cfg, parent=teacher.folder,
                               seed=cfg.train.seed, extra=extra)
 
 

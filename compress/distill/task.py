@@ -45,25 +45,28 @@ import datasets
 import torch
 
 from compress.distill.augment import AUTO_MAX_EXAMPLES, AugmentConfig, EmbeddingNeighbours, MaskedLMCandidates, augmented_rows, transfer_rows
-from compress.core.formats.artifacts import dir_hash, load_config, load_tokenizer, read_compression, read_metrics, require_torch_weights, saved_head, utc_now
+from compress.core.formats.folder import ModelFolder
+from compress.core.formats.records import read_metrics, utc_now
 from compress.core.config import flat_keywords, option
+from compress.core.data.features import collate, train_features
 from compress.core.data.sources import (
     DataSource,
     TaskData,
-    collate,
     load_dev_splits,
     load_split,
     load_test_split,
     load_train_split,
-    train_features,
 )
 from compress.core.errors import CompressError
 from compress.core.data.resolve import resolve_task, task_fields
-from compress.core.formats.runtime import load_model
+from compress.core.formats.runtime import load_folder_model
+from compress.core.model.heads import HEADS
 from compress.core.model.shapes import StudentShape
 from compress.core.model.structure import config_sizes
-from compress.core.data.tasks import GLUE_TASKS, MULTI_LABEL, REGRESSION, SPAN, Task, get_task, is_kind, task_choices
-from compress.core.train import Phase, TrainConfig, is_main_process, main_process_first, prepare_work_dir, work_dir_for
+from compress.core.data.tasks import GLUE_TASKS, Task, get_task, is_kind, task_choices
+from compress.core.checkpoints import prepare_work_dir, work_dir_for
+from compress.core.processes import is_main_process, main_process_first
+from compress.core.train import Phase, TrainConfig
 from compress.distill.steps import (
     Distiller,
     Student,
@@ -84,7 +87,7 @@ from compress.eval.metrics import chance_check
 from compress.distill.terms import INTERMEDIATE_TERMS, PREDICTION_TERMS, TERMS, LossWeights, needs_of
 from compress.students.init import TEACHER_METHODS
 from compress.teacher.corpus import read_documents
-from compress.teacher.presets import resolve_model
+from compress.teacher.presets import open_model
 from compress.distill.teacher_cache import default_cache_dir, load_or_build
 
 log = logging.getLogger(__name__)
@@ -142,9 +145,9 @@ def check_extra_data(task: Task, cfg: DistillConfig) -> None:
     text has no words aligned with tags), so a token-classification task is refused rather
     than given rows whose teacher targets sit on other words.
     """
-    if not cfg.extra_data.active or not task.behaviour.per_token:
+    what = task.behaviour.not_augmentable
+    if not cfg.extra_data.active or not what:
         return
-    what = "answers are spans" if task.kind == SPAN else "tags belong to words that word replacement would change"
     raise CompressError(f"--augment/--transfer-text make sentence-task examples; {task.display}'s {what}: "
                         "pass --augment 0 and no --transfer-text")
 
@@ -198,11 +201,11 @@ class _Run:
 def _open(teacher: str | Path, out: str | Path, cfg: DistillConfig, overwrite: bool, task: Task | None) -> _Run:
     """The output checked, the teacher opened on its task (refused when its labels are not the task's), the student built."""
     out = check_out(out, cfg, overwrite, teacher)
-    teacher_dir = require_torch_weights(resolve_model(teacher), "distillation (the teacher)")
-    task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=teacher_dir)
+    folder = open_model(teacher).check_torch("distillation (the teacher)")  # the one opening of the teacher's folder
+    task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=folder)
     check_extra_data(task, cfg)
-    teach = open_teacher(teacher_dir, task.behaviour.head, needs_of(cfg.losses))
-    _check_teacher(teach.model, teacher_dir, task)
+    teach = open_teacher(folder, task.behaviour.head, needs_of(cfg.losses))
+    _check_teacher(teach, task)
     student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
     return _Run(out, task, teach, student)
 
@@ -216,7 +219,7 @@ def _train(run: _Run, data: "_TaskData", cfg: DistillConfig) -> "_Trained":
     # The teacher's dev score, before any training: a teacher that is not fine-tuned for the task is said now.
     run.teacher_dev = _teacher_dev(run.teacher, run.task, data.dev, evaluate) if is_main_process() else {}
     run.work = prepare_work_dir(work_dir_for(run.out), cfg.resume)
-    return _train_stages(cfg, run.task, run.teacher, run.student, wrapper, data, evaluate, run.work, device)
+    return _train_stages(run, data, cfg, wrapper, evaluate, device)
 
 
 def _write(run: _Run, data: "_TaskData", trained: "_Trained", cfg: DistillConfig, overwrite: bool) -> Path:
@@ -258,17 +261,17 @@ def teacher_flag(record: dict) -> str:
     return " -- TEACHER NOT FINE-TUNED FOR THE TASK" if record.get("teacher_warning") else ""
 
 
-def teacher_problems(model_dir: Path, task) -> list[str]:
-    """Signs in its files that ``model_dir`` is not fine-tuned for ``task``: no head for the task
+def teacher_problems(folder: ModelFolder, task) -> list[str]:
+    """Signs in its files that ``folder`` is not fine-tuned for ``task``: no head for the task
     (a bare encoder, a sentence-transformers folder), a classifier of another width, another task recorded."""
-    saved, head = saved_head(model_dir), task.behaviour.head
+    saved, head = folder.head, task.behaviour.head
     problems = []
     if saved != head:
-        what = "a sentence-transformers folder" if (model_dir / "modules.json").is_file() else f"a {saved} model"
+        what = "a sentence-transformers folder" if (folder.path / "modules.json").is_file() else f"a {saved} model"
         problems.append(f"it has no {head} head ({what}), so its head is random")
-    elif task.behaviour.problem_type is not None and load_config(model_dir).num_labels != task.num_labels:
-        problems.append(f"its classifier has {load_config(model_dir).num_labels} outputs, not {task.num_labels}, so a new random one is used")
-    recorded = read_compression(model_dir).get("task")
+    elif task.behaviour.problem_type is not None and folder.config.num_labels != task.num_labels:
+        problems.append(f"its classifier has {folder.config.num_labels} outputs, not {task.num_labels}, so a new random one is used")
+    recorded = folder.record.get("task")
     if recorded and _task_name(recorded) != task.name:
         problems.append(f"its compression.json says it was made for {recorded}")
     return problems
@@ -281,19 +284,19 @@ def _task_name(name: str) -> str:
         return name
 
 
-def check_teacher_fit(model_dir: Path, task, metrics: dict | None, labels, *, role: str, advice: str) -> dict:
-    """Whether ``model_dir`` looks fine-tuned for ``task`` (:func:`teacher_problems`, and its dev ``metrics``
+def check_teacher_fit(folder: ModelFolder, task, metrics: dict | None, labels, *, role: str, advice: str) -> dict:
+    """Whether ``folder`` looks fine-tuned for ``task`` (:func:`teacher_problems`, and its dev ``metrics``
     against :func:`compress.eval.metrics.chance_check` with the dev ``labels``); one warning line when not.
 
     Returns what the output records: ``{"task", "at_chance", "chance", "problems", "warning"}``.
     """
-    problems = teacher_problems(model_dir, task)
+    problems = teacher_problems(folder, task)
     chance = chance_check(task, metrics, labels) if metrics else None
     if chance and chance["at_chance"]:
         problems.append(f"its dev {chance['metric']} {chance['value']:.2f} is at chance ({chance['rule']})")
     warning = None
     if problems:
-        warning = f"{role} {model_dir} does not look fine-tuned for {task.display}: {'; '.join(problems)}. {advice}"
+        warning = f"{role} {folder.path} does not look fine-tuned for {task.display}: {'; '.join(problems)}. {advice}"
         log.warning(warning)
     return {"task": task.name, "at_chance": bool(chance and chance["at_chance"]), "chance": chance,
             "problems": problems, "warning": warning}
@@ -307,24 +310,24 @@ def dev_labels(dev: dict):
 
 def _teacher_dev(teacher: Teacher, task, dev: dict, evaluate) -> dict:
     """The teacher's dev metrics (recorded in its metrics.json, else measured now) and the check of its fitness."""
-    metrics = _teacher_metrics(task, read_metrics(teacher.dir))
+    metrics = _teacher_metrics(task, read_metrics(teacher.folder.path))
     source = "metrics.json"
     if metrics is None:
         metrics, source = evaluate(teacher.model), "measured"
-    check = check_teacher_fit(teacher.dir, task, metrics, dev_labels(dev), role="teacher", advice=(
+    check = check_teacher_fit(teacher.folder, task, metrics, dev_labels(dev), role="teacher", advice=(
         f"The student learns little from it and its retention means nothing; distil from a model fine-tuned on "
         f"{task.display} (compress teacher finetune)."))
     return {"metrics": metrics, "source": source, "check": check}
 
 
-def _check_teacher(teacher_model, teacher_dir: Path, task) -> None:
+def _check_teacher(teacher: Teacher, task) -> None:
     """Refuse a teacher whose outputs are not the task's labels (a classifier of another task)."""
     if task.behaviour.label_type is None:  # a span head: no labels to match
         return
     try:
-        output_to_task_labels(teacher_model.config, task)
+        output_to_task_labels(teacher.model.config, task)
     except CompressError as err:
-        raise CompressError(f"teacher {teacher_dir}: {err}; distil from a teacher fine-tuned on {task.display}") from None
+        raise CompressError(f"teacher {teacher.folder.path}: {err}; distil from a teacher fine-tuned on {task.display}") from None
 
 
 def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> _TaskData:
@@ -332,13 +335,13 @@ def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> 
     model_max = min(config_sizes(teacher.model.config).max_positions, config_sizes(student.model.config).max_positions)
     max_length = cfg.data.resolved_max_length(task, model_max)
     train_ds = load_train_split(task, cfg.data, seed=cfg.train.seed)
-    features = train_features(train_ds, task, teacher.tokenizer, cfg.data, max_length)
+    features = train_features(train_ds, task, teacher.tokenizer, max_length, doc_stride=cfg.data.doc_stride)
     n_gold = len(features)
     rows, extra = _extra_rows(task, teacher, train_ds, cfg)
     if rows:
         label = _no_gold(task)
         raw = datasets.Dataset.from_list([{**r, "label": label, "idx": -1} for r in rows])
-        more = train_features(raw, task, teacher.tokenizer, cfg.data, max_length)
+        more = train_features(raw, task, teacher.tokenizer, max_length, doc_stride=cfg.data.doc_stride)
         features = datasets.concatenate_datasets([features, more.cast(features.features)])
     features = features.add_column("cache_index", list(range(len(features))))
     features = features.add_column("gold", [1] * n_gold + [0] * (len(features) - n_gold))
@@ -349,9 +352,8 @@ def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> 
 def _no_gold(task: Task):
     """The label of a row with teacher targets only: -100 (ignored by cross-entropy), NaN (poisons any MSE that
     would read it) or a row of them (multi-label); the ``gold`` column is what the hard term selects by."""
-    if task.kind == MULTI_LABEL:
-        return [float("nan")] * task.num_labels
-    return float("nan") if task.kind == REGRESSION else -100
+    kind = task.behaviour
+    return [kind.ignored_label] * task.num_labels if kind.multi_hot else kind.ignored_label
 
 
 def _extra_rows(task, teacher: Teacher, train_ds, cfg: DistillConfig) -> tuple[list[dict], dict]:
@@ -366,16 +368,16 @@ def _extra_rows(task, teacher: Teacher, train_ds, cfg: DistillConfig) -> tuple[l
     extra_cfg = replace(extra_cfg, augment=copies)
     if copies:
         texts = [{f: ex[f] for f in fields} for ex in train_ds]
-        source_dir, make = _candidate_source(teacher, extra_cfg)
+        source, make = _candidate_source(teacher, extra_cfg)
         cache_dir = (Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()) / "augmented"
         with main_process_first():  # one process builds the set, the others read it
             augmented, info = augmented_rows(
-                teacher.tokenizer, texts, fields, make, source_hash=f"{make.__name__}:{dir_hash(source_dir)}",
+                teacher.tokenizer, texts, fields, make, source_hash=f"{make.__name__}:{source.hash}",
                 cfg=extra_cfg, seed=cfg.train.seed, cache_dir=cache_dir)
         rows += [{f: r.get(f, "") for f in fields} for r in augmented]
         record["augment"] = {"copies": copies, "default": cfg.extra_data.augment is None, "prob": extra_cfg.augment_prob,
                              "candidates": extra_cfg.augment_candidates,
-                             "candidate_model": str(source_dir), "rows": len(augmented), **info}
+                             "candidate_model": str(source.path), "rows": len(augmented), **info}
         log.info("augmented %d training examples into %d more rows (%s%s)", len(texts), len(augmented), info["method"],
                  ", from the cache" if info["hit"] else "")
     if extra_cfg.transfer_text:
@@ -388,7 +390,7 @@ def _extra_rows(task, teacher: Teacher, train_ds, cfg: DistillConfig) -> tuple[l
     return rows, record
 
 
-def _candidate_source(teacher: Teacher, cfg: AugmentConfig) -> tuple[Path, Callable]:
+def _candidate_source(teacher: Teacher, cfg: AugmentConfig) -> tuple[ModelFolder, Callable]:
     """The model whose knowledge proposes replacement words, and a builder of its candidate source.
 
     ``--augment-mlm DIR`` (a masked-LM with the teacher's vocabulary); else the teacher's own
@@ -397,28 +399,28 @@ def _candidate_source(teacher: Teacher, cfg: AugmentConfig) -> tuple[Path, Calla
     """
     k = cfg.augment_candidates
     if cfg.augment_mlm:
-        mlm_dir = require_torch_weights(resolve_model(cfg.augment_mlm), "--augment-mlm")
-        if saved_head(mlm_dir) not in ("masked-lm", "pretraining"):
-            raise CompressError(f"--augment-mlm {mlm_dir} has no masked-LM head (saved as {saved_head(mlm_dir)}); "
+        mlm = open_model(cfg.augment_mlm).check_torch("--augment-mlm")
+        if not HEADS[mlm.head].masked_lm:
+            raise CompressError(f"--augment-mlm {mlm.path} has no masked-LM head (saved as {mlm.head}); "
                                 "pass a masked-LM or pretraining model folder, or leave it out to use embedding neighbours")
-        if load_tokenizer(mlm_dir).get_vocab() != teacher.tokenizer.get_vocab():
-            raise CompressError(f"--augment-mlm {mlm_dir} has another vocabulary than the teacher; its candidates would be "
+        if mlm.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
+            raise CompressError(f"--augment-mlm {mlm.path} has another vocabulary than the teacher; its candidates would be "
                                 "other tokens. Pass a masked-LM made with the teacher's tokenizer")
 
         def masked_lm():
-            return MaskedLMCandidates(load_model(mlm_dir, head="masked-lm"), teacher.tokenizer, k)
+            return MaskedLMCandidates(load_folder_model(mlm, head="masked-lm"), teacher.tokenizer, k)
 
-        return mlm_dir, masked_lm
-    if saved_head(teacher.dir) in ("masked-lm", "pretraining"):
+        return mlm, masked_lm
+    if HEADS[teacher.folder.head].masked_lm:
         def teacher_mlm():
-            return MaskedLMCandidates(load_model(teacher.dir, head="masked-lm"), teacher.tokenizer, k)
+            return MaskedLMCandidates(load_folder_model(teacher.folder, head="masked-lm"), teacher.tokenizer, k)
 
-        return teacher.dir, teacher_mlm
+        return teacher.folder, teacher_mlm
 
     def embedding_neighbours():
         return EmbeddingNeighbours.of_model(teacher.model, teacher.tokenizer, k)
 
-    return teacher.dir, embedding_neighbours
+    return teacher.folder, embedding_neighbours
 
 
 def _transfer_sources(sources: tuple[str, ...], task, data: TaskData) -> tuple[list[list[str]], list[tuple[str, str]]]:
@@ -461,8 +463,9 @@ def _stages(cfg: DistillConfig) -> list[tuple[str, tuple[str, ...], TrainConfig]
             ("prediction", tuple(t for t in cfg.losses if t in PREDICTION_TERMS), cfg.train)]
 
 
-def _train_stages(cfg, task, teacher: Teacher, student: Student, wrapper, data: _TaskData, evaluate, work, device) -> _Trained:
+def _train_stages(run: _Run, data: _TaskData, cfg, wrapper, evaluate, device) -> _Trained:
     """Train through every stage; the best dev weights (selected in the stages that predict) end in ``wrapper``."""
+    task, teacher, student = run.task, run.teacher, run.student
     trained = _Trained()
     for stage, terms, stage_cfg in _stages(cfg):
         # TinyBERT runs both stages on the augmented set; by default only the prediction stage reads
@@ -470,13 +473,13 @@ def _train_stages(cfg, task, teacher: Teacher, student: Student, wrapper, data: 
         gold_only = stage == "intermediate" and not cfg.extra_data.augment_intermediate
         features = data.gold_only() if gold_only else data.features
         lengths = [len(ids) for ids in features["input_ids"]]
-        cache = _teacher_cache(teacher, terms, student.pairs, features, data.pad, task, cfg, device)
+        cache = _teacher_cache(run, terms, features, data.pad, cfg, device)
         if cache is not None:
             trained.cache.append({"stage": stage, "path": str(cache.path), "hit": cache.hit, "layers": list(cache.layers)})
         select = task.primary_metric if stage != "intermediate" else None
         result = train_keeping_best(
             wrapper, Phase(features, _collate_with_cache(data.pad), lengths=lengths), stage_cfg,
-            loss_fn=make_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=work / stage,
+            loss_fn=make_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=run.work / stage,
             evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
             run_key=[teacher.hash, task.name, data.n_train, len(features), data.max_length, list(terms), student.shape.label,
                      cfg.loss.layer_map],
@@ -490,7 +493,7 @@ def _train_stages(cfg, task, teacher: Teacher, student: Student, wrapper, data: 
     return trained
 
 
-def _teacher_cache(teacher: Teacher, terms, pairs, features, pad, task, cfg: DistillConfig, device):
+def _teacher_cache(run: _Run, terms, features, pad, cfg: DistillConfig, device):
     """The teacher's outputs for ``terms`` cached on disk (computed on first use), or None: read them online."""
     needs = needs_of(terms)
     cacheable = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
@@ -498,8 +501,8 @@ def _teacher_cache(teacher: Teacher, terms, pairs, features, pad, task, cfg: Dis
         return None
     with main_process_first():  # one process computes the teacher outputs, the others read them
         return load_or_build(
-            teacher.model, teacher.hash, features, pad, outputs=list(task.behaviour.outputs),
-            layers=sorted(teacher_layers(pairs, needs)), cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None,
+            run.teacher.model, run.teacher.hash, features, pad, outputs=list(run.task.behaviour.outputs),
+            layers=sorted(teacher_layers(run.student.pairs, needs)), cache_dir=Path(cfg.cache_dir) if cfg.cache_dir else None,
             batch_size=cfg.data.eval_batch_size, device=device,
         )
 

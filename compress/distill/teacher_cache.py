@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from compress.core.formats.artifacts import apply_umask, build_lock
+from compress.core.formats.writes import apply_umask, build_lock
 from compress.core.logs import progress
 from compress.core.model.structure import model_inputs
 
@@ -96,7 +96,8 @@ def load_or_build(
     with build_lock(path, "the teacher outputs"):  # runs started together run the teacher once
         if (path / "meta.json").is_file():  # made while this process waited
             return _read(path, outputs, layers)
-        arrays, hidden, offsets = _compute(teacher, features, collator, outputs, layers, batch_size, device)
+        arrays, hidden, offsets = _compute(teacher, features, collator, outputs=outputs, layers=layers,
+                                           batch_size=batch_size, device=device)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
         try:
             for name, array in arrays.items():
@@ -126,7 +127,7 @@ def _read(path: Path, outputs: Sequence[str], layers: Sequence[int]) -> TeacherC
     return TeacherCache(path, arrays, hidden, offsets, tuple(layers), hit=True)
 
 
-def _compute(teacher, features, collator, outputs, layers, batch_size, device) -> tuple[dict[str, Any], Any, Any]:
+def _compute(teacher, features, collator, *, outputs, layers, batch_size, device) -> tuple[dict[str, Any], Any, Any]:
     """One teacher pass in eval mode (no dropout: the outputs are deterministic)."""
 
     device = device or next(teacher.parameters()).device

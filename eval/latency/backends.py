@@ -29,10 +29,19 @@ import torch
 from compress.core.formats.artifacts import artifact_format, is_quantized, load_config, saved_head
 from compress.core.errors import CompressError
 from compress.core.formats.onnx import export_onnx
-from compress.core.hardware import cpu_info
-from compress.core.formats.openvino import OPENVINO, OPENVINO_PRECISION, OpenVINORunner, export_openvino, layer_precisions
+from compress.core.hardware import precisions
+from compress.core.formats.openvino import OPENVINO, export_openvino
+from compress.core.formats.openvino_runtime import (
+    OPENVINO_PRECISION,
+    RECORDED,
+    OpenVINORunner,
+    layer_precisions,
+    recorded_precision,
+)
 from compress.core.registry import Registry
-from compress.core.formats.runtime import RECORDED, NumpyRunner, load_model, parameter_count, recorded_precision, structure_of
+from compress.core.formats.architecture import parameter_count, structure_of
+from compress.core.formats.runners import NumpyRunner
+from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import finish, mean_pooling, read_spec
 from compress.core.formats.static import STATIC, structure as static_structure
 from compress.core.model.structure import config_sizes, count_parameters, describe, model_inputs
@@ -41,7 +50,7 @@ from compress.eval.latency.peak import precision_of_backend
 
 
 class Options(Protocol):
-    """What a backend reads of its options (``compress.eval.latency.runs.LatencyConfig`` has them all)."""
+    """What a backend reads of its options (``compress.eval.latency.config.LatencyConfig`` has them all)."""
 
     threads: int | None  # intra-op threads of a runtime's own pool (ONNX Runtime, OpenVINO)
     openvino_shapes: str  # "static": OpenVINO compiles once more per fixed shape (``Session.compile_for``)
@@ -113,7 +122,7 @@ def require_format(model_dir: Path, fmt: str, backend: str) -> None:
 KERNEL_RUNTIMES = {"onnx": "onnxruntime", OPENVINO: "openvino"}
 
 
-def runtime_session(model, model_dir: Path, cfg: Options, backend: str, note: str | None = None,
+def runtime_session(model, model_dir: Path, cfg: Options, backend: str, note: str | None = None, *,
                     counted=None, structure: dict[str, Any] | None = None, runtime: str | None = None) -> Session:
     """A Session timing any model from ``compress.core.formats.runtime`` (HF call convention, torch tensors in).
 
@@ -193,7 +202,7 @@ def torch_bf16(model_dir: Path, cfg: Options) -> Session:
     require_format(model_dir, "torch", "torch-bf16")
     model = load_model(model_dir).to(torch.bfloat16)
     note = None
-    if not {"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]):
+    if not precisions().bf16:
         note = "torch-bf16: this CPU has no avx512_bf16/amx_bf16, so bf16 matmuls are emulated (usually slower than fp32)"
     return runtime_session(model, model_dir, cfg, "torch-bf16", note)
 

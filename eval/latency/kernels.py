@@ -41,7 +41,7 @@ import torch
 
 from compress.core.hardware import cpu_info
 from compress.core.registry import Registry
-from compress.core.formats.runtime import inference_precision
+from compress.core.formats.openvino_runtime import inference_precision, openvino_capabilities
 
 # A probe: (run, precision, compiled) -> record; ``run`` does one forward pass, ``compiled`` is an OpenVINO compiled model.
 PROBES: Registry[Callable[..., dict[str, Any]]] = Registry("kernel probe")
@@ -215,13 +215,10 @@ def onnxruntime_kernels(run: Callable[[], Any], precision: str, compiled: Any = 
 @PROBES.register("openvino")
 def openvino_kernels(run: Callable[[], Any], precision: str, compiled: Any = None) -> dict[str, Any]:
     """The compiled model's matrix-multiply primitives and runtime precisions, its inference precision, the CPU's capabilities."""
-    # deferred: a heavy import, paid only by OpenVINO rows (whose worker has loaded it already)
-    import openvino as ov
-
     run()  # a dynamic-shape model picks its primitives on execution: the runtime graph then names them
     layers = matmul_primitives(compiled.get_runtime_model())
     ran = inference_precision(compiled)
-    capabilities = list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    capabilities = list(openvino_capabilities())
     kinds = ", ".join(f"{layer} {primitive} ({runtime}) x{n}" for (layer, primitive, runtime), n in layers.most_common())
     return {"runtime": "openvino",
             "summary": f"{kinds or 'no matrix-multiply layers'}; inference precision {ran}; "

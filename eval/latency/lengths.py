@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from compress.core.data.sources import DataSource, check_max_length, encode_examples, load_split
+from compress.core.data.features import check_max_length, encode_examples
+from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.data.files import read_json_records, read_text_file, read_tsv_rows
 from compress.core.data.resolve import task_of_model

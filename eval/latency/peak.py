@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from compress.core.cpu_peaks import cpu_peaks
-from compress.core.hardware import cpu_info
-from compress.core.formats.runtime import compile_openvino, inference_precision, layer_precisions
+from compress.core.hardware import cpu_info, precisions
+from compress.core.formats import openvino_runtime
+from compress.core.formats.openvino_runtime import compile_openvino, inference_precision, layer_precisions
 from compress.eval.latency.kernels import kernels_used
 
 try:  # optional: names the BLAS library and its thread count; scikit-learn brings it
@@ -116,7 +117,7 @@ def torch_bf16(n: int, threads: int) -> Product:
     a, b, c = _torch_pair(n, torch.bfloat16)
     # Without native bf16 instructions torch converts to fp32 inside the GEMM: still a bf16
     # product numerically, but bounded by fp32 speed; the record says which.
-    native = bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"]))
+    native = precisions().bf16
     return Product(lambda: torch.mm(a, b, out=c), {"op": "torch.mm", "native_bf16": native}, "torch")
 
 
@@ -268,11 +269,8 @@ def openvino_fp32(n: int, threads: int) -> Product:
 
 @engine("bf16", "openvino")
 def openvino_bf16(n: int, threads: int) -> Product:
-    # deferred: a heavy import, paid only when this engine runs
-    import openvino as ov
-
     # Only where the CPU has bf16 instructions: elsewhere the plugin would emulate (or refuse) it.
-    if "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+    if not openvino_runtime.openvino_bf16():
         raise RuntimeError("this CPU has no native bf16 (OpenVINO's OPTIMIZATION_CAPABILITIES lacks BF16)")
     return _openvino_product(n, threads, "bf16")
 

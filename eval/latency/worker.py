@@ -27,10 +27,10 @@ from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.model.structure import flops_per_sequence
 from compress.core.data.tasks import Task, task_from_record
-from compress.eval.latency.runs import MAX_REAL_LENGTH, MIN_PASSES, PEAK_SECONDS, LatencyConfig, check_seq, real_batches
 from compress.eval.latency.backends import BACKENDS
+from compress.eval.latency.config import MAX_REAL_LENGTH, MIN_PASSES, LatencyConfig, check_seq, real_batches
 from compress.eval.latency.lengths import RealInputs, RealTimer, more_passes, real_inputs
-from compress.eval.latency.peak import measure_peaks
+from compress.eval.latency.peak import PEAK_SECONDS, measure_peaks
 
 # Seed for the random token ids, so every model sees the same inputs.
 INPUT_SEED = 0

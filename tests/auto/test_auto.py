@@ -4,19 +4,27 @@ error naming the fastest model, a resumed search trains no finished candidate ag
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from compress.auto import run as auto_module
-from compress.auto.run import AutoConfig, _best_round, auto, candidate_shapes, parse_minutes, probe_shapes, rank_by_prior
+from compress.auto import halving as auto_halving
+from compress.auto import probe as auto_probe
+from compress.auto import targets as auto_targets
+from compress.auto.config import AutoConfig, parse_minutes
+from compress.auto.probe import probe_shapes, rank_by_prior
+from compress.auto.run import auto
+from compress.auto.state import Earlier, SearchState, best_round
+from compress.auto.targets import candidate_shapes
 from compress.core.data import synthetic
 from compress.core.formats.artifacts import load_config
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.model.shapes import Shape
-from compress.core.train import work_dir_for
+from compress.core.checkpoints import work_dir_for
+from compress.eval.latency.row import Row
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +69,11 @@ def fake_timer(slow: dict[str, float] | None = None, calls: list | None = None, 
                        for i in range(runs)]
             for b, s in at:
                 first = first if first is not None else ms
-                rows.append({"model": str(d), "name": Path(d).name, "batch": b, "seq": s, "p50_ms": ms, "p90_ms": ms,
-                             "p99_ms": ms, "mean_ms": ms, "throughput": b / ms * 1e3, "speedup": first / ms, "params": 0,
-                             "runs_p50_ms": per_run, "speedup_min": first / max(per_run),
-                             "slowest_run": {k: max(per_run) for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}})
+                rows.append(Row.from_dict({
+                    "model": str(d), "name": Path(d).name, "batch": b, "seq": s, "p50_ms": ms, "p90_ms": ms,
+                    "p99_ms": ms, "mean_ms": ms, "throughput": b / ms * 1e3, "speedup": first / ms, "params": 0,
+                    "runs_p50_ms": per_run, "speedup_min": first / max(per_run),
+                    "slowest_run": {k: max(per_run) for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}}))
         return rows
     runs_asked: list = []
     timer.runs = runs_asked
@@ -86,7 +95,7 @@ def test_finalists_start_from_each_shape_best_round():
                {"label": "4L", "round": 2, "score": 83.75}, {"label": "3L", "round": 0, "score": 80.0},
                {"label": "3L", "round": 1, "score": 80.0}, {"label": "2L", "round": 0, "score": 76.0},
                {"label": "2L", "round": 1, "score": nan}]
-    best = _best_round(entries)
+    best = best_round(entries)
     assert (best["4L"]["round"], best["3L"]["round"], best["2L"]["round"]) == (1, 1, 0)  # best; ties: later; never NaN
 
 
@@ -120,6 +129,8 @@ def test_time_limit_and_grid():
     assert min(s.layers * s.hidden**2 for s in fit) == sizes[0] and max(s.layers * s.hidden**2 for s in fit) == sizes[-1]
 
 
+@pytest.mark.versions
+@pytest.mark.e2e
 def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, tmp_path):
     teacher_dir, data = teacher
     calls: list = []
@@ -147,6 +158,7 @@ def test_search_chooses_the_most_accurate_model_that_meets_the_budget(teacher, t
     assert "torch fp32: 1.40 ms in the final runs, 1.40 ms in the latency probe)" in (out / "search" / "report.md").read_text()
 
 
+@pytest.mark.e2e
 def test_given_models_are_measured_in_the_final_run_and_reported_never_chosen(teacher, tmp_path):
     teacher_dir, data = teacher
     calls: list = []
@@ -156,7 +168,7 @@ def test_given_models_are_measured_in_the_final_run_and_reported_never_chosen(te
     assert calls[2][-1] == str(teacher_dir)  # measured in the final run, after the finalists
     given = report["compared"][-1]
     # the teacher's dev accuracy from its metrics.json; the fake timer's 1 + 0.05 * 2 layers * 64/16 = 1.4 ms
-    from compress.core.formats.artifacts import read_metrics
+    from compress.core.formats.records import read_metrics
 
     teacher_dev = next(r for r in reversed(read_metrics(teacher_dir)) if r.get("kind") == "eval")
     assert given["accuracy"] == teacher_dev["metrics"]["accuracy"] and given["measured_p50_ms"] == pytest.approx(1.4)
@@ -166,6 +178,7 @@ def test_given_models_are_measured_in_the_final_run_and_reported_never_chosen(te
         _cfg(data, "p50<=2ms@b1,s32", compare=[str(tmp_path / "missing")]).validate()
 
 
+@pytest.mark.e2e
 def test_a_model_slower_than_predicted_is_not_chosen(teacher, tmp_path):
     teacher_dir, data = teacher
     # Every torch-fp32 finalist (a trained candidate folder) measures 3x its prediction at the end: only int8 can fit.
@@ -175,6 +188,7 @@ def test_a_model_slower_than_predicted_is_not_chosen(teacher, tmp_path):
     assert all(r["measured_p50_ms"] > 2.2 for r in report["results"] if r["name"].endswith("torch-fp32"))
 
 
+@pytest.mark.e2e
 def test_a_model_that_misses_the_budget_in_one_final_run_is_not_chosen(teacher, tmp_path):
     teacher_dir, data = teacher
     # Every torch-fp32 finalist measures 3x in the second of three final runs: its median still fits, its worst does not.
@@ -191,6 +205,7 @@ def test_a_model_that_misses_the_budget_in_one_final_run_is_not_chosen(teacher, 
                if r["name"].endswith("torch-fp32"))
 
 
+@pytest.mark.e2e
 def test_when_every_finalist_misses_the_other_candidates_are_timed_in_a_second_run(teacher, tmp_path):
     teacher_dir, data = teacher
     # The first final run measures every finalist 10x slower than predicted; the second run is exact.
@@ -215,6 +230,7 @@ def test_when_every_finalist_misses_the_other_candidates_are_timed_in_a_second_r
     assert "(second run)" in (out / "search" / "report.md").read_text()
 
 
+@pytest.mark.e2e
 def test_a_probe_sample_slowed_in_one_run_is_taken_at_its_fastest_run(teacher, tmp_path):
     teacher_dir, data = teacher
     exact = fake_timer()
@@ -223,9 +239,9 @@ def test_a_probe_sample_slowed_in_one_run_is_taken_at_its_fastest_run(teacher, t
         rows = exact(dirs, at, repeats, runs)
         out = []
         for r in rows:
-            if "probe" in r["model"] and runs == 2:
-                per_run = [r["p50_ms"], 3 * r["p50_ms"]]
-                r = {**r, "runs_p50_ms": per_run, "p50_ms": float(np.median(per_run))}
+            if "probe" in r.model and runs == 2:
+                per_run = (r.p50_ms, 3 * r.p50_ms)
+                r = replace(r, runs_p50_ms=per_run, p50_ms=float(np.median(per_run)))
             out.append(r)
         return out
 
@@ -239,6 +255,7 @@ def test_a_probe_sample_slowed_in_one_run_is_taken_at_its_fastest_run(teacher, t
     assert probe["error"]["worst"] < 1.0
 
 
+@pytest.mark.e2e
 def test_nothing_fits_names_the_fastest_model_measured(teacher, tmp_path):
     teacher_dir, data = teacher
     with pytest.raises(CompressError, match=r"the fastest model probed was .* at 1\.\d\d ms"):
@@ -248,6 +265,7 @@ def test_nothing_fits_names_the_fastest_model_measured(teacher, tmp_path):
     assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())
 
 
+@pytest.mark.e2e
 def test_a_slow_spell_during_the_teachers_probe_timing_does_not_loosen_speedup_budgets(teacher, tmp_path):
     teacher_dir, data = teacher
     exact, calls = fake_timer(), []
@@ -255,8 +273,8 @@ def test_a_slow_spell_during_the_teachers_probe_timing_does_not_loosen_speedup_b
     def timer(dirs, at, repeats, runs):  # the probe's first timing of the teacher 3x slow (4.20 ms instead of 1.40)
         calls.append(len(calls))
         rows = exact(dirs, at, repeats, runs)
-        return [{**r, "p50_ms": r["p50_ms"] * 3, "runs_p50_ms": [ms * 3 for ms in r["runs_p50_ms"]]}
-                if len(calls) == 1 and r["model"] == str(teacher_dir) else r for r in rows]
+        return [replace(r, p50_ms=r.p50_ms * 3, runs_p50_ms=tuple(ms * 3 for ms in r.runs_p50_ms))
+                if len(calls) == 1 and r.model == str(teacher_dir) else r for r in rows]
 
     # The fastest probe shape, 1L-32 as torch int8, takes 1 + 0.05 x 1 x 32/16 x 0.5 = 1.05 ms: 1.33x the true 1.40 ms,
     # 4.0x the slow one. 1.5x is out of reach, and the search says so before training anything.
@@ -267,6 +285,7 @@ def test_a_slow_spell_during_the_teachers_probe_timing_does_not_loosen_speedup_b
     assert probe["teacher"]["1,32"] == pytest.approx(1.4) and len(calls) == 2
 
 
+@pytest.mark.e2e
 def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatch):
     teacher_dir, data = teacher
     cfg = _cfg(data, "p50<=2.2ms@b1,s32")
@@ -279,19 +298,20 @@ def test_resume_trains_no_finished_candidate_again(teacher, tmp_path, monkeypatc
     with pytest.raises(RuntimeError):
         auto(teacher_dir, tmp_path / "out", cfg, timer=crash)
     trained = []
-    real = auto_module.distill
+    real = auto_targets.distill
 
     def counting(*args, **kwargs):
         trained.append(args[1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(auto_module, "distill", counting)
+    monkeypatch.setattr(auto_targets, "distill", counting)
     probed = []
     out = auto(teacher_dir, tmp_path / "out", AutoConfig(**{**cfg.__dict__, "resume": True}), timer=fake_timer(calls=probed))
     assert trained == [] and len(probed) == 1  # no candidate trained, no probe re-timed: only the final measurement
     assert (out / "config.json").is_file()
 
 
+@pytest.mark.e2e
 def test_init_from_starts_the_candidates_that_fit_inside_it(teacher, tmp_path):
     from compress.core.model.shapes import resolve_shape
     from compress.teacher.create import create_model
@@ -311,27 +331,27 @@ def test_init_from_starts_the_candidates_that_fit_inside_it(teacher, tmp_path):
 def test_a_round_that_cannot_finish_before_the_time_limit_is_not_started(tmp_path):
     import time
 
-    search = auto_module._Search(tmp_path, {"trained": {"x/0": {"label": "x", "round": 0, "epochs": 1, "seconds": 60.0},
+    search = SearchState(tmp_path, {"trained": {"x/0": {"label": "x", "round": 0, "epochs": 1, "seconds": 60.0},
                                                         "y/0": {"label": "y", "round": 0, "epochs": 1, "seconds": 20.0}}})
     now = time.monotonic()
-    none = auto_module._Earlier(None, {})
+    none = Earlier(None, {})
     shapes = {"x": Shape(2, 64, 4, 128), "y": Shape(1, 64, 4, 128), "z": Shape(1, 64, 4, 128)}
-    assert not auto_module._affordable(1, [("x", 2), ("y", 2)], search, none, now + 150, shapes)  # 2 x 60 + 2 x 20 = 160 s
-    assert auto_module._affordable(1, [("x", 2), ("y", 2)], search, none, now + 170, shapes)
-    assert not auto_module._affordable(0, [("z", 1)], search, none, now - 1, shapes)  # past the limit: nothing starts
+    assert not auto_halving.affordable(1, [("x", 2), ("y", 2)], search, none, now + 150, shapes)  # 2 x 60 + 2 x 20 = 160 s
+    assert auto_halving.affordable(1, [("x", 2), ("y", 2)], search, none, now + 170, shapes)
+    assert not auto_halving.affordable(0, [("z", 1)], search, none, now - 1, shapes)  # past the limit: nothing starts
     # z, never trained, is priced per parameter at the median of x's and y's rates (x's is 1.5x y's): 25 s per epoch, 100 s
-    assert not auto_module._affordable(0, [("z", 4)], search, none, now + 90, shapes)
-    assert auto_module._affordable(0, [("z", 4)], search, none, now + 110, shapes)
+    assert not auto_halving.affordable(0, [("z", 4)], search, none, now + 90, shapes)
+    assert auto_halving.affordable(0, [("z", 4)], search, none, now + 110, shapes)
     # what an earlier search trained alike costs nothing: it is copied
-    earlier = auto_module._Earlier(None, {("x", 1, 2): {"label": "x", "round": 1, "epochs": 2, "seconds": 120.0}})
-    assert auto_module._affordable(1, [("x", 2), ("y", 2)], search, earlier, now + 50, shapes)
+    earlier = Earlier(None, {("x", 1, 2): {"label": "x", "round": 1, "epochs": 2, "seconds": 120.0}})
+    assert auto_halving.affordable(1, [("x", 2), ("y", 2)], search, earlier, now + 50, shapes)
 
 
 def test_a_round_cut_to_one_keeps_the_round_befores_runner_up_as_a_finalist():
     latest = {"a": 0.7, "b": 0.9, "c": 0.8}
-    assert auto_module._with_runner_up((("a", "b", "c"), ("b",)), latest) == ["b", "c"]
-    assert auto_module._with_runner_up((("a", "b", "c"), ("a", "b")), latest) == ["a", "b"]
-    assert auto_module._with_runner_up((("b",),), latest) == ["b"]
+    assert auto_halving.with_runner_up((("a", "b", "c"), ("b",)), latest) == ["b", "c"]
+    assert auto_halving.with_runner_up((("a", "b", "c"), ("a", "b")), latest) == ["a", "b"]
+    assert auto_halving.with_runner_up((("b",),), latest) == ["b"]
 
 
 def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_fit_and_score_higher(tmp_path):
@@ -342,7 +362,7 @@ def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_f
         return {"label": label, "round": round_, "epochs": 2**round_, "score": score, "dir": str(folder), "teacher": 1.0,
                 "seconds": 1.0, "init": "teacher"}
 
-    earlier = auto_module._Earlier(None, {(e["label"], e["round"], e["epochs"]): e for e in (
+    earlier = Earlier(None, {(e["label"], e["round"], e["epochs"]): e for e in (
         entry("X", 0, 0.70), entry("X", 2, 0.90),  # X's best round counts
         entry("W", 1, 0.92), entry("W", 2, 0.60),  # W's too, though its latest scored lower
         entry("Y", 1, 0.95),  # predicted not to fit this budget
@@ -350,19 +370,20 @@ def test_models_an_earlier_search_trained_further_join_the_finalists_when_they_f
         entry("F", 1, 0.99),  # a finalist already
     )})
     (tmp_path / "work").mkdir()
-    search = auto_module._Search(tmp_path / "work", {"trained": {"F/0": {"label": "F", "round": 0, "score": 0.6},
+    search = SearchState(tmp_path / "work", {"trained": {"F/0": {"label": "F", "round": 0, "score": 0.6},
                                                                  "F/1": {"label": "F", "round": 1, "score": 0.8},
                                                                  "G/1": {"label": "G", "round": 1, "score": 0.99}}})
     predicted = {"X": {"variants": ["openvino-int8"]}, "Y": {"variants": []}, "Z": {"variants": ["openvino-int8"]},
                  "F": {"variants": ["openvino-int8"]}, "W": {"variants": ["openvino-int8"]}}
     # W (.92) and X (.90) beat F's best round (.8), the weakest finalist, though not G; Z (.5) beats none
-    assert auto_module._earlier_finalists(earlier, ["F", "G"], predicted, search) == ["W", "X"]
+    assert auto_halving.earlier_finalists(earlier, ["F", "G"], predicted, search) == ["W", "X"]
     assert search.state["trained"]["W/1"]["score"] == 0.92 and "W/2" not in search.state["trained"]
     adopted = search.state["trained"]["X/2"]
     assert adopted["score"] == 0.90 and adopted["reused_from"].endswith("X-r2")
     assert (Path(adopted["dir"]) / "config.json").is_file() and Path(adopted["dir"]).parent == tmp_path / "work" / "candidates"
 
 
+@pytest.mark.e2e
 def test_a_resumed_search_that_trains_further_quantizes_the_best_round(teacher, tmp_path):
     teacher_dir, data = teacher
     cfg = _cfg(data, "p50<=2.2ms@b1,s32", rounds=1)
@@ -379,18 +400,19 @@ def test_a_resumed_search_that_trains_further_quantizes_the_best_round(teacher, 
     assert int8
 
 
+@pytest.mark.e2e
 def test_another_budget_reuses_the_probe_and_the_candidates_trained_with_the_same_settings(teacher, tmp_path, monkeypatch):
     teacher_dir, data = teacher
     first = auto(teacher_dir, tmp_path / "a", _cfg(data, "p50<=2.2ms@b1,s32"), timer=fake_timer())
     before = {(t["label"], t["round"], t["epochs"]) for t in json.loads((first / "search" / "search.json").read_text())["trained"]}
     trained, calls = [], []
-    real = auto_module.distill
+    real = auto_targets.distill
 
     def counting(*args, **kwargs):
         trained.append(Path(args[1]).name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(auto_module, "distill", counting)
+    monkeypatch.setattr(auto_targets, "distill", counting)
     out = auto(teacher_dir, tmp_path / "b", _cfg(data, "p50<=2.6ms@b1,s32", reuse=[str(tmp_path / "a")]),
                timer=fake_timer(calls=calls))
     report = json.loads((out / "search" / "search.json").read_text())
@@ -431,11 +453,11 @@ def test_shape_dataclass_round_trip():
 def test_the_default_timer_takes_turns_in_bursts_unless_it_times_dozens(monkeypatch, tmp_path):
     """The final run's few models are timed in bursts (all loaded at once); the probe's dozens one after another."""
     seen = []
-    monkeypatch.setattr(auto_module, "measure_latency", lambda dirs, cfg: seen.append((len(dirs), cfg.bursts, cfg.repeat_runs)) or {"rows": []})
-    auto_module.measured_latency([tmp_path] * 6, [(1, 128)], repeats=40, runs=3)
-    auto_module.measured_latency([tmp_path] * 40, [(1, 128)], repeats=20, runs=1)
-    auto_module.measured_latency([tmp_path] * 2, [(1, 128)], repeats=3, runs=1)
-    assert seen == [(6, auto_module.BURSTS, 3), (40, 1, 1), (2, 3, 1)]  # never more bursts than passes
+    monkeypatch.setattr(auto_probe, "measure_latency", lambda dirs, cfg: seen.append((len(dirs), cfg.bursts, cfg.repeat_runs)) or {"rows": []})
+    auto_probe.measured_latency([tmp_path] * 6, [(1, 128)], repeats=40, runs=3)
+    auto_probe.measured_latency([tmp_path] * 40, [(1, 128)], repeats=20, runs=1)
+    auto_probe.measured_latency([tmp_path] * 2, [(1, 128)], repeats=3, runs=1)
+    assert seen == [(6, auto_probe.BURSTS, 3), (40, 1, 1), (2, 3, 1)]  # never more bursts than passes
 
 
 # ---------------------------------------------------------------------------- a user's own task
@@ -456,8 +478,10 @@ def ner_teacher(tmp_path_factory):
     return finetune(base, root / "teacher", cfg), files
 
 
+@pytest.mark.e2e
 def test_a_search_on_the_teachers_own_task_needs_no_task_name(ner_teacher, tmp_path):
-    from compress.core.formats.artifacts import read_compression, read_metrics, saved_head
+    from compress.core.formats.artifacts import saved_head
+    from compress.core.formats.records import read_compression, read_metrics
 
     teacher_dir, files = ner_teacher
     cfg = from_dict(AutoConfig, {"budget": "p50<=1.15ms@b1,s32", "backends": ["torch"], "train_file": str(files["train"]),

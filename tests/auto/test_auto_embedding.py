@@ -20,14 +20,17 @@ import pytest
 import torch
 
 from compress.auto import embedding as auto_embedding
-from compress.auto.run import AutoConfig, auto
-from compress.auto.embedding import EmbeddingSearch, load_target, prepare, score_folder
+from compress.auto.config import AutoConfig
+from compress.auto.embedding import EmbeddingSearch, load_check, prepare, score_folder
+from compress.auto.run import auto
 from compress.core.formats.artifacts import load_tokenizer
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import encode, read_spec
-from compress.core.train import TrainConfig, work_dir_for
+from compress.core.checkpoints import work_dir_for
+from compress.core.train import TrainConfig
+from compress.eval.latency.row import Row
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 from tests.core.test_sentence import corpus, glue, st_folder
 
@@ -56,10 +59,11 @@ def fake_timer(slow: dict[str, float] | None = None, calls: list | None = None):
             ms *= next((f for k, f in (slow or {}).items() if k in str(d) and "probe" not in str(d)), 1.0)
             first = first or ms
             for b, s in at:
-                rows.append({"model": str(d), "name": Path(d).name, "batch": b, "seq": s, "p50_ms": ms, "p90_ms": ms,
-                             "p99_ms": ms, "mean_ms": ms, "throughput": b / ms * 1e3, "speedup": first / ms, "params": 0,
-                             "runs_p50_ms": [ms] * runs, "speedup_min": first / ms,
-                             "slowest_run": {k: ms for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}})
+                rows.append(Row.from_dict({
+                    "model": str(d), "name": Path(d).name, "batch": b, "seq": s, "p50_ms": ms, "p90_ms": ms,
+                    "p99_ms": ms, "mean_ms": ms, "throughput": b / ms * 1e3, "speedup": first / ms, "params": 0,
+                    "runs_p50_ms": [ms] * runs, "speedup_min": first / ms,
+                    "slowest_run": {k: ms for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")}}))
         return rows
     return timer
 
@@ -113,6 +117,7 @@ def env(tmp_path_factory) -> SimpleNamespace:
 # ---------------------------------------------------------------------------- the search
 
 
+@pytest.mark.e2e
 def test_a_resumed_search_trains_no_candidate_again(env):
     assert env.trained_again == [] and len(env.calls) == 1  # no training, no probe re-timed: the final run only
     assert env.calls[0][0] == str(env.teacher)
@@ -159,7 +164,7 @@ def test_the_static_candidate_is_trained_once_and_measured(env):
 
 
 def test_every_score_is_the_mean_cosine_to_the_teacher_on_the_held_out_sentences(env):
-    target = load_target(work_dir_for(env.out))
+    target = load_check(work_dir_for(env.out))
     check = target.check_sentences()
     train = (target.root / "train.txt").read_text().split("\n\n")
     assert len(check) == 40 and len(train) == 120 and not {s.strip() for s in train} & set(check)
@@ -192,7 +197,7 @@ def test_stsb_scores_every_model_when_data_dir_holds_it(env, tmp_path):
     emb = by_hand(env.teacher, [t for a, b, _ in pairs for t in (a, b)])
     expected = 100 * spearmanr(np.sum(emb[0::2] * emb[1::2], axis=1), [s for *_, s in pairs])[0]
     assert target.teacher == pytest.approx(expected, abs=1e-6) and score_folder(env.teacher, target) == target.teacher
-    assert load_target(tmp_path / "work") == target  # what a worker process reads
+    assert load_check(tmp_path / "work") == target  # what a worker process reads
     elsewhere = prepare(env.teacher, options, str(tmp_path / "nothing"), 0, tmp_path / "other")
     assert elsewhere.score == "cosine" and elsewhere.teacher == pytest.approx(100.0)
 
@@ -203,7 +208,7 @@ def test_without_model2vec_the_static_candidate_is_skipped_with_a_log_line(env, 
 
     monkeypatch.setattr(auto_embedding, "model2vec", missing)
     with caplog.at_level(logging.INFO, logger="compress.auto.embedding"):
-        assert auto_embedding.train_static(env.teacher, load_target(work_dir_for(env.out)), TrainConfig(),
+        assert auto_embedding.train_static(env.teacher, load_check(work_dir_for(env.out)), TrainConfig(),
                                            env.root / "static") is None
     assert "no static candidate: compress distill-static builds on model2vec" in caplog.text
     assert not (env.root / "static").exists()

@@ -13,13 +13,17 @@ from pathlib import Path
 import optuna
 import pytest
 
-from compress.auto import run as auto_module
-from compress.auto.run import AutoConfig, auto, summarize
-from compress.auto.engine import Place, Plan, TrainerSpec, cumulative_epochs, load, prepare, start_workers, work
+from compress.auto import run as auto_run
+from compress.auto import targets as auto_targets
+from compress.auto.config import AutoConfig
+from compress.auto.engine import (Place, Plan, TrainerSpec, cumulative_epochs, load, prepare, start_workers, study_place,
+                                  work)
+from compress.auto.run import auto, summarize
+from compress.auto.targets import target_kind
 from compress.core.config import to_dict
 from compress.core.errors import CompressError
 from compress.core.model.shapes import Shape
-from compress.core.train import work_dir_for
+from compress.core.checkpoints import work_dir_for
 from compress.auto.search import parse_budgets, points
 from tests.auto.test_auto import _cfg, fake_timer, teacher  # noqa: F401  (teacher: the module's tiny fine-tuned teacher)
 
@@ -50,7 +54,7 @@ def _plan(labels, deadline: float = 3600.0) -> Plan:
 
 
 def _spec(teacher_dir: Path, out: Path, cfg: AutoConfig) -> TrainerSpec:
-    return TrainerSpec("compress.auto.run:candidate_trainer", {"teacher": str(teacher_dir), "out": str(out), "cfg": to_dict(cfg)})
+    return TrainerSpec("compress.auto.halving:candidate_trainer", {"teacher": str(teacher_dir), "out": str(out), "cfg": to_dict(cfg)})
 
 
 def _wait(condition, seconds: float, what: str):
@@ -124,6 +128,7 @@ def test_one_and_two_workers_choose_the_same_shape(teacher, tmp_path):  # noqa: 
     assert len(trials[1]) == 1 and len(trials[2]) == 2  # host:pid of the worker that trained each candidate
 
 
+@pytest.mark.e2e
 def test_a_worker_killed_mid_trial_loses_only_that_trial(teacher, tmp_path):  # noqa: F811
     teacher_dir, data = teacher
     cfg = _cfg(data, BUDGET)
@@ -180,6 +185,7 @@ def _storage_url(kind: str, tmp_path: Path) -> str:
     return url
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_a_second_process_with_storage_joins_the_search_and_only_trains(kind, teacher, tmp_path):  # noqa: F811
     teacher_dir, data = teacher
@@ -187,10 +193,10 @@ def test_a_second_process_with_storage_joins_the_search_and_only_trains(kind, te
     cfg = _cfg(data, BUDGET, storage=url)
     out = tmp_path / "out"
     # The coordinator's steps: the study named by this search's key, its plan and queue; one of its workers running.
-    task = auto_module.search_task(teacher_dir, cfg)
+    target = target_kind(cfg).resolve(teacher_dir, cfg)
     budgets = parse_budgets(BUDGET)
-    keys = auto_module._keys(teacher_dir, task, cfg, budgets, sorted(points(budgets)))
-    place = auto_module.study_place(url, work_dir_for(out), keys[0])
+    keys = auto_run._keys(teacher_dir, target, budgets, sorted(points(budgets)))
+    place = study_place(url, work_dir_for(out), keys[0])
     plan = _plan([s.label for s in SHAPES])
     prepare(place, Plan(**{**plan.__dict__, "train_key": keys[2]}), resume=False)
     (coordinator_worker,) = start_workers(place, _spec(teacher_dir, out, cfg), 1)
@@ -214,7 +220,7 @@ def test_a_second_process_with_storage_joins_the_search_and_only_trains(kind, te
 def test_bad_storage_or_workers_are_refused_before_any_training(teacher, tmp_path, monkeypatch):  # noqa: F811
     teacher_dir, data = teacher
     trained, calls = [], []
-    monkeypatch.setattr(auto_module, "distill", lambda *a, **k: trained.append(a))
+    monkeypatch.setattr(auto_targets, "distill", lambda *a, **k: trained.append(a))
     for url, piece in (("not a url", "is not a database URL"), ("nosuchdb://host/db", "is not a database URL"),
                        (f"sqlite:///{tmp_path}/no/such/dir/x.db", "cannot open it")):
         with pytest.raises(CompressError, match=f"--storage .*{piece}") as caught:

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 import bench.bursts as bursts
+from compress.eval.latency.row import Row
 
 
-def fake_rows(n: int) -> list[dict]:
-    return [{"name": "teacher", "runs_p50_ms": [20.00049, 22.0], "p50_ms": 21.0004, "spread_pct": 9.5238,
-             "speedup": 1.0, "speedup_min": 1.0},
-            {"name": f"student-b{n}", "runs_p50_ms": [2.0, 2.2], "p50_ms": 2.1, "spread_pct": 9.5238,
-             "speedup": 10.0049, "speedup_min": 9.0909}]
+def fake_rows(n: int) -> list[Row]:
+    return [Row(name="teacher", batch=1, seq=128, runs_p50_ms=(20.00049, 22.0), p50_ms=21.0004, spread_pct=9.5238,
+                speedup=1.0, speedup_min=1.0),
+            Row(name=f"student-b{n}", batch=1, seq=128, runs_p50_ms=(2.0, 2.2), p50_ms=2.1, spread_pct=9.5238,
+                speedup=10.0049, speedup_min=9.0909)]
 
 
 def test_each_mode_is_timed_in_turn_and_written_after_each(tmp_path, monkeypatch, capsys):

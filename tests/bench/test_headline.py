@@ -158,6 +158,7 @@ def test_the_auto_chosen_model_is_labelled_and_reported_from_its_search(tmp_path
     assert "| speedup>=8x@b1,s128 | 2L-384 openvino-int8 | 85.10 | 23.5 | 4 | time |" in render(results).splitlines()
 
 
+@pytest.mark.e2e
 def test_the_recipe_ends_with_compress_auto_on_the_sst2_teacher():
     from pathlib import Path
 
@@ -254,6 +255,7 @@ def test_an_openvino_models_profile_is_rendered_from_the_plugins_counters():
             "FullyConnected brgemm_avx512_I8 2.31, Subgraph jit_avx512_i8 0.62.") in text
 
 
+@pytest.mark.e2e
 def test_every_table_row_is_a_stage_of_the_recipe_and_every_stage_reads_an_earlier_one():
     # models_of() keeps only the rows whose folder exists, so a misspelt stage would drop its row silently.
     from pathlib import Path

@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 
 from bench.peers.run import FULL, PeersConfig, parse, timing_sample
-from bench.peers.build import int8_preset, outputs, step_key
+from bench.peers.build import outputs, step_key
 from bench.peers.contenders import CONTENDERS, PEER, STEPS, TOOLKIT, select
 from bench.peers.render import render
 from bench.peers.report import agreement, make_plan, pareto_front, peer_verdict, score, verdicts
@@ -145,12 +145,6 @@ def test_contenders_steps_and_selection():
     assert step_key("tk-3L", {"distill_sentences": 10, "rounds": 3})["distill_sentences"] == 10
     assert "rounds" not in step_key("tk-3L", {"rounds": 3})
     assert "toolkit/student-3L-384" in outputs("tk-3L") and outputs("st-torch") == []
-
-
-def test_the_int8_preset_follows_the_cpu_flags():
-    assert int8_preset(("avx2", "fma")) == "avx2"
-    assert int8_preset(("avx2", "avx512f", "avx512_vnni")) == "avx512_vnni"
-    assert int8_preset(("asimd",), "aarch64") == "arm64"
 
 
 def test_the_timing_sample_is_seeded_distinct_and_capped():

@@ -144,18 +144,18 @@ def test_a_row_whose_intermediate_stage_read_the_augmented_set_is_another_recipe
 def test_augment_intermediate_reaches_the_distill_options_only_when_asked():
     args = Namespace(data=Path("d"), max_train=4000, epochs=1, lr=1e-4, cache=Path("c"), augment=4, prediction_epochs=2,
                      augment_intermediate=False)
-    assert "augment_intermediate" not in row_config("d", "rte", "3L-384", args, 42, Path("g"))
+    assert "augment_intermediate" not in row_config("d", "rte", "3L-384", args, 42, general=Path("g"))
     args.augment_intermediate = True
-    cfg = row_config("d", "rte", "3L-384", args, 42, Path("g"))
+    cfg = row_config("d", "rte", "3L-384", args, 42, general=Path("g"))
     assert cfg["augment_intermediate"] is True and cfg["intermediate_epochs"] == 1 and cfg["augment"] == 4
-    assert "augment_intermediate" not in row_config("a", "rte", "3L-384", args, 42, Path("g"))
+    assert "augment_intermediate" not in row_config("a", "rte", "3L-384", args, 42, general=Path("g"))
 
 
 def test_row_i_is_the_defaults_from_the_general_student():
     args = Namespace(data=Path("d"), max_train=4000, epochs=3, lr=1e-4, cache=Path("c"), augment=4, prediction_epochs=2,
                      augment_intermediate=False)
-    f = row_config("f", "rte", "4L-312", args, 1, None)
-    i = row_config("i", "rte", "4L-312", args, 1, Path("g"))
+    f = row_config("f", "rte", "4L-312", args, 1, general=None)
+    i = row_config("i", "rte", "4L-312", args, 1, general=Path("g"))
     assert f["init"] == "teacher" and i["init"] == "g"
     assert {k: v for k, v in i.items() if k != "init"} == {k: v for k, v in f.items() if k != "init"}
     assert "losses" not in i and "two_stage" not in i  # the defaults decide, as in (f)
@@ -164,8 +164,8 @@ def test_row_i_is_the_defaults_from_the_general_student():
 def test_row_j_is_row_c_from_another_tasks_encoder():
     args = Namespace(data=Path("d"), max_train=4000, epochs=3, lr=1e-4, cache=Path("c"), augment=4, prediction_epochs=2,
                      augment_intermediate=False)
-    c = row_config("c", "rte", "3L-384", args, 1, None)
-    j = row_config("j", "rte", "3L-384", args, 1, None, Path("m/encoder-of-mrpc"))
+    c = row_config("c", "rte", "3L-384", args, 1, general=None)
+    j = row_config("j", "rte", "3L-384", args, 1, general=None, encoder=Path("m/encoder-of-mrpc"))
     assert c["init"] == "teacher" and j["init"] == "m/encoder-of-mrpc"
     assert {k: v for k, v in j.items() if k != "init"} == {k: v for k, v in c.items() if k != "init"}
     # Started from two tasks' students, two recipes; the same student at another path, one.

@@ -224,7 +224,7 @@ def test_shard_names_stay_inside_the_folder(tmp_path):
 
 
 def test_a_two_folder_loop_is_refused(ws, tmp_path):
-    from compress.core.formats.artifacts import lineage
+    from compress.core.formats.records import lineage
 
     a, b = tmp_path / "a", tmp_path / "b"
     for folder, parent in ((a, b), (b, a)):

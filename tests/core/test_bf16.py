@@ -9,13 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-import compress.auto.run as auto
+from compress.auto import variants as auto_variants
+from compress.auto.finalists import variant_accuracy
+from compress.auto.targets import TaskTarget
 from compress.cli import main
-from compress.core.formats import runtime
+from compress.core.formats import openvino_runtime
 from compress.core.model import structure as st
-from compress.core.formats.artifacts import read_compression
+from compress.core.formats.records import read_compression
 from compress.core.data.sources import TaskData
-from compress.core.formats.runtime import load_model, openvino_bf16
+from compress.core.formats.openvino_runtime import openvino_bf16
+from compress.core.formats.runtime import load_model
 from compress.core.data.synthetic import write_sst2_layout
 from compress.core.data.tasks import get_task
 from compress.eval.evaluate import EvalConfig, evaluate
@@ -42,6 +45,7 @@ def logits(path, tokenizer):
         return model(**st.model_inputs(model, tokenizer(TEXTS, padding=True, return_tensors="pt"))).logits.float().numpy()
 
 
+@pytest.mark.e2e
 def test_a_bf16_export_records_its_precision_and_its_check_tolerance(folders):
     record = read_compression(folders["bf16"])
     assert record["inference_precision_hint"] == "bf16" and record["check"]["tolerance"] == BF16_TOLERANCE
@@ -59,7 +63,7 @@ def test_a_bf16_folder_runs_in_bf16_where_the_cpu_can_and_its_outputs_stay_close
 
 
 def test_a_bf16_folder_runs_as_fp32_on_a_cpu_without_bf16_kernels(folders, monkeypatch):
-    monkeypatch.setattr(runtime, "openvino_bf16", lambda: False)
+    monkeypatch.setattr(openvino_runtime, "openvino_bf16", lambda: False)
     model = load_model(folders["bf16"])
     assert model.precision == "f32"
     np.testing.assert_allclose(logits(folders["bf16"], folders["tokenizer"]), logits(folders["fp32"], folders["tokenizer"]),
@@ -90,27 +94,25 @@ def test_a_copied_openvino_folder_gains_the_bf16_hint(folders, tmp_path):
 
 @pytest.mark.parametrize("bf16", [True, False])
 def test_auto_considers_the_bf16_variant_only_on_a_cpu_with_bf16_kernels(monkeypatch, bf16):
-    monkeypatch.setattr(auto, "openvino_bf16", lambda: bf16)
-    names = [name for name, _ in auto._variants(SimpleNamespace(embedding=False, backends=("torch", "openvino")))]
+    monkeypatch.setattr(auto_variants, "openvino_bf16", lambda: bf16)
+    task, embedding = auto_variants.TASK_VARIANTS, auto_variants.EMBEDDING_VARIANTS
+    names = [name for name, _ in auto_variants.usable(task, ("torch", "openvino"))]
     assert names == ["torch-fp32", "torch-int8", "openvino-fp32"] + (["openvino-bf16"] if bf16 else []) + ["openvino-int8"]
-    embedding = [name for name, _ in auto._variants(SimpleNamespace(embedding=True, backends=("openvino",)))]
-    assert ("openvino-bf16" in embedding) == bf16
-    assert [n for n, _ in auto._variants(SimpleNamespace(embedding=False, backends=("torch",)))] == ["torch-fp32", "torch-int8"]
+    assert ("openvino-bf16" in [name for name, _ in auto_variants.usable(embedding, ("openvino",))]) == bf16
+    assert [n for n, _ in auto_variants.usable(task, ("torch",))] == ["torch-fp32", "torch-int8"]
 
 
 def test_a_bf16_variant_is_scored_on_its_own_and_fp32_exports_take_their_candidates_score(monkeypatch, tmp_path):
-    monkeypatch.setattr(auto, "_dev_score", lambda path, task, cfg: 12.5)
-    cfg = SimpleNamespace(embedding=False)
-    task = get_task("sst2")
-    assert auto._variant_accuracy(tmp_path, ("export", "openvino", "bf16"), task, 80.0, cfg) == 12.5
-    assert auto._variant_accuracy(tmp_path, ("export", "openvino", None), task, 80.0, cfg) == 80.0
-    assert auto._variant_accuracy(tmp_path, None, task, 80.0, cfg) == 80.0
+    monkeypatch.setattr(TaskTarget, "dev_score", lambda self, path: 12.5)
+    target = TaskTarget(get_task("sst2"), SimpleNamespace())
+    assert variant_accuracy(tmp_path, ("export", "openvino", "bf16"), target, 80.0) == 12.5
+    assert variant_accuracy(tmp_path, ("export", "openvino", None), target, 80.0) == 80.0
+    assert variant_accuracy(tmp_path, None, target, 80.0) == 80.0
 
 
 def test_the_dev_score_of_a_variant_is_what_compress_eval_reports(folders, tmp_path):
     write_sst2_layout(tmp_path / "glue", n_train=20, n_dev=40, n_test=5)
-    cfg = SimpleNamespace(data=TaskData(data_dir=str(tmp_path / "glue")))
-    task = get_task("sst2")
+    target = TaskTarget(get_task("sst2"), SimpleNamespace(data=TaskData(data_dir=str(tmp_path / "glue"))))
     for kind in ("fp32", "bf16"):
         (record,) = evaluate(folders[kind], EvalConfig(task="sst2", data_dir=str(tmp_path / "glue"), record=False))
-        assert auto._dev_score(folders[kind], task, cfg) == pytest.approx(record["metrics"]["accuracy"])
+        assert target.dev_score(folders[kind]) == pytest.approx(record["metrics"]["accuracy"])

@@ -19,7 +19,7 @@ def approx(x):
     return pytest.approx(x, rel=1e-9)
 
 
-def cpuinfo(vendor: str, family: int, model: int, name: str, flags: list[str], stepping: int = 1, cpus: int = 2,
+def cpuinfo(vendor: str, family: int, model: int, name: str, flags: list[str], *, stepping: int = 1, cpus: int = 2,
             mhz: float = 2000.0) -> str:
     """A /proc/cpuinfo text of ``cpus`` identical processors."""
     block = (f"processor\t: {{i}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"

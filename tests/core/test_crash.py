@@ -128,6 +128,7 @@ def _fail(args: list[str], cwd: Path) -> str:
     return err.strip().splitlines()[-1]
 
 
+@pytest.mark.e2e
 def test_fp16_on_a_cpu_leaves_no_work_dir(workspace):
     line = _fail([*PRETRAIN, "--out", "fp16", "--precision", "fp16", "--device", "cpu"], workspace)
     assert "fp16 needs a CUDA GPU" in line

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import read_metrics
+from compress.core.formats.records import read_metrics
 from compress.core.formats.runtime import load_model
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
@@ -98,7 +98,7 @@ def test_two_processes_match_one(workspace, command, losses, atol):
     if command == "distill":
         # The default augmentation ran (a subprocess sees the shipped limit), so each half batch held its own
         # number of gold rows: the hard term's per-process means were reweighted to the global batch's mean.
-        from compress.core.formats.artifacts import read_compression
+        from compress.core.formats.records import read_compression
 
         assert read_compression(workspace / f"{name}-2")["extra_data"]["augment"]["default"] is True
 
@@ -113,6 +113,7 @@ def test_accelerate_launch_matches_one_process(workspace):
     assert [_processes(workspace / f"acc-{n}") for n in (1, 2)] == [1, 2]
 
 
+@pytest.mark.e2e
 def test_pretraining_across_two_processes(workspace):
     """MLM masks and dropout are drawn per process, so no exact match: the 2-process run trains
     the same number of optimizer steps at the same global batch, and its loss falls."""

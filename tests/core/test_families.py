@@ -13,17 +13,20 @@ import json
 import pytest
 import torch
 import transformers
+from transformers import modeling_outputs
 
-from compress.core.formats import runtime
+from compress.core.formats import pt2
 from compress.core.data import synthetic
 from compress.core.model import structure as st
-from compress.core.formats.artifacts import HEADS, read_compression, saved_head
+from compress.core.formats.artifacts import saved_head
+from compress.core.formats.records import read_compression
 from compress.core.compat import STOCK_PRUNED_HEADS, has_module, wordpiece_tokenizer
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.onnx import export_onnx
-from compress.core.model.families import FAMILIES, get_family
+from compress.core.model.families import FAMILIES, get_family, head_of_class
 from compress.core.model.graph_pruning import prune_ffn_neurons
+from compress.core.model.heads import HEADS
 from compress.core.model.importance import (
     ffn_gates,
     ffn_importance_magnitude,
@@ -37,9 +40,13 @@ from compress.core.model.importance import (
 )
 from compress.core.formats.runtime import load_model
 from compress.core.model.shapes import Shape
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from compress.students.init import init_from_teacher
-from tests.conftest import VOCAB, save_tiny, tiny_config, write_vocab
+from tests.conftest import VOCAB, make_tiny_model, save_tiny, tiny_config, write_vocab
+
+# Depends on the installed transformers version: the transformers 4.57 set runs it too (make test-transformers4).
+pytestmark = pytest.mark.versions
 
 TEXTS = ["the movie was good", "a very boring film , not fun at all", "paris is the capital of france ."]
 NAMES = ["bert", "roberta", "xlm-roberta", "distilbert", "electra", "modernbert"]
@@ -112,7 +119,25 @@ def test_every_family_is_registered_once_with_its_classes():
     assert FAMILIES.names() == sorted(NAMES)
     for family in NAMES:
         for head, cls in get_family(family).classes.items():
-            assert hasattr(transformers, cls) and HEADS[cls] == head
+            assert hasattr(transformers, cls) and head_of_class(cls) == head
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_each_head_record_says_what_a_model_with_that_head_returns(name):
+    """The record's outputs and per-token outputs are what a tiny BERT with the head returns, and its output class
+    (what a runner answers with) holds them."""
+    head = HEADS[name]
+    assert hasattr(transformers, head.auto_class) and get_family("bert").head_class(name) == "Bert" + head.class_suffix
+    batch, seq = 2, 7
+    with torch.inference_mode():
+        out = make_tiny_model(name)(input_ids=torch.ones(batch, seq, dtype=torch.long))
+    for output in head.outputs:  # (batch, seq[, width]) per token; a sequence classifier's (batch, labels)
+        shape = getattr(out, output).shape
+        assert shape[0] == batch and (len(shape) >= 2 and shape[1] == seq) == (output in head.per_token_outputs)
+    assert set(head.per_token_outputs) <= set(head.outputs)
+    values = {output: getattr(out, output) for output in head.outputs}
+    rebuilt = getattr(modeling_outputs, head.output_class)(**values)
+    assert all(getattr(rebuilt, output) is value for output, value in values.items())
 
 
 def test_unknown_family_is_refused_in_one_line(tmp_path, tokenizer):
@@ -268,11 +293,12 @@ def glue(tmp_path_factory):
     return root
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend,scheme", [("torch", "dynamic"), ("onnxruntime", "dynamic"), ("inc", "static")])
 def test_int8(name, tok, tmp_path, glue, backend, scheme, monkeypatch):
     if backend == "inc" and not has_module("neural_compressor"):
         pytest.skip("Neural Compressor is not installed")
-    monkeypatch.setenv(runtime.NO_COMPILE_ENV, "1")  # INC programs run uncompiled (no C++ compiler needed)
+    monkeypatch.setenv(pt2.NO_COMPILE_ENV, "1")  # INC programs run uncompiled (no C++ compiler needed)
     model = make_model(name)
     parent = save_tiny(model, tok, tmp_path / "fp32")
     # With a task: calibration from its training split and both models scored on its dev split.
@@ -309,6 +335,7 @@ def test_a_last_layer_of_the_first_token_only_gives_the_same_logits(name, tok, a
     assert st.describe(model)["first_token_last_layer"] is True
 
 
+@pytest.mark.e2e
 def test_onnx_export_parity(name, tok, tmp_path):
     model = make_model(name)
     st.prune_heads(model, {0: [1]})

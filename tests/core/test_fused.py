@@ -16,15 +16,17 @@ import torch
 from compress.cli import main
 from compress.core.model import structure as st
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import read_compression
+from compress.core.formats.records import read_compression
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import SentenceSpec, is_sentence_folder, read_spec, write_sentence_files
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.eval.latency.runs import LatencyConfig, measure_latency
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.runs import measure_latency
 from compress.export import ExportConfig, export
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 from tests.core.test_families import make_model
 from tests.core.test_families import make_tokenizer as family_tokenizer
@@ -92,6 +94,7 @@ def test_a_fused_embedding_folder_stays_one_and_the_command_prints_the_fusion(en
     assert is_sentence_folder(out) and read_spec(out) == read_spec(env.base)
 
 
+@pytest.mark.e2e
 def test_eval_and_latency_run_on_the_fused_classifier(env, capsys):
     out = fused(env, "cls")
     cfg = EvalConfig(task="sst2", data_dir=str(env.data), record=False)
@@ -101,7 +104,7 @@ def test_eval_and_latency_run_on_the_fused_classifier(env, capsys):
     assert "accuracy" in capsys.readouterr().out
     report = measure_latency([out], from_dict(LatencyConfig, {"warmup": 1, "repeats": 2, "seq": (16,), "threads": 1,
                                                               "peak": False, "record": False}))
-    assert report["rows"][0]["backend"] == "onnxruntime" and report["rows"][0]["p50_ms"] > 0
+    assert report["rows"][0].backend == "onnxruntime" and report["rows"][0].p50_ms > 0
 
 
 def test_per_layer_head_counts_fuse_every_layer_with_its_own_count(env, tmp_path, monkeypatch):
@@ -167,6 +170,7 @@ def test_fuse_outside_an_fp32_onnx_export_is_refused_in_one_line(env, tmp_path, 
     assert len(err) == 1 and says in err[0]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("scheme", ["dynamic", "static"])
 def test_the_fused_graph_quantizes_dynamic_and_static(env, tmp_path, scheme, capsys):
     out = tmp_path / "int8"

@@ -10,15 +10,8 @@ import pytest
 
 from compress.cli import main
 from compress.core.data import synthetic
-from compress.core.data.sources import (
-    DataSource,
-    TaskData,
-    load_dev_splits,
-    load_split,
-    load_train_split,
-    squad_train_features,
-    train_features,
-)
+from compress.core.data.features import squad_train_features, train_features
+from compress.core.data.sources import DataSource, TaskData, load_dev_splits, load_split, load_train_split
 from compress.core.errors import CompressError
 from compress.core.data.tasks import get_task
 from compress.eval.evaluate import EvalConfig, evaluate
@@ -136,18 +129,18 @@ def test_squad_training_refuses_data_where_no_answer_is_in_its_context(tmp_path,
     squad = get_task("squad")
     data = _squad_train(tmp_path, {i: 1000 for i in range(6)})  # every answer_start past its context
     with pytest.raises(CompressError, match="no SQuAD training example has its answer in its context: in all 6") as err:
-        train_features(load_train_split(squad, data), squad, tokenizer, data, 48)
+        train_features(load_train_split(squad, data), squad, tokenizer, 48, doc_stride=data.doc_stride)
     assert "\n" not in str(err.value)
     data = _squad_train(tmp_path, {i: 2 for i in range(6)})  # inside the context, but not where the text is
     with pytest.raises(CompressError, match="answer text is not at answer_start"):
-        train_features(load_train_split(squad, data), squad, tokenizer, data, 48)
+        train_features(load_train_split(squad, data), squad, tokenizer, 48, doc_stride=data.doc_stride)
 
 
 def test_squad_training_drops_lost_answers_and_says_how_many(tmp_path, tokenizer, warnings_seen):
     squad = get_task("squad")
     data = _squad_train(tmp_path, {1: 1000, 4: 3})
     raw = load_train_split(squad, data)
-    features = train_features(raw, squad, tokenizer, data, 48)
+    features = train_features(raw, squad, tokenizer, 48, doc_stride=data.doc_stride)
     assert len(warnings_seen) == 1 and "\n" not in warnings_seen[0]
     assert "dropped 2 of 6 SQuAD training examples" in warnings_seen[0]
     kept = squad_train_features(raw.select([0, 2, 3, 5]), tokenizer, 48, 16)
@@ -160,7 +153,7 @@ def test_valid_squad_training_data_is_unchanged_and_silent(tmp_path, tokenizer, 
     data = TaskData(train_file=str(train), dev_file=str(train), max_length=48, doc_stride=16)
     raw = load_train_split(squad_v2, data)
     assert any(not a["text"] for a in raw["answers"])  # no-answer questions are not "lost" answers
-    features = train_features(raw, squad_v2, tokenizer, data, 48)
+    features = train_features(raw, squad_v2, tokenizer, 48, doc_stride=data.doc_stride)
     assert warnings_seen == []
     assert sorted(set(features["start_positions"])) != [0]  # answers were located
     assert len(features) >= len(raw)

@@ -18,7 +18,8 @@ import torch
 from compress.cli import COMMANDS, main
 from compress.core import logs
 from compress.core.data import synthetic
-from compress.core.train import PROGRESS_FILE, TrainConfig, train
+from compress.core.checkpoints import PROGRESS_FILE
+from compress.core.train import TrainConfig, train
 from compress.core.model.shapes import resolve_shape
 from compress.teacher.create import create_model
 from tests.conftest import make_tiny_model
@@ -44,6 +45,7 @@ def _finetune_args(data, init, out, *extra):
             "--batch-size", "32", "--lr", "2e-3", "--log-every", "2", "--out", str(out), *extra]
 
 
+@pytest.mark.e2e
 def test_redirected_run_prints_one_plain_line_per_log_step(generated, tmp_path):
     data, init = generated
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -1,4 +1,4 @@
-"""One decision on whether an output may be written (compress.core.formats.artifacts.check_output), and every
+"""One decision on whether an output may be written (compress.core.preflight.check_output), and every
 subcommand going through it: never over an input, never over a user's folder without --overwrite
 (--resume included), never a traceback for a place that cannot be written."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from compress.cli import main
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import check_output
+from compress.core.preflight import check_output
 from compress.core.errors import CompressError
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
@@ -243,7 +243,7 @@ def test_head_analysis_of_an_int8_model_names_its_fp32_parent(model, tmp_path, c
 
 
 def test_eval_and_latency_say_when_they_cannot_write_before_any_work(model, tmp_path, capsys, monkeypatch):
-    from compress.core.formats import artifacts
+    from compress.core.formats import writes
 
     data = synthetic.write_sst2_layout(tmp_path / "data", n_train=8, n_dev=8, n_test=4)
     eval_argv = ["eval", "--model", str(model), "--task", "sst2", "--data-dir", str(data)]
@@ -253,8 +253,8 @@ def test_eval_and_latency_say_when_they_cannot_write_before_any_work(model, tmp_
     code, err = _run(["run", str(tmp_path / "a-file"), "--out", str(tmp_path / "a-file")], capsys)
     assert code != 0 and len(err) == 1 and "a-file" in err[0] and "Traceback" not in err[0], err
 
-    real = artifacts._writable
-    monkeypatch.setattr(artifacts, "_writable", lambda folder: real(folder) and Path(folder) != model)  # a read-only model folder
+    real = writes._writable
+    monkeypatch.setattr(writes, "_writable", lambda folder: real(folder) and Path(folder) != model)  # a read-only model folder
     before = sorted(p.name for p in model.iterdir())
     code, err = _run(eval_argv, capsys)
     assert code != 0 and len(err) == 1 and "--no-record" in err[0] and str(model) in err[0], err

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from compress.cli import main
-from compress.core.data.sources import DataSource, TaskOptions, load_split, tokenize_classification
+from compress.core.data.features import tokenize_classification
+from compress.core.data.sources import DataSource, TaskOptions, load_split
 from compress.core.errors import CompressError
 from compress.core.data.resolve import check_label_set, resolve_task, task_of_model
 from compress.core.data.tasks import CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, user_task
@@ -214,6 +215,8 @@ def check_predictions(kind: str, path: Path, files: dict, reported: dict, labels
 # ---------------------------------------------------------------------------- 1. every kind, end to end
 
 
+@pytest.mark.versions
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_every_kind_end_to_end_through_the_cli(kind, work, teachers, monkeypatch, tmp_path):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))  # teacher outputs of recovery distillation
@@ -404,6 +407,7 @@ def test_bio_tags_are_ordered_o_first_then_b_and_i_per_type(tmp_path):
     assert task.metrics == ("entity_f1", "entity_precision", "entity_recall", "f1_agent", "f1_animal", "f1_place")
 
 
+@pytest.mark.e2e
 def test_given_label_order_survives_finetune_distill_quantize_export(work, tmp_path, monkeypatch):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
     files = work.files[CLASSIFICATION]
@@ -482,6 +486,7 @@ def test_stock_pipelines_read_the_fine_tuned_folders_with_the_users_labels(work,
     assert got == want and {g["word"] for g in groups} == {w for *_, w in want}
 
 
+@pytest.mark.e2e
 def test_onnx_and_openvino_folders_carry_the_labels_and_per_token_logits(teachers, tmp_path):
     import onnxruntime as ort
 
@@ -618,11 +623,11 @@ def test_a_sentence_longer_than_max_length_is_truncated_and_counted(tokenizer, t
     sentences.write_text("text,label\n" + " ".join(LONG) + ",pets\nthe dog,films\n")
     task = resolve_task(CLASSIFICATION, TaskOptions(), train_file=sentences)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="compress.core.data.sources"):
+    with caplog.at_level(logging.INFO, logger="compress.core.data.features"):
         ds = load_split(task, "train", DataSource(data_file=str(sentences)))
         features = tokenize_classification(ds, task, tokenizer, 8)
     assert [len(x) for x in features["input_ids"]] == [8, 4]
-    assert [r.getMessage() for r in caplog.records if r.name == "compress.core.data.sources"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "compress.core.data.features"] == [
         "long: 1 of 2 examples are longer than --max-length 8 tokens and were truncated"]
 
 

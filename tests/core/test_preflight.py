@@ -70,6 +70,7 @@ def _compress(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, 
     return proc, time.perf_counter() - started
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("argv,said", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
 def test_a_bad_input_is_refused_at_once_in_one_line(ws, argv, said):
     proc, wall = _compress(argv, ws)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
 
-from compress.core.formats.artifacts import load_tokenizer, read_compression, read_metrics
+from compress.core.formats.artifacts import load_tokenizer
+from compress.core.formats.records import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.runtime import load_model
@@ -28,8 +29,12 @@ from compress.distill.embedding import EmbeddingDistillConfig, distill_embedding
 from compress.eval.embeddings import retrieval_metrics, similarity_metrics
 from compress.eval.evaluate import EvalConfig, evaluate
 from compress.distill.losses import sentence_embedding_cosine, sentence_embedding_mse
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from tests.conftest import WORDS, make_tiny_model, make_tokenizer, save_tiny
+
+# Depends on the installed transformers version: the transformers 4.57 set runs it too (make test-transformers4).
+pytestmark = pytest.mark.versions
 
 TEXTS = ["the movie was good .", "a cat sat on the mat", "what is the capital city of france ?",
          "she did not love the boring plot", "dog", "  they really hate   the acting ! "]
@@ -102,6 +107,7 @@ def test_pooling_config_in_both_formats_and_unsupported_folders_are_refused(tmp_
         read_spec(folder)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("pooling,normalize", [("mean", True), ("mean", False), ("cls", False), ("cls", True), ("max", False)])
 def test_encode_pools_and_normalises_as_computed_by_hand(tmp_path, tokenizer, pooling, normalize):
     folder = st_folder(tmp_path, tokenizer, pooling=pooling, normalize=normalize)
@@ -385,6 +391,7 @@ def test_the_pruned_folder_loads_with_sentence_transformers_and_exports(pruned_e
         np.testing.assert_allclose(theirs, ours, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_prune_embedding_recovers_by_distillation_on_the_command_line(tmp_path, tokenizer, capsys):
     from compress.cli import main
 

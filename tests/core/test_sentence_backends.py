@@ -28,9 +28,13 @@ from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import SentenceSpec, encode, read_spec, write_sentence_files
 from compress.distill.embedding import EmbeddingDistillConfig, distill_embedding
 from compress.export import ExportConfig, export
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 from tests.core.test_sentence import corpus, st_folder
+
+# Depends on the installed transformers version: the transformers 4.57 set runs it too (make test-transformers4).
+pytestmark = pytest.mark.versions
 
 TEXTS = ["the movie was good .", "a cat sat on the mat", "what is the capital city of france ?",
          "she did not love the boring plot", "dog", "  they really hate   the acting ! "]

@@ -13,13 +13,18 @@ import torch
 import transformers
 
 from compress.core.model import structure as st
-from compress.core.formats.artifacts import INT8_WEIGHTS_FILE, WEIGHTS_FILE, read_compression
+from compress.core.formats.layout import INT8_WEIGHTS_FILE, WEIGHTS_FILE
+from compress.core.formats.records import read_compression
 from compress.core.compat import HAS_OPTIMUM_ONNX, STOCK_PRUNED_HEADS
 from compress.core.formats.onnx import export_onnx
 from compress.core.formats.runtime import load_model
 from compress.export import ExportConfig, export
-from compress.quantize.run import QuantizeConfig, quantize
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
+
+# Depends on the installed transformers version: the transformers 4.57 set runs it too (make test-transformers4).
+pytestmark = pytest.mark.versions
 
 TEXTS = ["the film was a delight .", "a dull , plodding mess that never finds its footing at all", "no"]
 TOLERANCE = 1e-4  # fp32 logits, stock loader vs the toolkit's loader (same weights, same ops)
@@ -90,6 +95,7 @@ def onnx_session(path, tokenizer):
     return session.run(["logits"], {n: enc[n].astype(np.int64) for n in names})[0]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["fp32", "heads-pruned", "ffn-global", "ffn-uniform", "torch-int8", "onnx", "onnx-int8", "openvino"])
 @pytest.mark.parametrize("loader", [stock_transformers, stock_pipeline])
 def test_stock_transformers_reproduces_or_refuses(kinds, kind, loader, tmp_path):
@@ -175,7 +181,7 @@ def test_a_saved_tokenizer_carries_no_truncation_or_padding_from_its_run(kinds, 
 
 
 def test_every_model_folder_has_a_card_that_follows_its_metrics(kinds, tmp_path):
-    from compress.core.formats.artifacts import append_metrics
+    from compress.core.formats.records import append_metrics
 
     for kind, path in kinds.items():
         card = (path / "README.md").read_text()
@@ -187,7 +193,7 @@ def test_every_model_folder_has_a_card_that_follows_its_metrics(kinds, tmp_path)
 
 
 def test_a_readme_the_toolkit_did_not_write_is_kept(tmp_path):
-    from compress.core.formats.artifacts import append_metrics
+    from compress.core.formats.records import append_metrics
 
     tokenizer = make_tokenizer(tmp_path / "tok")
     path = save_tiny(make_tiny_model(), tokenizer, tmp_path / "m")

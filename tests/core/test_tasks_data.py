@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from compress.core.data.sources import DataSource, load_split, parse_label, read_squad_json
+from compress.core.data.glue_squad import read_squad_json
+from compress.core.data.labels import parse_label
+from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.data.tasks import GLUE_TASKS, TASKS, get_task
 

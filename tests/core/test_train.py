@@ -14,20 +14,16 @@ import pytest
 import torch
 
 from compress.core.errors import CompressError
-from compress.core.train import (
+from compress.core.batches import epoch_order, global_batches
+from compress.core.checkpoints import (
     PROGRESS_FILE,
     STATE_FILE,
-    TrainConfig,
-    epoch_order,
     fingerprint,
-    global_batches,
-    linear_schedule,
     list_checkpoints,
-    param_groups,
     prepare_work_dir,
-    train,
     work_dir_for,
 )
+from compress.core.train import TrainConfig, linear_schedule, param_groups, train
 from tests.conftest import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -405,13 +401,14 @@ def test_library_work_dir_made_by_a_failed_run_is_removed(tmp_path):
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.e2e
 def test_work_dir_of_a_command_failing_before_training_is_removed_at_exit(tmp_path):
     """A command that fails after prepare_work_dir (a bad option found later) leaves no empty work directory."""
     kept = work_dir_for(tmp_path / "kept")  # an interrupted run's checkpoint: --resume continues it, so it stays
     (kept / "checkpoints" / "step-00000002").mkdir(parents=True)
     (kept / "checkpoints" / "step-00000002" / "trainer_state.json").write_text("{}")
     script = (
-        "import sys; from pathlib import Path; from compress.core.train import prepare_work_dir, work_dir_for\n"
+        "import sys; from pathlib import Path; from compress.core.checkpoints import prepare_work_dir, work_dir_for\n"
         "for name, resume in (('fresh', False), ('kept', True), ('made', True)):\n"
         "    assert prepare_work_dir(work_dir_for(Path(sys.argv[1]) / name), resume).is_dir()\n"
         "raise SystemExit('a later validation failed')\n"

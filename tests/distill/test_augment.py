@@ -65,9 +65,9 @@ def test_copies_keep_special_tokens_and_length_and_are_reproducible(tok):
     model = make_tiny_model("base", seed=0)
     neighbours = EmbeddingNeighbours.of_model(model, tok, k=5)
     text = "[CLS] the movie was great [SEP] and the plot , very good ."  # literal special tokens stay
-    copies = augment_text(tok, text, neighbours, 8, 0.5, random.Random(1))
-    again = augment_text(tok, text, neighbours, 8, 0.5, random.Random(1))
-    other = augment_text(tok, text, neighbours, 8, 0.5, random.Random(2))
+    copies = augment_text(tok, text, neighbours, copies=8, prob=0.5, rng=random.Random(1))
+    again = augment_text(tok, text, neighbours, copies=8, prob=0.5, rng=random.Random(1))
+    other = augment_text(tok, text, neighbours, copies=8, prob=0.5, rng=random.Random(2))
     assert copies == again and copies != other and len(copies) == 8
     length = len(tok(text)["input_ids"])
     for copy in copies:
@@ -80,8 +80,8 @@ def test_copies_keep_special_tokens_and_length_and_are_reproducible(tok):
 
 def test_replace_probability_zero_and_one(tok):
     neighbours = EmbeddingNeighbours.of_model(make_tiny_model("base"), tok, k=3)
-    assert augment_text(tok, TEXT, neighbours, 3, 0.0, random.Random(0)) == [TEXT] * 3
-    (changed,) = augment_text(tok, TEXT, neighbours, 1, 1.0, random.Random(0))
+    assert augment_text(tok, TEXT, neighbours, copies=3, prob=0.0, rng=random.Random(0)) == [TEXT] * 3
+    (changed,) = augment_text(tok, TEXT, neighbours, copies=1, prob=1.0, rng=random.Random(0))
     before, after = TEXT.split(), changed.split()
     for old, new in zip(before, after):
         if old.isalpha():  # every word replaced, by one of its candidates

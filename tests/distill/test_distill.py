@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import load_config, read_compression, read_metrics
+from compress.core.formats.artifacts import load_config
+from compress.core.formats.records import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.runtime import load_model
@@ -51,6 +52,7 @@ def _dev(out):
     return next(r for r in read_metrics(out) if r["kind"] == "eval")["metrics"]["accuracy"]
 
 
+@pytest.mark.e2e
 def test_kd_student_matches_teacher_and_beats_hard_label_twin(setting, tmp_path):
     root, _, teacher = setting
     teacher_acc = _dev(teacher)
@@ -78,6 +80,7 @@ def test_compression_record_describes_the_run(setting, tmp_path):
     assert model.config.num_hidden_layers == 1 and model.config.id2label == {0: "negative", 1: "positive"}
 
 
+@pytest.mark.e2e
 def test_teacher_cache_hits_and_invalidates(setting, tmp_path):
     root, _, teacher = setting
     cache = tmp_path / "cache"
@@ -108,6 +111,7 @@ def test_teacher_cache_hits_and_invalidates(setting, tmp_path):
     assert info(fifth)["hit"] is False and len(list(cache.iterdir())) == 3
 
 
+@pytest.mark.e2e
 def test_cached_and_online_teacher_give_the_same_student(setting, tmp_path):
     import torch
 
@@ -118,6 +122,7 @@ def test_cached_and_online_teacher_give_the_same_student(setting, tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "losses", [["kd", "hidden", "attention", "embedding"], ["kd", "cosine"], ["kd", "minilm"]],
 )
@@ -139,6 +144,7 @@ def test_hidden_cache_feeds_hidden_terms(setting, tmp_path):
     assert cache["layers"] == [0, 2] and cache["hit"] is False
 
 
+@pytest.mark.e2e
 def test_two_stage_tinybert_order(setting, tmp_path):
     _, _, teacher = setting
     out = distill(teacher, tmp_path / "s", _cfg(setting, losses=["kd", "hidden", "attention"], two_stage=True,
@@ -180,6 +186,7 @@ def test_errors(setting, tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+@pytest.mark.versions
 def test_distill_cli(setting, tmp_path, capsys):
     from compress.cli import main
 
@@ -241,22 +248,23 @@ def test_a_teacher_at_chance_is_said_before_training_and_flagged(setting, tmp_pa
 
 def test_teacher_problems_read_from_its_files(tmp_path):
     from compress.core.data.tasks import get_task
+    from compress.core.formats.folder import open_folder
     from compress.distill.task import teacher_problems
     from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 
     tok = make_tokenizer(tmp_path / "tok")
     sst2 = get_task("sst2")
     fine = save_tiny(make_tiny_model(), tok, tmp_path / "fine", extra={"task": "sst-2"})  # an alias of sst2
-    assert teacher_problems(fine, sst2) == []
+    assert teacher_problems(open_folder(fine), sst2) == []
     bare = save_tiny(make_tiny_model("base"), tok, tmp_path / "bare")
-    assert teacher_problems(bare, sst2) == ["it has no sequence-classification head (a base model), so its head is random"]
+    assert teacher_problems(open_folder(bare), sst2) == ["it has no sequence-classification head (a base model), so its head is random"]
     (bare / "modules.json").write_text("[]")
-    assert "(a sentence-transformers folder)" in teacher_problems(bare, sst2)[0]
+    assert "(a sentence-transformers folder)" in teacher_problems(open_folder(bare), sst2)[0]
     wide = save_tiny(make_tiny_model(num_labels=3), tok, tmp_path / "wide")
-    assert teacher_problems(wide, sst2) == ["its classifier has 3 outputs, not 2, so a new random one is used"]
+    assert teacher_problems(open_folder(wide), sst2) == ["its classifier has 3 outputs, not 2, so a new random one is used"]
     other = save_tiny(make_tiny_model(), tok, tmp_path / "other", extra={"task": "qnli"})
-    assert teacher_problems(other, sst2) == ["its compression.json says it was made for qnli"]
-    assert teacher_problems(other, get_task("squad"))[0].startswith("it has no question-answering head")
+    assert teacher_problems(open_folder(other), sst2) == ["its compression.json says it was made for qnli"]
+    assert teacher_problems(open_folder(other), get_task("squad"))[0].startswith("it has no question-answering head")
 
 
 # ---------------------------------------------------------------------------- general distillation
@@ -269,6 +277,8 @@ def _corpus(path):
     return path
 
 
+@pytest.mark.versions
+@pytest.mark.e2e
 def test_general_distillation_minilm_then_task(setting, tmp_path):
     from compress.distill.general import GeneralDistillConfig, distill_general
 
@@ -372,6 +382,7 @@ def test_hard_term_reads_only_rows_with_a_gold_label():
     assert float(hard(step)) == pytest.approx(((1.0 - 2.0) ** 2 + 0.5**2) / 2)  # the NaN row never reaches the MSE
 
 
+@pytest.mark.e2e
 def test_augmented_rows_are_teacher_targets_only_and_cached(setting, tmp_path):
     root, _, teacher = setting
     cache = tmp_path / "cache"
@@ -388,6 +399,7 @@ def test_augmented_rows_are_teacher_targets_only_and_cached(setting, tmp_path):
     assert next(r for r in read_metrics(second) if r["kind"] == "training")["cache"][0]["hit"] is True
 
 
+@pytest.mark.e2e
 def test_small_training_sets_are_augmented_by_default(setting, tmp_path, monkeypatch):
     monkeypatch.setattr("compress.distill.augment.AUTO_MAX_EXAMPLES", 10_000)  # the shipped default (tests set it to 0)
     _, _, teacher = setting

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("model2vec", reason="model2vec (the static extra) is not installed")
 
-from compress.core.formats.artifacts import load_tokenizer, read_compression, read_metrics  # noqa: E402
+from compress.core.formats.artifacts import load_tokenizer  # noqa: E402
+from compress.core.formats.records import read_compression, read_metrics  # noqa: E402
 from compress.core.config import from_dict  # noqa: E402
 from compress.core.errors import CompressError  # noqa: E402
 from compress.core.formats.runtime import load_model  # noqa: E402
@@ -27,7 +28,8 @@ from compress.core.formats.sentence import encode, pooled, read_spec  # noqa: E4
 from compress.distill.embedding import embedding_sentences  # noqa: E402
 from compress.distill.static import StaticDistillConfig, distill_static  # noqa: E402
 from compress.eval.evaluate import EvalConfig, evaluate  # noqa: E402
-from compress.eval.latency.runs import LatencyConfig, measure_latency  # noqa: E402
+from compress.eval.latency.config import LatencyConfig  # noqa: E402
+from compress.eval.latency.runs import measure_latency  # noqa: E402
 from tests.conftest import make_tokenizer  # noqa: E402
 from tests.core.test_sentence import corpus, glue, st_folder  # noqa: E402
 
@@ -66,6 +68,7 @@ def toolkit_encode(folder: Path, texts: list[str]) -> np.ndarray:
 # ---------------------------------------------------------------------------- the folder
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["plain", "refined"])
 def test_the_folder_loads_in_model2vec_and_sentence_transformers_and_the_three_encodings_agree(env, name):
     from model2vec import StaticModel
@@ -146,6 +149,7 @@ def test_refinement_brings_heldout_sentences_closer_to_the_teacher(env, tmp_path
 # ---------------------------------------------------------------------------- as any model
 
 
+@pytest.mark.e2e
 def test_eval_embedding_and_latency_read_the_folder(env, capsys):
     from compress.cli import main
 
@@ -156,7 +160,7 @@ def test_eval_embedding_and_latency_read_the_folder(env, capsys):
     assert "static (model2vec) folder" in capsys.readouterr().err
     report = measure_latency([env.plain], LatencyConfig(batch=(1,), seq=(16,), repeats=3, warmup=1, peak=False, record=False))
     (row,) = report["rows"]
-    assert row["backend"] == "static" and row["p50_ms"] > 0 and row["gflops_per_seq"] == 0 and row["params"] > 0
+    assert row.backend == "static" and row.p50_ms > 0 and row.gflops_per_seq == 0 and row.params > 0
 
 
 # ---------------------------------------------------------------------------- refusals

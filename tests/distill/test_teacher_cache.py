@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-from compress.core.data.sources import collate
+from compress.core.data.features import collate
 from compress.distill.teacher_cache import load_or_build
 from tests.conftest import make_tiny_model, make_tokenizer
 

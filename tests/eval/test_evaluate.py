@@ -8,8 +8,9 @@ import zipfile
 import pytest
 import torch
 
-from compress.core.formats.artifacts import read_metrics
-from compress.core.data.sources import DataSource, load_split, squad_eval_features, squad_train_features, tokenize_classification
+from compress.core.formats.records import read_metrics
+from compress.core.data.features import squad_eval_features, squad_train_features, tokenize_classification
+from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.data.tasks import get_task
 from compress.eval.evaluate import EvalConfig, evaluate, output_to_task_labels
@@ -306,6 +307,7 @@ def test_prediction_and_submission_files_carry_the_inputs_own_index(tmp_path, to
 
 
 
+@pytest.mark.e2e
 def test_openvino_runtime_gives_the_fp32_folders_own_scores(tmp_path, tokenizer):
     model_dir = save_tiny(make_tiny_model(), tokenizer, tmp_path / "m")
     rows = "".join(f"the {w} movie was {v} .\t{i % 2}\n" for i, (w, v) in enumerate(
@@ -316,13 +318,14 @@ def test_openvino_runtime_gives_the_fp32_folders_own_scores(tmp_path, tokenizer)
     assert ov_record["metrics"] == torch_record["metrics"] and ov_record["runtime"] == "openvino"
     assert "runtime" not in torch_record
     # the same logits, not just the same (possibly constant) labels
+    from compress.core.formats.folder import open_folder
     from compress.eval.evaluate import _load
 
     batch = tokenizer(["the movie was good .", "the plot was not very fun and the actor was awful ."], padding=True,
                       return_tensors="pt")
     with torch.inference_mode():
-        want = _load(model_dir, "sequence-classification", "auto")(**batch).logits
-        got = _load(model_dir, "sequence-classification", "openvino")(**batch).logits
+        want = _load(open_folder(model_dir), "sequence-classification", "auto")(**batch).logits
+        got = _load(open_folder(model_dir), "sequence-classification", "openvino")(**batch).logits
     assert torch.allclose(got, want, atol=1e-4) and float(want.std()) > 0
     with pytest.raises(CompressError, match="runs on the CPU"):
         EvalConfig(task="sst2", runtime="openvino", device="cuda").validate()

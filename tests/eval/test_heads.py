@@ -148,6 +148,8 @@ def sst2(tmp_path_factory):
 TEXT_IMAGES = {"importance.png", "entropy.png", "attention_tokens.png", "attention_offsets.png", "distance.png", "js_mds.png"}
 
 
+@pytest.mark.versions
+@pytest.mark.e2e
 def test_analyze_heads_with_task_writes_everything(sst2, tmp_path):
     cfg = HeadsConfig(task="sst2", data=TaskData(data_dir=str(sst2["data"])), attention_examples=16, importance_examples=16,
                       curve_steps=4, attention_batch_size=8)
@@ -193,6 +195,7 @@ def test_analyze_heads_with_text_and_cli(sst2, tmp_path, capsys):
     assert (out / "heads.json").is_file()
 
 
+@pytest.mark.e2e
 def test_analyze_heads_on_a_pruned_model(tmp_path, tokenizer):
     from compress.core.model.structure import prune_heads
 

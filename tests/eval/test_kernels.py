@@ -136,7 +136,7 @@ def test_openvino_probe_reads_the_runtime_graph_of_a_real_compiled_model():
     import openvino as ov
     import openvino.opset13 as ops
 
-    from compress.core.formats.runtime import compile_openvino
+    from compress.core.formats.openvino_runtime import compile_openvino
 
     x = ops.parameter([16, 64], ov.Type.f32, name="a")
     model = ov.Model([ops.matmul(x, ops.constant(np.ones((64, 64), np.float32)), False, False)], [x], "gemm")
@@ -206,7 +206,7 @@ def test_a_failing_probe_is_a_record_not_an_exception():
 
 
 def test_the_worker_probes_once_after_the_timing(tiny_model_dir):
-    from compress.eval.latency.runs import LatencyConfig
+    from compress.eval.latency.config import LatencyConfig
     from compress.eval.latency.worker import Timing
 
     config = {**LatencyConfig().__dict__, "seq": (16,), "warmup": 1, "repeats": 3, "threads": 1, "peak": False}

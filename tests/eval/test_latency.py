@@ -6,15 +6,20 @@ Timings themselves are machine noise: only their ordering and sign are asserted.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from compress.core.formats.artifacts import read_metrics
+from compress.core.formats.records import read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.model.structure import flops_per_sequence
-from compress.eval.latency.runs import LatencyConfig, format_markdown, measure_latency, size_on_disk, write_report
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.report import format_markdown, write_report
+from compress.eval.latency.row import Row
+from compress.eval.latency.rows import size_on_disk
+from compress.eval.latency.runs import measure_latency
 from tests.conftest import make_tiny_model, save_tiny
 
 ROW_KEYS = {
@@ -60,60 +65,61 @@ def grid_report(tmp_path_factory):
     return dirs, report, root / "out"
 
 
+@pytest.mark.e2e
 def test_one_row_per_model_and_grid_point(grid_report):
     dirs, report, _ = grid_report
     assert report["kind"] == "latency" and report["backend"] == "torch" and report["threads"] == 1
     rows = report["rows"]
-    assert [(r["name"], r["batch"], r["seq"]) for r in rows] == [
+    assert [(r.name, r.batch, r.seq) for r in rows] == [
         ("teacher", 1, 16), ("teacher", 2, 16), ("student", 1, 16), ("student", 2, 16),
     ]
     for row in rows:
-        assert set(row) == ROW_KEYS
-        assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
-        assert row["mean_ms"] > 0 and row["throughput"] > 0 and row["achieved_gflops"] > 0
-        assert row["throughput"] == pytest.approx(row["batch"] / (row["p50_ms"] / 1e3))
+        assert set(row.to_dict()) == ROW_KEYS
+        assert 0 < row.p50_ms <= row.p90_ms <= row.p99_ms
+        assert row.mean_ms > 0 and row.throughput > 0 and row.achieved_gflops > 0
+        assert row.throughput == pytest.approx(row.batch / (row.p50_ms / 1e3))
     assert report["peak_gflops"] > 0
-    assert all(r["pct_peak"] == pytest.approx(100 * r["achieved_gflops"] / report["peak_gflops"]) for r in rows)
+    assert all(r.pct_peak == pytest.approx(100 * r.achieved_gflops / report["peak_gflops"]) for r in rows)
     # torch fp32 rows: against the fp32 peak of the best engine, whose figure is the report's fp32 peak
     peaks = report["peaks"]
     assert peaks["fp32"]["gflops"] == report["peak_gflops"] == peaks["fp32"]["engines"][peaks["fp32"]["best"]]["gflops"]
-    assert all(r["precision"] == "fp32" for r in rows)
+    assert all(r.precision == "fp32" for r in rows)
     for r in rows:
-        floor = r["gflops_per_seq"] * 1e9 * r["batch"] / (report["peak_gflops"] * 1e9) * 1e3  # ms at the peak
-        assert r["floor_ms"] == pytest.approx(floor) and r["x_floor"] == pytest.approx(r["p50_ms"] / floor)
+        floor = r.gflops_per_seq * 1e9 * r.batch / (report["peak_gflops"] * 1e9) * 1e3  # ms at the peak
+        assert r.floor_ms == pytest.approx(floor) and r.x_floor == pytest.approx(r.p50_ms / floor)
     assert set(report["theoretical_peaks"]) >= {"fp32", "int8", "basis", "microarchitecture"}
     # what each model's GEMMs ran on, probed in its own worker (compress.eval.latency.kernels)
-    assert all(r["kernels"]["runtime"] == "torch" and "ATen " in r["kernels"]["summary"] for r in rows)
+    assert all(r.kernels["runtime"] == "torch" and "ATen " in r.kernels["summary"] for r in rows)
     assert report["hardware"]["microarchitecture"]
 
 
 def test_speedup_is_against_the_first_model(grid_report):
     _, report, _ = grid_report
-    first = {(r["batch"], r["seq"]): r["p50_ms"] for r in report["rows"] if r["name"] == "teacher"}
+    first = {(r.batch, r.seq): r.p50_ms for r in report["rows"] if r.name == "teacher"}
     for row in report["rows"]:
-        expected = 1.0 if row["name"] == "teacher" else first[(row["batch"], row["seq"])] / row["p50_ms"]
-        assert row["speedup"] == pytest.approx(expected)
+        expected = 1.0 if row.name == "teacher" else first[(row.batch, row.seq)] / row.p50_ms
+        assert row.speedup == pytest.approx(expected)
 
 
 def test_flops_params_and_size_match_hand_counts(grid_report):
     dirs, report, _ = grid_report
-    teacher = [r for r in report["rows"] if r["name"] == "teacher"][0]
+    teacher = [r for r in report["rows"] if r.name == "teacher"][0]
     # Tiny config, per layer with s=16, h=32, a=4 heads*8=32, f=37 (multiply-adds):
     #   4*s*h*a = 4*16*32*32 = 65536   (Q, K, V, output projections)
     #   2*s*s*a = 2*16*16*32 = 16384   (QK^T scores and attention-weighted V)
     #   2*s*h*f = 2*16*32*37 = 37888   (the two FFN matmuls)
     # 119808 per layer, x 2 layers = 239616 MACs, x 2 FLOPs per MAC = 479232 FLOPs.
-    assert teacher["gflops_per_seq"] == pytest.approx(479232 / 1e9, rel=1e-12)
-    student = [r for r in report["rows"] if r["name"] == "student"][0]
-    assert student["gflops_per_seq"] == pytest.approx(479232 / 2 / 1e9, rel=1e-12)
+    assert teacher.gflops_per_seq == pytest.approx(479232 / 1e9, rel=1e-12)
+    student = [r for r in report["rows"] if r.name == "student"][0]
+    assert student.gflops_per_seq == pytest.approx(479232 / 2 / 1e9, rel=1e-12)
 
     from compress.core.formats.runtime import load_model
 
     params = sum(p.numel() for p in load_model(dirs[0]).parameters())  # no tied weights here
-    assert teacher["params"] == params
+    assert teacher.params == params
     weights = dirs[0] / "model.safetensors"
     assert size_on_disk(dirs[0]) == weights.stat().st_size
-    assert teacher["size_mb"] == pytest.approx(weights.stat().st_size / 1e6)
+    assert teacher.size_mb == pytest.approx(weights.stat().st_size / 1e6)
 
 
 def test_bert_base_flops_at_128_tokens():
@@ -132,7 +138,7 @@ def test_a_last_layer_of_the_first_token_only_is_counted_for_one_query():
 
 def test_reports_are_written_and_metrics_appended(grid_report):
     dirs, report, out = grid_report
-    assert json.loads((out / "latency.json").read_text())["rows"] == json.loads(json.dumps(report["rows"]))
+    assert json.loads((out / "latency.json").read_text())["rows"] == json.loads(json.dumps([r.to_dict() for r in report["rows"]]))
     assert (out / "latency.md").read_text() == format_markdown(report)
     assert not list(out.glob(".*tmp"))  # no temporary files left behind
     for path in dirs:
@@ -152,11 +158,11 @@ def test_markdown_has_header_and_one_row_per_result(grid_report):
     ratio = report["peaks"]["fp32"]["gflops"] / report["theoretical_peaks"]["fp32"]["gflops"]
     assert fp32.endswith(f" | {ratio:.0%} |")
     for row in report["rows"]:
-        assert f"- {row['name']} (torch): {row['kernels']['summary']}" in text
+        assert f"- {row.name} (torch): {row.kernels['summary']}" in text
     table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model")]
     assert len(table) == len(report["rows"])
     for line, row in zip(table, report["rows"]):
-        assert line.startswith(f"| {row['name']} | {row['batch']} | {row['seq']} |")
+        assert line.startswith(f"| {row.name} | {row.batch} | {row.seq} |")
 
 
 def fake_worker(seconds_by_model: dict[str, list[float]], calls: list[dict]):
@@ -182,13 +188,13 @@ def test_parent_arithmetic_without_peak_or_recording(monkeypatch, two_models):
     assert [job["mode"] for job in calls] == ["model", "model"]  # no peak worker
     assert all(job["config"]["threads"] == 2 for job in calls)
     teacher, student = report["rows"][0], report["rows"][2]
-    assert teacher["p50_ms"] == pytest.approx(20.0) and teacher["mean_ms"] == pytest.approx(20.0)
-    assert teacher["p90_ms"] == pytest.approx(28.0)  # numpy's linear interpolation
-    assert teacher["throughput"] == pytest.approx(50.0)
-    assert teacher["achieved_gflops"] == pytest.approx(2e6 / 0.02 / 1e9)
-    assert report["rows"][1]["achieved_gflops"] == pytest.approx(4 * 2e6 / 0.02 / 1e9)  # batch 4
-    assert teacher["speedup"] == 1.0 and student["speedup"] == pytest.approx(4.0)
-    assert report["peak_gflops"] is None and teacher["pct_peak"] is None
+    assert teacher.p50_ms == pytest.approx(20.0) and teacher.mean_ms == pytest.approx(20.0)
+    assert teacher.p90_ms == pytest.approx(28.0)  # numpy's linear interpolation
+    assert teacher.throughput == pytest.approx(50.0)
+    assert teacher.achieved_gflops == pytest.approx(2e6 / 0.02 / 1e9)
+    assert report["rows"][1].achieved_gflops == pytest.approx(4 * 2e6 / 0.02 / 1e9)  # batch 4
+    assert teacher.speedup == 1.0 and student.speedup == pytest.approx(4.0)
+    assert report["peak_gflops"] is None and teacher.pct_peak is None
     assert "n/a" in format_markdown(report) and "4.00x" in format_markdown(report)
     assert [read_metrics(d) for d in two_models] == before
 
@@ -214,15 +220,15 @@ def test_repeated_runs_report_the_median_the_spread_and_the_worst_speedup(monkey
     assert [(Path(j["model"]).name, j.get("reference")) for j in calls] == [
         ("teacher", None), ("student", None), ("teacher", "openvino")] * 3  # interleaved runs
     teacher, student = report["rows"]
-    assert teacher["runs_p50_ms"] == pytest.approx([20, 30, 22]) and teacher["p50_ms"] == pytest.approx(22.0)
-    assert teacher["slowest_run"]["p50_ms"] == pytest.approx(30.0) and teacher["slowest_run"]["p99_ms"] == pytest.approx(30.0)
-    assert student["p50_ms"] == pytest.approx(5.0) and student["spread_pct"] == pytest.approx(100 * (10 - 4) / 5)
-    assert student["speedup"] == pytest.approx(22 / 5)
-    assert student["speedup_min"] == pytest.approx(min(20 / 5, 30 / 10, 22 / 4))  # run 2: only 3x
+    assert list(teacher.runs_p50_ms) == pytest.approx([20, 30, 22]) and teacher.p50_ms == pytest.approx(22.0)
+    assert teacher.slowest_run.p50_ms == pytest.approx(30.0) and teacher.slowest_run.p99_ms == pytest.approx(30.0)
+    assert student.p50_ms == pytest.approx(5.0) and student.spread_pct == pytest.approx(100 * (10 - 4) / 5)
+    assert student.speedup == pytest.approx(22 / 5)
+    assert student.speedup_min == pytest.approx(min(20 / 5, 30 / 10, 22 / 4))  # run 2: only 3x
     # the fastest fp32 reference is openvino (median 11 ms); torch eager's is the teacher's own median, 22 ms
-    assert student["best_fp32_backend"] == "openvino" and student["speedup_vs_best_fp32"] == pytest.approx(11 / 5)
-    assert student["speedup_vs_best_fp32_min"] == pytest.approx(min(10 / 5, 12 / 10, 11 / 4))
-    assert student["speedup_vs_torch"] == pytest.approx(22 / 5)
+    assert student.best_fp32_backend == "openvino" and student.speedup_vs_best_fp32 == pytest.approx(11 / 5)
+    assert student.speedup_vs_best_fp32_min == pytest.approx(min(10 / 5, 12 / 10, 11 / 4))
+    assert student.speedup_vs_torch == pytest.approx(22 / 5)
     assert report["reference"]["p50_ms"] == {"torch": {"b1,s16": 22.0}, "openvino": {"b1,s16": 11.0}}
     assert report["reference"]["gflops_per_seq"] == {"torch": {"16": 0.002}, "openvino": {"16": 0.0015}}
 
@@ -233,7 +239,7 @@ def test_same_directory_names_are_told_apart(monkeypatch, tmp_path, tokenizer):
     dirs = [save_tiny(make_tiny_model(), tokenizer, tmp_path / run / "model") for run in ("a", "b")]
     monkeypatch.setattr(latency, "run_worker", fake_worker({"model": [0.001]}, []))
     report = measure_latency(dirs, fast(record=False))
-    assert [r["name"] for r in report["rows"]] == ["a/model", "b/model"]
+    assert [r.name for r in report["rows"]] == ["a/model", "b/model"]
 
 
 def test_sequence_longer_than_positions_is_refused(tiny_model_dir):
@@ -264,6 +270,7 @@ def test_worker_reports_a_compress_error_as_json(tmp_path, tiny_model_dir):
     assert "has no weights" in message and "\n" not in message
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "job, match",
     [
@@ -356,13 +363,13 @@ def test_write_report_refuses_a_file_as_out(tmp_path, grid_report):
 
 def test_markdown_flags_rows_above_the_peak(grid_report):
     _, report, _ = grid_report
-    assert "exceed the measured GEMM peak" not in format_markdown({**report, "rows": [{**r, "pct_peak": 50.0} for r in report["rows"]]})
-    above = {**report, "rows": [{**r, "pct_peak": 150.0} for r in report["rows"]]}
+    assert "exceed the measured GEMM peak" not in format_markdown({**report, "rows": [replace(r, pct_peak=50.0) for r in report["rows"]]})
+    above = {**report, "rows": [replace(r, pct_peak=150.0) for r in report["rows"]]}
     assert "exceed the measured GEMM peak" in format_markdown(above)
     # At the peak is possible (the BERT-base shape runs at 100% on OpenVINO): flagged only beyond 1 / 0.95 of it.
-    near = {**report, "rows": [{**r, "pct_peak": 104.0} for r in report["rows"]]}
+    near = {**report, "rows": [replace(r, pct_peak=104.0) for r in report["rows"]]}
     assert "exceed the measured GEMM peak" not in format_markdown(near)
-    assert "exceed the measured GEMM peak" in format_markdown({**report, "rows": [{**r, "pct_peak": 106.0} for r in report["rows"]]})
+    assert "exceed the measured GEMM peak" in format_markdown({**report, "rows": [replace(r, pct_peak=106.0) for r in report["rows"]]})
 
 
 @pytest.mark.slow
@@ -375,13 +382,13 @@ def test_real_lengths_time_every_sentence_at_its_own_length(two_models, tmp_path
     info = report["real_inputs"]
     assert info["n"] == 5 and info["source"] == str(source)
     rows = report["real_rows"]
-    assert [(r["name"], r["batch"]) for r in rows] == [("teacher", 1), ("teacher", 2), ("student", 1), ("student", 2)]
+    assert [(r.name, r.batch) for r in rows] == [("teacher", 1), ("teacher", 2), ("student", 1), ("student", 2)]
     for r in rows:
-        assert len(r["runs_sentences_per_s"]) == 2 and r["sentences_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
-        assert r["speedup_min"] <= max(r["speedup"], r["speedup_min"]) and r["best_fp32_backend"] == "torch"
+        assert len(r.runs_sentences_per_s) == 2 and r.sentences_per_s > 0 and r.p99_ms >= r.p50_ms > 0
+        assert r.speedup_min <= max(r.speedup, r.speedup_min) and r.best_fp32_backend == "torch"
     # batch 2, sorted: lengths (each + [CLS]/[SEP]) padded per pair; batch 1 computes on the real tokens alone
-    assert rows[1]["padded_tokens"] >= rows[0]["padded_tokens"] == info["mean_tokens"] * 5
-    assert rows[0]["speedup"] == 1.0
+    assert rows[1].padded_tokens >= rows[0].padded_tokens == info["mean_tokens"] * 5
+    assert rows[0].speedup == 1.0
     text = format_markdown(report)
     assert "## Real inputs" in text and "5 sentences" in text and "worst-run speed-up" in text and "vs best fp32" in text
 
@@ -407,8 +414,8 @@ def test_the_first_model_in_pytorch_eager_is_the_torch_reference(monkeypatch, tw
     monkeypatch.setattr(latency, "run_worker", run)
     report = measure_latency(two_models, fast(peak=False, record=False, reference_backends=("openvino",)))
     student = report["rows"][1]
-    assert student["best_fp32_backend"] == "openvino" and student["speedup_vs_best_fp32"] == pytest.approx(10 / 8)
-    assert student["speedup_vs_torch"] == pytest.approx(40 / 8)  # the teacher's own PyTorch eager timing
+    assert student.best_fp32_backend == "openvino" and student.speedup_vs_best_fp32 == pytest.approx(10 / 8)
+    assert student.speedup_vs_torch == pytest.approx(40 / 8)  # the teacher's own PyTorch eager timing
     header = next(line for line in format_markdown(report).splitlines() if line.startswith("| model |"))
     assert header.endswith("| x floor | vs best fp32 (worst run) | vs PyTorch eager |") and "||" not in header
 
@@ -450,8 +457,8 @@ def test_bursts_take_turns_and_pool_passes(monkeypatch, two_models):
     # 10 passes in 4 bursts: 3, 3, 2, 2; the two models alternate within each point
     assert bursts == [(m, b, n) for b in (1, 2) for n in (3, 3, 2, 2) for m in ("teacher", "student")]
     assert events[-4:] == [("finish", "teacher"), ("finish", "student"), ("close", "teacher"), ("close", "student")]
-    teacher, student = [r for r in report["rows"] if r["batch"] == 1]
-    assert teacher["p50_ms"] == pytest.approx(1.0) and student["speedup"] == pytest.approx(2.0)
+    teacher, student = [r for r in report["rows"] if r.batch == 1]
+    assert teacher.p50_ms == pytest.approx(1.0) and student.speedup == pytest.approx(2.0)
     assert "in 4 bursts, the models taking turns" in format_markdown(report)
 
 
@@ -522,8 +529,8 @@ def test_bursts_real_workers_time_the_real_inputs_as_one_shot_workers_do(two_mod
         assert [d["real"]["batches"][b]["passes"] for d in one_shot] == [3, 3] and min(passes) == 3
     assert all(r["sentences_per_s"] > 0 for d in turns for r in d["real"]["batches"].values())
     report = measure_latency(two_models, cfg)
-    assert [(r["name"], r["batch"]) for r in report["real_rows"]] == [("teacher", 1), ("teacher", 2), ("student", 1), ("student", 2)]
-    assert all(len(r["runs_passes"]) == 1 and r["runs_passes"][0] >= 3 for r in report["real_rows"])
+    assert [(r.name, r.batch) for r in report["real_rows"]] == [("teacher", 1), ("teacher", 2), ("student", 1), ("student", 2)]
+    assert all(len(r.runs_passes) == 1 and r.runs_passes[0] >= 3 for r in report["real_rows"])
     assert "turns of 0.5 s" in format_markdown(report)
     assert "turns of" not in format_markdown(measure_latency(two_models, fast(record=False, lengths=str(source))))
 
@@ -557,8 +564,8 @@ def test_bursts_close_every_worker_when_one_fails(monkeypatch, two_models):
 def test_bursts_real_workers_time_every_pass(two_models):
     """Two served worker processes: each model's passes of a point pooled, the same report as one-shot workers."""
     report = measure_latency(two_models, fast(repeats=6, bursts=3, record=False, repeat_runs=2))
-    assert [r["name"] for r in report["rows"]] == ["teacher", "student"]
-    assert all(len(r["runs_p50_ms"]) == 2 and r["p50_ms"] > 0 for r in report["rows"])
+    assert [r.name for r in report["rows"]] == ["teacher", "student"]
+    assert all(len(r.runs_p50_ms) == 2 and r.p50_ms > 0 for r in report["rows"])
     assert report["config"]["bursts"] == 3
     import compress.eval.latency.runs as latency
 
@@ -568,6 +575,7 @@ def test_bursts_real_workers_time_every_pass(two_models):
     assert [[(pt["batch"], len(pt["seconds"])) for pt in d["points"]] for d in done] == [[(1, 7), (2, 7)]] * 2
 
 
+@pytest.mark.e2e
 def test_bursts_real_worker_error_is_one_line(tmp_path, two_models):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -644,15 +652,16 @@ def test_the_cpu_generation_is_read_from_cpuinfo_and_shown_in_the_header(grid_re
 
 
 def test_kernel_lines_name_each_model_and_reference_backend_once():
-    from compress.eval.latency.runs import kernel_lines
+    from compress.eval.latency.report import kernel_lines
 
     torch_k = {"summary": "MKL SGEMM x12; ATen AVX2", "isa": None, "reported": True, "note": None}
     ort_k = {"summary": "MLAS SGEMM FMA3 (by cpuid; inferred: ONNX Runtime reports no kernels)", "isa": "avx2",
              "reported": False, "note": None}
     ov_k = {"summary": "FullyConnected brgemm_avx512_amx_bf16 (bf16) x36; inference precision bf16", "isa": "amx",
             "reported": True, "note": None}
-    rows = [{"name": "teacher", "backend": "torch", "kernels": torch_k}, {"name": "teacher", "backend": "torch", "kernels": torch_k},
-            {"name": "int8", "backend": "onnxruntime-int8", "kernels": None}]
+    rows = [Row(name="teacher", backend="torch", batch=1, seq=128, p50_ms=1.0, kernels=torch_k),
+            Row(name="teacher", backend="torch", batch=32, seq=128, p50_ms=9.0, kernels=torch_k),
+            Row(name="int8", backend="onnxruntime-int8", batch=1, seq=128, p50_ms=0.5)]
     # The torch reference is the first model's own run: listed once.
     lines = kernel_lines(rows, {"model": "teacher", "kernels": {"torch": torch_k, "onnxruntime": ort_k, "openvino": ov_k}})
     assert len(lines) == 6
@@ -662,4 +671,4 @@ def test_kernel_lines_name_each_model_and_reference_backend_once():
         "[avx2, inferred]",
         "- teacher (reference openvino): FullyConnected brgemm_avx512_amx_bf16 (bf16) x36; inference precision bf16 [amx]",
     ]
-    assert kernel_lines([{"name": "m", "backend": "torch", "kernels": None}]) == []  # an old record: no section
+    assert kernel_lines([Row(name="m", backend="torch", batch=1, seq=128, p50_ms=1.0)]) == []  # an old record: no section

@@ -12,16 +12,8 @@ import pytest
 
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
-from compress.eval.leaderboard import (
-    CROSS_RUN,
-    LeaderboardConfig,
-    build_table,
-    collect,
-    expand_runs,
-    format_markdown,
-    pareto_figure,
-    pareto_front,
-)
+from compress.eval.leaderboard import LeaderboardConfig, build_table, collect, expand_runs
+from compress.eval.leaderboard_render import CROSS_RUN, format_markdown, pareto_figure, pareto_front
 from compress.eval.report import leaderboard
 
 RUN_A = "2024-03-01T10:00:00+00:00"  # one `compress latency` run timing several models
@@ -38,9 +30,9 @@ def eval_record(task: str, value: float, when: str, split: str = "dev", metric: 
     return {"kind": "eval", "task": task, "split": split, "metrics": {metric: value, "other": 1.0}, "n": 100, "when": when}
 
 
-def latency_record(p50: float, when: str = RUN_A, first: str = "teacher", batch: int = 1, seq: int = 128,
+def latency_record(p50: float, when: str = RUN_A, first: str = "teacher", *, batch: int = 1, seq: int = 128,
                    params: int = 4_000_000, backend: str = "torch") -> dict:
-    """A metrics.json latency record as compress.eval.latency.runs.record_metrics writes it (one row)."""
+    """A metrics.json latency record as compress.eval.latency.rows.record_metrics writes it (one row)."""
     row = {"backend": backend, "batch": batch, "seq": seq, "p50_ms": p50, "p90_ms": p50 * 1.1, "p99_ms": p50 * 1.2,
            "params": params, "size_mb": params * 4 / 1e6, "speedup": 1.0}
     return {"kind": "latency", "backend": backend, "threads": 2, "rows": [row], "speedup_vs": first, "when": when}
@@ -307,6 +299,7 @@ def _touches(box, centre, radius) -> bool:
     return dx * dx + dy * dy <= radius * radius
 
 
+@pytest.mark.e2e
 def test_pareto_plot_labels_published_lines_inside_the_axes_and_its_legend_covers_no_point(runs):
     # A slow, weak model sits in the lower right corner, where a fixed legend would cover it.
     make_model(runs, "slow-weak", [eval_record("sst2", 70.0, RUN_A), latency_record(35.0, params=50_000_000)])
@@ -372,6 +365,7 @@ def test_config_is_validated(runs):
 # ---------------------------------------------------------------------------- report files
 
 
+@pytest.mark.e2e
 def test_report_markdown_html_and_json(runs, tmp_path):
     out = leaderboard([runs], tmp_path / "report", LeaderboardConfig())
     md = (out / "report.md").read_text()
@@ -407,6 +401,7 @@ def test_extra_sections_reach_both_files(runs, tmp_path):
     assert "<h2>Recipe</h2>\n<p>Ran <code>demo.yaml</code> <strong>twice</strong>.</p>" in (out / "report.html").read_text()
 
 
+@pytest.mark.e2e
 def test_report_flags_a_model_made_from_a_teacher_at_chance(runs, tmp_path):
     student = runs / "student"
     record = json.loads((student / "compression.json").read_text())

@@ -312,10 +312,10 @@ def test_postprocess_refuses_misaligned_inputs():
 
 
 def test_postprocess_on_real_eval_features(tokenizer):
-    # The contract with compress.core.data.sources.squad_eval_features: Arrow rows, None offsets.
+    # The contract with compress.core.data.features.squad_eval_features: Arrow rows, None offsets.
     from datasets import Dataset
 
-    from compress.core.data.sources import squad_eval_features
+    from compress.core.data.features import squad_eval_features
 
     ds = Dataset.from_list(
         [{"id": "q1", "question": "where is paris?", "context": "Paris is the capital of France.",

@@ -149,7 +149,7 @@ def _choice_set(help_text: str, flag: str) -> set[str]:
 def test_fixed_sets_are_shown_as_choices_from_their_registries(capsys):
     from compress.core.data.tasks import TASKS, USER_KINDS
     from compress.eval.latency.backends import BACKENDS as LATENCY_BACKENDS
-    from compress.quantize.run import BACKENDS, PRESETS, SCHEMES
+    from compress.quantize.config import BACKENDS, PRESETS, SCHEMES
     from compress.core.model.shapes import STUDENT_SHAPES
 
     def help_of(*command):
@@ -254,11 +254,12 @@ def _weights(folder: Path, name: str = "model.safetensors", size: int = BYTES) -
 
 
 def test_quantize_latency_and_leaderboard_print_sizes_in_one_unit(tmp_path):
-    from compress.eval.latency.runs import build_rows
-    from compress.eval.latency.runs import format_markdown as latency_markdown
+    from compress.eval.latency.rows import build_rows
+    from compress.eval.latency.report import format_markdown as latency_markdown
     from compress.eval.leaderboard import LeaderboardConfig, build_table, collect
-    from compress.eval.leaderboard import format_markdown as leaderboard_markdown
-    from compress.quantize.run import QuantizeConfig, summarize
+    from compress.eval.leaderboard_render import format_markdown as leaderboard_markdown
+    from compress.quantize.config import QuantizeConfig
+    from compress.quantize.run import summarize
 
     fp32 = _weights(tmp_path / "fp32")
     int8 = _weights(tmp_path / "int8", "model.onnx", 1_500_000)
@@ -267,8 +268,8 @@ def test_quantize_latency_and_leaderboard_print_sizes_in_one_unit(tmp_path):
     assert "weights 3.0 MB -> 1.5 MB" in text
 
     result = {"points": [{"batch": 1, "seq": 8, "seconds": [0.01] * 5}], "flops": {"8": 1e9}, "params": 1000, "backend": "torch"}
-    rows = build_rows([fp32], ["fp32"], [[result]], __import__("compress.eval.latency.runs", fromlist=["LatencyConfig"]).LatencyConfig(), None)
-    assert rows[0]["size_mb"] == pytest.approx(3.0)
+    rows = build_rows([fp32], ["fp32"], [[result]], __import__("compress.eval.latency.config", fromlist=["LatencyConfig"]).LatencyConfig(), None)
+    assert rows[0].size_mb == pytest.approx(3.0)
     report = {"backend": "torch", "rows": rows, "hardware": {"flags": []}, "packages": {}, "threads": 1, "when": "now"}
     row = next(line for line in latency_markdown(report).splitlines() if line.startswith("| fp32 |"))
     assert row.split(" | ")[8] == "3.0" and "| size (MB) |" in latency_markdown(report)

@@ -10,7 +10,6 @@ compiled path has its own test, marked slow.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import zipfile
@@ -21,28 +20,26 @@ import numpy as np
 import pytest
 import torch
 
-from compress.core.formats import runtime
+from compress.core.formats import architecture, layout, pt2, runtime, torch_int8
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import load_tokenizer, read_compression, read_metrics
+from compress.core.formats.artifacts import artifact_format, load_tokenizer
+from compress.core.formats.records import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.runtime import load_model
+from compress.core.model.heads import HEADS
 from compress.core.model.shapes import Shape
 from compress.core.model.structure import count_parameters, describe, flops_per_sequence, prune_heads, resize_ffn
 from compress.core.data.sources import EVAL_BATCH_SIZE
 from compress.core.data.tasks import get_task
-from compress.eval.latency.runs import LatencyConfig, measure_latency, size_on_disk
-from compress.quantize.run import (
-    BACKENDS,
-    CHECK_EXAMPLES,
-    OUTPUT_NAMES,
-    QuantizeConfig,
-    check_outputs,
-    quantize,
-    rejected_path,
-    resolve_preset,
-    task_calibration,
-)
+from compress.eval.latency.config import LatencyConfig
+from compress.eval.latency.rows import size_on_disk
+from compress.eval.latency.runs import measure_latency
+from compress.quantize.calibration import CHECK_EXAMPLES, task_calibration
+from compress.quantize.checks import check_outputs
+from compress.quantize.config import BACKENDS, QuantizeConfig
+from compress.quantize.onnxruntime import resolve_preset
+from compress.quantize.run import quantize, rejected_path
 from tests.conftest import make_tiny_model, save_tiny
 
 CASES = [("torch", "dynamic"), ("onnxruntime", "dynamic"), ("onnxruntime", "static"), ("inc", "static"), ("inc", "qat")]
@@ -53,7 +50,7 @@ NEEDS = {"onnxruntime": "onnxruntime", "inc": "neural_compressor.torch.quantizat
 def eager_inc():
     """Run INC programs uncompiled in this process and in latency workers (they inherit the env)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(runtime.NO_COMPILE_ENV, "1")
+        mp.setenv(pt2.NO_COMPILE_ENV, "1")
         yield
 
 
@@ -105,6 +102,7 @@ def logits(model, inputs) -> torch.Tensor:
 # ---------------------------------------------------------------------------- each backend
 
 
+@pytest.mark.e2e
 def test_outputs_are_close_to_fp32(case, env):
     inputs = sample_inputs(env.parent)
     reference = logits(load_model(env.parent), inputs)  # (12, 2)
@@ -116,22 +114,23 @@ def test_outputs_are_close_to_fp32(case, env):
 
 def int8_matrices(out: Path) -> int:
     """How many 2-D int8/uint8 tensors (quantized weight matrices) the directory stores."""
-    fmt = runtime.artifact_format(out)
-    if fmt == runtime.TORCH_INT8:
+    fmt = artifact_format(out)
+    if fmt == layout.TORCH_INT8:
         from safetensors import safe_open
 
-        with safe_open(str(out / runtime.INT8_WEIGHTS_FILE), "pt") as f:
+        with safe_open(str(out / layout.INT8_WEIGHTS_FILE), "pt") as f:
             return sum(1 for k in f.keys() if f.get_slice(k).get_dtype() == "I8" and len(f.get_slice(k).get_shape()) == 2)
-    if fmt == runtime.ONNX:
+    if fmt == layout.ONNX:
         import onnx
 
         graph = onnx.load(str(out / "model.onnx")).graph
         return sum(1 for t in graph.initializer if t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) and len(t.dims) == 2)
-    program = runtime.load_exported_program(out / runtime.PT2_FILE)
+    program = pt2.load_exported_program(out / pt2.PT2_FILE)
     tensors = list(program.state_dict.values()) + list(program.constants.values())
     return sum(1 for t in tensors if t.dtype == torch.int8 and t.dim() == 2)
 
 
+@pytest.mark.e2e
 def test_stored_in_int8_and_smaller(case, env):
     # 2 layers x 6 Linear weights, plus pooler and classifier where the backend takes them.
     assert int8_matrices(case.out) >= 12
@@ -158,12 +157,13 @@ def test_compression_record(case, env):
     assert record["check"]["examples"] == CHECK_EXAMPLES and record["accuracy"]["passed"] is True
 
 
+@pytest.mark.e2e
 def test_reload_gives_the_outputs_measured_right_after_quantizing(case, env):
     cfg = config(env, case.backend, case.scheme)
     tokenizer = load_tokenizer(env.parent)
     n = cfg.calibration_examples if case.scheme == "static" else CHECK_EXAMPLES
     calibration = task_calibration(sst2_task(), tokenizer, cfg, 64, n)  # the same seeded examples
-    again = check_outputs(load_model(env.parent), load_model(case.out), calibration, OUTPUT_NAMES["sequence-classification"], case.backend)
+    again = check_outputs(load_model(env.parent), load_model(case.out), calibration, HEADS["sequence-classification"].outputs, case.backend)
     recorded = read_compression(case.out)["check"]
     assert again["max_abs_diff"] == pytest.approx(recorded["max_abs_diff"], rel=1e-6, abs=1e-9)
     assert again["argmax_agreement"] == recorded["argmax_agreement"]
@@ -175,6 +175,7 @@ def sst2_task():
     return get_task("sst2")
 
 
+@pytest.mark.e2e
 def test_compress_eval_runs_and_matches_the_guard(case, env):
     from compress.eval.evaluate import EvalConfig, evaluate
 
@@ -222,17 +223,16 @@ def test_quantizing_an_int8_directory_is_refused(case, env):
 
 def reuse_artifact(monkeypatch, backend: str, source: Path) -> None:
     """Make ``backend`` copy an artifact it already produced instead of quantizing again (fast)."""
-    import compress.quantize.run as q
-
     def run(job):
         for file in source.iterdir():
             if file.is_file() and file.name not in ("compression.json", "metrics.json"):
                 shutil.copy2(file, job.out / file.name)
         return {"outputs": read_compression(source)["outputs"]}
 
-    monkeypatch.setitem(q.BACKENDS._items, backend, dataclasses.replace(q.BACKENDS.get(backend), run=run))
+    monkeypatch.setattr(BACKENDS.get(backend).run.replace(":", "."), run)  # the function the backend names, replaced
 
 
+@pytest.mark.e2e
 def test_accuracy_guard_moves_the_result_aside(case, env, monkeypatch, tmp_path):
     if case.backend != "torch":
         reuse_artifact(monkeypatch, case.backend, case.out)  # torch quantizes for real, below
@@ -270,6 +270,7 @@ def break_runtime(monkeypatch, how: str) -> None:
     monkeypatch.setattr(runtime, "load_model", lambda path, **kw: Broken(real(path, **kw), how))
 
 
+@pytest.mark.e2e
 def test_degenerate_outputs_abort_and_leave_nothing(case, env, monkeypatch, tmp_path):
     reuse_artifact(monkeypatch, case.backend, case.out)
     break_runtime(monkeypatch, "zeros")
@@ -297,12 +298,12 @@ def test_torch_int8_reload_is_exact_and_keeps_pruned_shapes(tmp_path, tokenizer)
     parent = save_tiny(model, tokenizer, tmp_path / "pruned")
     out = quantize(parent, tmp_path / "int8", QuantizeConfig(backend="torch"))
 
-    in_memory = runtime.quantize_linears(load_model(parent))  # the model quantize() saved
+    in_memory = torch_int8.quantize_linears(load_model(parent))  # the model quantize() saved
     reloaded = load_model(out)
     inputs = sample_inputs(parent, 6)
     assert torch.equal(logits(in_memory, inputs), logits(reloaded, inputs))  # bit for bit
     assert describe(reloaded)["heads"] == [3, 4] and describe(reloaded)["ffn"] == [37, 20]
-    assert runtime.parameter_count(out) == count_parameters(model)  # latency's params column
+    assert architecture.parameter_count(out) == count_parameters(model)  # latency's params column
     assert read_compression(out)["check_inputs"]["inputs"] == "random token ids"  # no task given
 
 
@@ -314,14 +315,14 @@ def test_torch_int8_round_trips_every_head(tmp_path, tokenizer, head, output):
     out = quantize(parent, tmp_path / "int8", QuantizeConfig(backend="torch"))
     inputs = sample_inputs(parent, 4)
     with torch.inference_mode():
-        expected = getattr(runtime.quantize_linears(load_model(parent))(**inputs), output)
+        expected = getattr(torch_int8.quantize_linears(load_model(parent))(**inputs), output)
         assert torch.equal(getattr(load_model(out)(**inputs), output), expected)
-    assert read_compression(out)["outputs"] == list(OUTPUT_NAMES[head])
+    assert read_compression(out)["outputs"] == list(HEADS[head].outputs)
 
 
 def test_per_tensor_weights_round_trip(tmp_path, tiny_model_dir):
     out = quantize(tiny_model_dir, tmp_path / "int8", QuantizeConfig(backend="torch", per_channel=False))
-    in_memory = runtime.quantize_linears(load_model(tiny_model_dir), per_channel=False)
+    in_memory = torch_int8.quantize_linears(load_model(tiny_model_dir), per_channel=False)
     inputs = sample_inputs(tiny_model_dir, 4)
     assert torch.equal(logits(in_memory, inputs), logits(load_model(out), inputs))
 
@@ -365,7 +366,7 @@ def test_incompatible_load_options_are_refused(env, options, match):
 
 
 def test_pt2_archives_with_pickles_are_refused(env, tmp_path):
-    source = quantized_dir(env, "inc", "static") / runtime.PT2_FILE
+    source = quantized_dir(env, "inc", "static") / pt2.PT2_FILE
     tampered = tmp_path / "model.pt2"
     with zipfile.ZipFile(source) as zin, zipfile.ZipFile(tampered, "w") as zout:
         for item in zin.infolist():
@@ -376,9 +377,9 @@ def test_pt2_archives_with_pickles_are_refused(env, tmp_path):
                 config["config"][first]["use_pickle"] = True  # as a tensor subclass would be saved
                 data = json.dumps(config).encode()
             zout.writestr(item, data)
-    runtime.check_pt2_archive(source)  # the real one passes
+    pt2.check_pt2_archive(source)  # the real one passes
     with pytest.raises(CompressError, match="pickled object, which is never loaded"):
-        runtime.load_exported_program(tampered)
+        pt2.load_exported_program(tampered)
 
 
 def test_qat_trains_the_fake_quantized_graph_towards_fp32(env):
@@ -398,20 +399,21 @@ def test_qat_trains_the_fake_quantized_graph_towards_fp32(env):
 
 
 def _named(calibration):
-    from compress.core.formats.runtime import INPUTS
+    from compress.core.formats.runners import INPUTS
 
     return [dict(zip(INPUTS, inputs)) for inputs in calibration.tensors()]
 
 
 def test_padded_shapes_by_hand():
-    assert runtime.padded_shape(1, 128, 512) == (1, 128)  # the usual latency points stay exact
-    assert runtime.padded_shape(8, 384, 512) == (8, 384)
-    assert runtime.padded_shape(12, 17, 512) == (16, 32)  # batch to a power of two, length to a multiple of 32
-    assert runtime.padded_shape(32, 129, 512) == (32, 192)  # beyond 128 tokens: a multiple of 64
-    assert runtime.padded_shape(3, 60, 64) == (4, 64)
-    assert runtime.padded_shape(5, 100, 100) == (8, 100)  # never beyond the model's positions
+    assert pt2.padded_shape(1, 128, 512) == (1, 128)  # the usual latency points stay exact
+    assert pt2.padded_shape(8, 384, 512) == (8, 384)
+    assert pt2.padded_shape(12, 17, 512) == (16, 32)  # batch to a power of two, length to a multiple of 32
+    assert pt2.padded_shape(32, 129, 512) == (32, 192)  # beyond 128 tokens: a multiple of 64
+    assert pt2.padded_shape(3, 60, 64) == (4, 64)
+    assert pt2.padded_shape(5, 100, 100) == (8, 100)  # never beyond the model's positions
 
 
+@pytest.mark.e2e
 def test_inc_compiles_a_few_padded_shapes_and_outputs_do_not_change(env, monkeypatch):
     out = quantized_dir(env, "inc", "static")
     compiled_inputs = []  # the (batch, seq) of each graph handed to the compiler
@@ -442,7 +444,7 @@ def test_inc_compiles_a_few_padded_shapes_and_outputs_do_not_change(env, monkeyp
     difference = (got - want).abs()
     assert difference.max() <= 0.02 * want.abs().max()
     assert (difference <= 1e-5).float().mean() >= 0.6
-    expected = {runtime.padded_shape(b, s, compiled.config.max_position_embeddings) for b, s in shapes}
+    expected = {pt2.padded_shape(b, s, compiled.config.max_position_embeddings) for b, s in shapes}
     assert expected == {(8, 32), (8, 64), (1, 64)}
     assert sorted(compiled_inputs) == sorted(expected)  # one graph per padded shape, not 8
 
@@ -511,7 +513,7 @@ def test_preset_follows_cpu_flags(monkeypatch):
 
     for arch, flags, expected in [("x86_64", ["avx2", "avx512_vnni"], "avx512_vnni"), ("x86_64", ["avx2"], "avx2"),
                                   ("aarch64", ["asimd"], "arm64")]:
-        monkeypatch.setattr(hw, "cpu_info", lambda arch=arch, flags=flags: {"arch": arch, "flags": flags})
+        monkeypatch.setattr(hw, "precisions", lambda arch=arch, flags=flags: hw.Precisions.from_flags(flags, arch))
         assert resolve_preset("auto") == expected
     assert resolve_preset("avx2") == "avx2"
 
@@ -528,37 +530,40 @@ def latency(dirs, **changes) -> dict:
 def test_latency_auto_picks_each_directory_s_runtime(env):
     dirs = [env.parent] + [quantized_dir(env, *c) for c in CASES]
     report = latency(dirs)  # backend auto, the default
-    assert [r["backend"] for r in report["rows"]] == ["torch", "torch-int8", "onnxruntime-int8", "onnxruntime-int8", "inc-int8", "inc-int8"]
+    assert [r.backend for r in report["rows"]] == ["torch", "torch-int8", "onnxruntime-int8", "onnxruntime-int8", "inc-int8", "inc-int8"]
     assert report["backend"] == "torch, torch-int8, onnxruntime-int8, inc-int8"
-    params = {r["params"] for r in report["rows"]}
+    params = {r.params for r in report["rows"]}
     assert len(params) == 1  # int8 rows report the fp32 architecture's parameter count
-    assert all(r["p50_ms"] > 0 for r in report["rows"])
+    assert all(r.p50_ms > 0 for r in report["rows"])
     # FLOPs of what each runs: ONNX Runtime's graphs compute the classifier's last layer for the first token only.
     structure = describe(load_model(env.parent))
     full, first = (flops_per_sequence(s, 16) / 1e9 for s in (structure, {**structure, "first_token_last_layer": True}))
     assert first < full
-    assert [r["gflops_per_seq"] for r in report["rows"]] == pytest.approx([full, full, first, first, full, full])
+    assert [r.gflops_per_seq for r in report["rows"]] == pytest.approx([full, full, first, first, full, full])
 
 
+@pytest.mark.e2e
 def test_latency_onnxruntime_exports_an_fp32_directory_in_the_worker(env):
     report = latency([env.parent], backend="onnxruntime")
-    assert report["rows"][0]["backend"] == "onnxruntime" and report["rows"][0]["p50_ms"] > 0
+    assert report["rows"][0].backend == "onnxruntime" and report["rows"][0].p50_ms > 0
 
 
+@pytest.mark.e2e
 def test_latency_torch_bf16(env):
-    from compress.core.hardware import cpu_info
+    from compress.core.hardware import precisions
 
     report = latency([env.parent], backend="torch-bf16")
-    assert report["rows"][0]["backend"] == "torch-bf16" and report["rows"][0]["p50_ms"] > 0
-    native = {"avx512_bf16", "amx_bf16"} & set(cpu_info()["flags"])
-    assert bool(report["notes"]) != bool(native)  # a note exactly when bf16 is emulated
+    assert report["rows"][0].backend == "torch-bf16" and report["rows"][0].p50_ms > 0
+    assert bool(report["notes"]) != precisions().bf16  # a note exactly when bf16 is emulated
 
 
+@pytest.mark.e2e
 def test_latency_backend_must_fit_the_format(env):
     with pytest.raises(CompressError, match="runs torch directories; .* is onnx .*--backend auto"):
         latency([quantized_dir(env, "onnxruntime", "dynamic")], backend="torch")
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize("scheme", ["dynamic", "static"])
 def test_onnxruntime_backend_matches_optimums_quantizer(env, scheme, tmp_path):
     # The backend calls onnxruntime.quantization itself (Optimum's ONNX Runtime integration
@@ -570,7 +575,7 @@ def test_onnxruntime_backend_matches_optimums_quantizer(env, scheme, tmp_path):
 
     from compress.core.formats.onnx import export_onnx
     from compress.core.data.tasks import get_task
-    from compress.quantize.run import CALIBRATION_BATCH, task_calibration
+    from compress.quantize.calibration import CALIBRATION_BATCH, task_calibration
 
     ours = quantized_dir(env, "onnxruntime", scheme)
     record = read_compression(ours)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from compress.core.formats.artifacts import read_compression, read_metrics
+from compress.core.formats.records import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.runtime import load_model
@@ -22,7 +22,10 @@ from compress.core.formats.sentence import read_spec
 from compress.core.model.structure import config_sizes
 from compress.distill.embedding import embedding_sentences
 from compress.eval.evaluate import EvalConfig, evaluate
-from compress.quantize.run import COSINE_CHECK, QuantizeConfig, quantize, rejected_path, sentence_calibration, summarize
+from compress.quantize.calibration import sentence_calibration
+from compress.quantize.checks import COSINE_CHECK
+from compress.quantize.config import QuantizeConfig
+from compress.quantize.run import quantize, rejected_path, summarize
 from tests.conftest import make_tiny_model, make_tokenizer, save_tiny
 from tests.core.test_sentence import corpus, glue, st_folder
 
@@ -75,6 +78,7 @@ def check_sentences(env, cfg: QuantizeConfig) -> list[str]:
 # ---------------------------------------------------------------------------- each backend
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 def test_static_int8_of_a_sentence_folder_is_close_to_fp32_and_records_its_check(env, backend):
     out = quantized(env, backend)

@@ -15,6 +15,9 @@ from compress.students.init import init_from_teacher, init_random, init_student
 from compress.students.layer_map import every_kth, explicit_map, last_map, parse_layer_map, parse_layers, uniform_map
 from tests.conftest import VOCAB, make_tiny_model
 
+# Depends on the installed transformers version: the transformers 4.57 set runs it too (make test-transformers4).
+pytestmark = pytest.mark.versions
+
 LABELS = {0: "neg", 1: "neu", 2: "pos"}
 STUDENT = Shape(2, 32, 4, 37)  # tiny_config's width, heads and FFN; half the teacher's depth
 
@@ -180,7 +183,7 @@ def test_init_from_teacher_checks_layers(teacher, layers, message):
 # ---------------------------------------------------------------------------- random
 
 
-def expected_classifier_parameters(vocab, positions, types, hidden, ffn, layers, labels):
+def expected_classifier_parameters(vocab, positions, types, *, hidden, ffn, layers, labels):
     embeddings = (vocab + positions + types) * hidden + 2 * hidden  # three tables + LayerNorm
     attention = 4 * (hidden * hidden + hidden) + 2 * hidden  # Q, K, V, output + LayerNorm
     feed_forward = (hidden * ffn + ffn) + (ffn * hidden + hidden) + 2 * hidden  # two Linears + LayerNorm
@@ -195,7 +198,7 @@ def test_init_random_has_teacher_labels_and_student_shape(teacher):
     assert student.config.id2label == LABELS and student.config.num_labels == 3
     info = st.describe(student)
     assert (info["num_layers"], info["hidden_size"], info["heads"], info["ffn"]) == (3, 16, [2, 2, 2], [24, 24, 24])
-    expected = expected_classifier_parameters(len(VOCAB), 64, 2, 16, 24, 3, 3)
+    expected = expected_classifier_parameters(len(VOCAB), 64, 2, hidden=16, ffn=24, layers=3, labels=3)
     assert sum(p.numel() for p in student.parameters()) == expected
     with torch.no_grad():
         s_logits, t_logits = student(**batch()).logits, teacher(**batch()).logits

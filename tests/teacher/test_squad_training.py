@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import read_compression, read_metrics
+from compress.core.formats.records import read_compression, read_metrics
 from compress.core.config import from_dict
 from compress.core.formats.runtime import load_model
 from compress.distill.task import DistillConfig, distill
@@ -38,6 +38,7 @@ def squad(tmp_path_factory):
     return root, train, dev, teacher
 
 
+@pytest.mark.e2e
 def test_squad_finetune_learns_the_spans(squad):
     _, _, _, teacher = squad
     assert type(load_model(teacher)).__name__ == "BertForQuestionAnswering"
@@ -48,6 +49,7 @@ def test_squad_finetune_learns_the_spans(squad):
     assert first["exact_match"] < dev["exact_match"]  # it learned; the best epoch is kept
 
 
+@pytest.mark.e2e
 def test_squad_distillation_on_start_end_logits(squad, tmp_path):
     root, train, dev, teacher = squad
     cfg = from_dict(DistillConfig, {"task": "squad", "student": "1L-64", "init": "teacher-layers",
@@ -68,6 +70,7 @@ def test_squad_distillation_on_start_end_logits(squad, tmp_path):
     assert cache and cache[0]["hit"] is False  # start and end logits were cached once
 
 
+@pytest.mark.e2e
 def test_squad_v2_finetune_reports_no_answer_breakdown(tmp_path):
     train = synthetic.write_squad(tmp_path / "train-v2.0.json", 2000, seed=1, version="2.0", no_answer_fraction=0.3)
     dev = synthetic.write_squad(tmp_path / "dev-v2.0.json", 100, seed=2, version="2.0", no_answer_fraction=0.3)

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from compress.core.data import synthetic
-from compress.core.formats.artifacts import load_tokenizer, read_compression, read_metrics
+from compress.core.formats.artifacts import load_tokenizer
+from compress.core.formats.records import read_compression, read_metrics
 from compress.core.compat import wordpiece_tokenizer
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
@@ -55,6 +56,7 @@ def test_pretrain_defaults_follow_the_paper():
     assert from_dict(PretrainConfig, {"corpus": ["x"], "lr": 5e-4}).train.batch_size == 256
 
 
+@pytest.mark.versions
 def test_pretrain_tiny_model(tmp_path):
     corpus = _corpus(tmp_path / "corpus.txt")
     out = pretrain(tmp_path / "bert", _pretrain_cfg(corpus))
@@ -95,6 +97,7 @@ def test_pretrain_on_a_datasets_corpus_with_explicit_shape(tmp_path):
     assert not (tmp_path / ".bert.work").exists()
 
 
+@pytest.mark.e2e
 def test_pretrain_resume_after_crash_matches_uninterrupted(tmp_path, monkeypatch):
     import compress.teacher.pretrain as pt
 
@@ -154,6 +157,8 @@ def _ft_cfg(data, **train):
     return from_dict(FinetuneConfig, options)
 
 
+@pytest.mark.versions
+@pytest.mark.e2e
 def test_finetune_learns_a_separable_task(tmp_path, generated):
     data, init = generated
     out = finetune(init, tmp_path / "ft", _ft_cfg(data))
@@ -208,6 +213,7 @@ def test_regression_and_qa_heads(tmp_path, generated):
     assert type(qa).__name__ == "BertForQuestionAnswering"
 
 
+@pytest.mark.e2e
 def test_grid_selects_best_on_dev(tmp_path, generated):
     data, init = generated
     grid = {"batch_size": (32,), "lr": (1e-5, 2e-3), "epochs": (2,)}

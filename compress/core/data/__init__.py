@@ -1,6 +1,7 @@
 """Tasks and their data: the task registry and kinds (``tasks``), located readers of a user's files (``files``),
-loading and tokenising a task's splits from the hub, GLUE/SQuAD folders or files (``sources``), the task of a run
-(``resolve``), word-piece alignment for token classification (``token_data``) and generated data (``synthetic``)."""
+loading a task's splits from the hub, GLUE/SQuAD folders or files (``sources``, ``glue_squad``, ``data_files``),
+parsing their labels (``labels``), tokenising them (``features``), the task of a run (``resolve``), word-piece
+alignment for token classification (``token_data``) and generated data (``synthetic``)."""
 
 from compress.core.lazy import exports
 

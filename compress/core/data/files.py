@@ -8,8 +8,8 @@ ordinary; a row that a line break cut short, a line without its tag and a field 
 for the csv module's default limit are not silently misread: the first two are refused
 naming the line, the last is read whole.
 
-Nothing here knows a task: :mod:`compress.core.data.sources` maps the records' columns onto the
-task's fields and parses their labels.
+Nothing here knows a task: :mod:`compress.core.data.data_files` maps the records' columns onto the
+task's fields, and :mod:`compress.core.data.labels` parses their labels.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def read_conll(path: Path, tokens: str = "tokens", tags: str = "tags") -> list[R
         line = raw.rstrip("\r")
         if not line.strip():  # an empty or whitespace-only line ends a sentence
             if words:
-                records.append(_sentence(path, start, tokens, words, tags if tagged else None, labels, lines))
+                records.append(_sentence(path, start, words, labels, lines, tokens=tokens, tags=tags if tagged else None))
             words, labels, lines = [], [], []
             continue
         fields = line.split("\t") if "\t" in line else line.split()
@@ -264,13 +264,16 @@ def read_conll(path: Path, tokens: str = "tokens", tags: str = "tags") -> list[R
         labels.append(fields[-1])
         lines.append(n)
     if words:
-        records.append(_sentence(path, start, tokens, words, tags if tagged else None, labels, lines))
+        records.append(_sentence(path, start, words, labels, lines, tokens=tokens, tags=tags if tagged else None))
     return records
 
 
-def _sentence(path: Path, start: int, tokens: str, words: list[str], tags: str | None, labels: list[str],
-              lines: list[int]) -> Record:
-    """One CoNLL sentence as a record: its words, and its tags unless the file has none (``tags`` None)."""
+def _sentence(path: Path, start: int, words: list[str], labels: list[str], lines: list[int], *,
+              tokens: str, tags: str | None) -> Record:
+    """One CoNLL sentence as a record: its words, and its tags unless the file has none (``tags`` None).
+
+    ``tokens`` / ``tags`` are the record's column names for the words and the tags; ``lines`` the words' line numbers.
+    """
     values = {tokens: words, **({tags: labels} if tags else {})}
     return Record(f"{path}:{start}", values, tuple(lines))
 

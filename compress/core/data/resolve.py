@@ -22,22 +22,22 @@ import re
 from pathlib import Path
 from typing import Any
 
-from compress.core.formats.artifacts import lineage, load_config, saved_head
-from compress.core.data.sources import TaskOptions, label_names_in
+from compress.core.formats.folder import ModelFolder, open_folder
+from compress.core.formats.records import lineage
+from compress.core.data.labels import label_names_in
+from compress.core.data.sources import TaskOptions
 from compress.core.errors import CompressError
 from compress.core.data.tasks import (
-    CLASSIFICATION,
-    DEFAULT_COLUMNS,
     LABEL,
-    MULTI_LABEL,
-    REGRESSION,
     TASKS,
-    TOKEN,
     USER_KINDS,
     Task,
+    TaskKind,
     get_task,
     is_kind,
+    kind_for_head,
     task_from_record,
+    user_kind,
     user_task,
 )
 
@@ -46,8 +46,9 @@ _SPLIT_WORDS = re.compile(r"^(train|training|dev|valid|validation|val|test|data|
 
 
 def resolve_task(name: str | None, options: TaskOptions | None = None, *, train_file: str | Path | None = None,
-                 model: str | Path | None = None) -> Task:
-    """The task ``name`` (a preset or a kind) means here, or ``model``'s own when ``name`` is empty."""
+                 model: ModelFolder | str | Path | None = None) -> Task:
+    """The task ``name`` (a preset or a kind) means here, or ``model``'s own (a folder's record, or a path or hub
+    id) when ``name`` is empty."""
     options = options or TaskOptions()
     if name and not is_kind(name):
         task = get_task(name)
@@ -56,7 +57,7 @@ def resolve_task(name: str | None, options: TaskOptions | None = None, *, train_
                                 "--label-column, --labels and the like describe your own task (--task KIND): map a "
                                 "file's columns onto a benchmark task with --columns FIELD=COLUMN")
         return task
-    recorded = task_of_model(model) if model else None
+    recorded = task_of_folder(model) if isinstance(model, ModelFolder) else task_of_model(model) if model else None
     if recorded is not None:
         if name and recorded.kind != name:
             raise CompressError(f"{model} was made for {recorded.display}, a {recorded.kind} task; --task {name} does not "
@@ -79,9 +80,10 @@ def resolve_task(name: str | None, options: TaskOptions | None = None, *, train_
 
 def task_from_file(kind: str, train_file: Path, options: TaskOptions) -> Task:
     """A user's task of ``kind``: labels from ``train_file`` (or ``--labels``), columns and name from ``options``."""
-    draft = user_task(kind, "draft", ("a", "b") if kind != TOKEN else ("O", "B-x"), pair=bool(options.text_pair_column),
-                      columns=_columns(kind, options))
-    found = label_names_in(kind, train_file, draft.column_map, options.label_sep) if kind != REGRESSION else []
+    behaviour = user_kind(kind)
+    draft = user_task(kind, "draft", behaviour.sample_labels, pair=bool(options.text_pair_column),
+                      columns=_columns(behaviour, options), label_sep=options.label_sep)
+    found = label_names_in(draft, train_file) if behaviour.named_labels else []
     if options.labels:
         unknown = sorted(set(found) - set(options.labels))
         if unknown:
@@ -89,15 +91,15 @@ def task_from_file(kind: str, train_file: Path, options: TaskOptions) -> Task:
                                 "add them to --labels or fix the data")
         labels = list(options.labels)
     else:
-        labels = ordered_labels(kind, found)
+        labels = ordered_labels(behaviour, found)
     return user_task(kind, options.task_name or default_name(train_file), tuple(labels),
-                     pair=bool(options.text_pair_column), columns=_columns(kind, options),
+                     pair=bool(options.text_pair_column), columns=_columns(behaviour, options),
                      label_sep=options.label_sep, threshold=options.threshold)
 
 
-def ordered_labels(kind: str, found: list[str]) -> list[str]:
+def ordered_labels(kind: TaskKind, found: list[str]) -> list[str]:
     """Labels in output order: sorted (numerically when every name is an integer); BIO tags O first, then per type B, I."""
-    if kind == TOKEN:
+    if kind.tagged_words:
         return sorted(found, key=lambda t: (t != "O", t[2:], t[:1]))
     if found and all(re.fullmatch(r"-?\d+", f) for f in found):
         return sorted(found, key=int)
@@ -113,12 +115,11 @@ def default_name(train_file: Path) -> str:
     return stem
 
 
-def _columns(kind: str, options: TaskOptions) -> tuple[tuple[str, str], ...]:
+def _columns(kind: TaskKind, options: TaskOptions) -> tuple[tuple[str, str], ...]:
     """(field, column) pairs: the kind's defaults, then what the options name."""
-    text_field = "tokens" if kind == TOKEN else "text"
-    columns = dict(DEFAULT_COLUMNS.get(kind, {}))
+    columns = dict(kind.columns)
     if options.text_column:
-        columns[text_field] = options.text_column
+        columns[kind.fields[0]] = options.text_column
     if options.text_pair_column:
         columns["text_pair"] = options.text_pair_column
     if options.label_column:
@@ -130,7 +131,7 @@ def with_options(task: Task, options: TaskOptions) -> Task:
     """A folder's task with the columns, separator and threshold the options give (labels renamed by --labels)."""
     if options.text_pair_column and not task.is_pair:
         raise CompressError(f"{task.display} reads one text per example; --text-pair-column does not apply")
-    columns = {**dict(task.columns), **dict(_columns(task.kind, options))}
+    columns = {**dict(task.columns), **dict(_columns(task.behaviour, options))}
     labels = task.label_names
     if options.labels:
         if len(options.labels) != len(labels):
@@ -144,9 +145,9 @@ def with_options(task: Task, options: TaskOptions) -> Task:
 
 def check_label_set(task: Task, train_file: Path, model: str | Path | None) -> None:
     """Refuse training data whose labels are not the model's: one line listing what differs both ways."""
-    if task.kind == REGRESSION:
+    if not task.behaviour.named_labels:
         return
-    found = set(label_names_in(task.kind, train_file, task.column_map, task.label_sep))
+    found = set(label_names_in(task, train_file))
     have = set(task.label_names)
     if found == have:
         return
@@ -164,14 +165,31 @@ def check_label_set(task: Task, train_file: Path, model: str | Path | None) -> N
 
 
 def task_of_model(model: str | Path) -> Task | None:
-    """The task ``model`` was made for: recorded in its (or a parent's) compression.json, else read off its config.
+    """:func:`task_of_folder` of the model folder at ``model``; a folder without config.json has only its records.
 
     None for a folder that has no task head (a bare encoder), or a hub id that is not a folder.
     """
     path = Path(model)
     if not path.is_dir():
         return None
-    for _, record in lineage(path):
+    if not (path / "config.json").is_file():
+        return recorded_task(lineage(path))
+    return task_of_folder(open_folder(path))
+
+
+def task_of_folder(folder: ModelFolder) -> Task | None:
+    """The task ``folder`` was made for: recorded in its (or a parent's) compression.json, else read off its config.
+
+    None for a folder that has no task head (a bare encoder).
+    """
+    recorded = recorded_task(lineage(folder.path, record=folder.record))
+    return recorded if recorded is not None else task_from_config(folder)
+
+
+def recorded_task(records) -> Task | None:
+    """The first task a lineage's records (``(folder, compression.json)`` pairs) name; None when none does, or when
+    the first name is one this toolkit does not know (the config is read then)."""
+    for _, record in records:
         spec = record.get("task_spec")
         if isinstance(spec, dict):
             return task_from_record(spec)
@@ -180,25 +198,16 @@ def task_of_model(model: str | Path) -> Task | None:
             try:
                 return get_task(named)
             except CompressError:
-                break  # a name this toolkit does not know: read the config below
-    return task_from_config(path)
+                break  # a name this toolkit does not know: read the config
+    return None
 
 
-def task_from_config(path: Path) -> Task | None:
+def task_from_config(folder: ModelFolder) -> Task | None:
     """A task from config.json alone: the head (architecture), ``problem_type`` and ``id2label``."""
-    if not (path / "config.json").is_file():
-        return None
-    head = saved_head(path)
-    config = load_config(path)
+    head, config, path = folder.head, folder.config, folder.path
     labels = _id2label(config)
-    if head == "token-classification":
-        return user_task(TOKEN, path.name, labels)
-    if head != "sequence-classification":
-        return None
-    problem = getattr(config, "problem_type", None)
-    if problem == "regression" or (problem is None and len(labels) == 1):
-        return user_task(REGRESSION, path.name)
-    return user_task(MULTI_LABEL if problem == "multi_label_classification" else CLASSIFICATION, path.name, labels)
+    kind = kind_for_head(head, getattr(config, "problem_type", None), len(labels))
+    return None if kind is None else user_task(kind, path.name, labels)
 
 
 def _id2label(config: Any) -> tuple[str, ...]:

@@ -75,7 +75,7 @@ def write_vocab(path: Path) -> Path:
 
 
 def write_sst2_layout(
-    root: Path, n_train: int = 2000, n_dev: int = 400, n_test: int = 200, seed: int = 0, label_noise: float = 0.0,
+    root: Path, *, n_train: int = 2000, n_dev: int = 400, n_test: int = 200, seed: int = 0, label_noise: float = 0.0,
     hard: HardTask | None = None,
 ) -> Path:
     """Write ``root/SST-2/{train,dev,test}.tsv`` exactly as the GLUE download script lays them out.

@@ -4,8 +4,10 @@ A :class:`Task` holds facts (text fields, label names in their order, metrics, s
 for a preset, where each split lives in every supported layout); reading files is
 ``compress.core.data.sources``'s job. Everything that depends on the *kind* of task (which
 model head and outputs, which label type, which losses, how long a default input is,
-how a prediction is written) lives on its :class:`TaskKind`, ``task.behaviour``, so
-no other module branches on the kind.
+how a prediction is written, how an example is laid out, what a user's task of the kind
+reads and reports) lives on its :class:`TaskKind`, ``task.behaviour``, so no other module
+compares kinds: it asks the record (``behaviour.tagged_words``, ``behaviour.named_labels``,
+...) or keys its own table by one of the record's fields (``prediction``, ``layout``).
 
 A user's own task (:func:`user_task`) is one of the kinds in ``USER_KINDS``
 (``text-classification``, ``multi-label``, ``regression``, ``token-classification``) with
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 
 from compress.core.config import Choices
 from compress.core.errors import CompressError
+from compress.core.model.heads import HEADS
 
 CLASSIFICATION = "text-classification"  # one label of K per text or pair (softmax)
 MULTI_LABEL = "multi-label"  # any subset of K labels per text (sigmoid per label)
@@ -39,20 +42,38 @@ IGNORED = -100  # a token position without a target (word pieces after a word's 
 
 @dataclass(frozen=True)
 class TaskKind:
-    """What depends on the kind of task; one record per kind (``KINDS``)."""
+    """What depends on the kind of task; one record per kind (``KINDS``), so no other module compares kinds."""
 
     name: str  # one of KINDS
-    head: str  # the model head: "sequence-classification", "token-classification" or "question-answering"
-    outputs: tuple[str, ...]  # the head's output names, in order: ("logits",) or ("start_logits", "end_logits")
+    head: str  # the model head (compress.core.model.heads): "sequence-classification", "token-classification", ...
     problem_type: str | None  # transformers' config.problem_type for the head (None: not a sequence classifier)
     label_dtype: str | None  # dtype of one label value ("int64", "float32"); None: answers, not labels
     label_list: bool  # a label is a list: a multi-hot row of K floats (multi-label), one tag id per word (tokens)
     max_length: int  # default input length in tokens (SQuAD windows are longer)
-    per_token: bool  # the outputs score token positions ((batch, seq) or (batch, seq, K)), so padding must leave them
     soft_loss: str  # loss on the teacher's outputs: "kl" (T²-scaled), "sigmoid_kl", "token_kl", "span_kl" or "mse"
     hard_loss: str  # loss on gold labels: "cross_entropy", "bce", "token_cross_entropy", "mse" or "span_cross_entropy"
-    prediction: str  # what one prediction is: "label" (a name), "labels" (names), "tags" (one per word),
-    #                  "score" (a float) or "answer" (a text span)
+    prediction: str  # what one prediction (and one gold label) is: "label" (a name), "labels" (names), "tags" (one
+    #                  per word), "score" (a float) or "answer" (a text span); what evaluation and label parsing key on
+    layout: str  # how an example is laid out in a file and tokenised: "sentences" (a text or a pair, a label),
+    #              "words" (a word list, an IOB2 tag per word) or "squad" (question, context, answers)
+    fields: tuple[str, ...] = ()  # a user's task's text fields: a text, then a pair's second; () : no user task
+    columns: tuple[tuple[str, str], ...] = ()  # (field or "label", file column) a user's task reads by default
+    metrics: tuple[str, ...] = ()  # a user's task's metrics (token tasks add f1 per entity type)
+    primary_metric: str = ""  # the one of them a user's task reports first
+    min_labels: int = 0  # label names a user's task needs at least; 0: its labels are not names (a score, an answer)
+    sample_labels: tuple[str, ...] = ()  # label names that make a sample task of the kind (its columns, a draft)
+    label_help: str = ""  # the label in a row of a user's file, as ``compress tasks`` lists it
+    not_augmentable: str = ""  # why augmented and transfer-text rows cannot be made for it ("": they can)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The head's output names, in order: ("logits",) or ("start_logits", "end_logits")."""
+        return HEADS[self.head].outputs
+
+    @property
+    def per_token(self) -> bool:
+        """The head's outputs score token positions ((batch, seq) or (batch, seq, K)), so padding must leave them."""
+        return HEADS[self.head].per_token
 
     @property
     def label_type(self) -> type | None:
@@ -64,18 +85,52 @@ class TaskKind:
         """The label of a row that has none (test splits), as the hub writes it: -1 or -1.0 (lists: every value -1)."""
         return None if self.label_type is None else self.label_type(UNLABELLED)
 
+    @property
+    def ignored_label(self) -> int | float:
+        """The label of a row without a gold target: NaN for a float label (it poisons any MSE that would read it),
+        else IGNORED (-100, skipped by cross-entropy)."""
+        return float("nan") if self.label_type is float else IGNORED
+
+    @property
+    def multi_hot(self) -> bool:
+        """A label is a row of K floats, one per label name (multi-label); its unlabelled and ignored labels are rows."""
+        return self.label_list and self.label_type is float
+
+    @property
+    def tagged_words(self) -> bool:
+        """An example is a word list with an IOB2 tag per word: CoNLL files, tags with O first, entity metrics."""
+        return self.layout == "words"
+
+    @property
+    def named_labels(self) -> bool:
+        """A user's task of this kind has label names, read from its training file (and checked against a model's)."""
+        return self.min_labels > 0
+
 
 KINDS: dict[str, TaskKind] = {
-    CLASSIFICATION: TaskKind(CLASSIFICATION, "sequence-classification", ("logits",), "single_label_classification",
-                             "int64", False, 128, False, "kl", "cross_entropy", "label"),
-    MULTI_LABEL: TaskKind(MULTI_LABEL, "sequence-classification", ("logits",), "multi_label_classification",
-                          "float32", True, 128, False, "sigmoid_kl", "bce", "labels"),
-    REGRESSION: TaskKind(REGRESSION, "sequence-classification", ("logits",), "regression",
-                         "float32", False, 128, False, "mse", "mse", "score"),
-    TOKEN: TaskKind(TOKEN, "token-classification", ("logits",), None,
-                    "int64", True, 128, True, "token_kl", "token_cross_entropy", "tags"),
-    SPAN: TaskKind(SPAN, "question-answering", ("start_logits", "end_logits"), None,
-                   None, False, 384, True, "span_kl", "span_cross_entropy", "answer"),
+    CLASSIFICATION: TaskKind(
+        CLASSIFICATION, "sequence-classification", "single_label_classification", "int64", False, 128,
+        "kl", "cross_entropy", "label", "sentences", fields=("text", "text_pair"),
+        metrics=("accuracy", "macro_f1"), primary_metric="accuracy", min_labels=2, sample_labels=("a", "b"),
+        label_help="a label name"),
+    MULTI_LABEL: TaskKind(
+        MULTI_LABEL, "sequence-classification", "multi_label_classification", "float32", True, 128,
+        "sigmoid_kl", "bce", "labels", "sentences", fields=("text", "text_pair"),
+        metrics=("micro_f1", "macro_f1", "subset_accuracy"), primary_metric="micro_f1", min_labels=1,
+        sample_labels=("a", "b"), label_help="label names: a JSON list, or --label-sep"),
+    REGRESSION: TaskKind(
+        REGRESSION, "sequence-classification", "regression", "float32", False, 128,
+        "mse", "mse", "score", "sentences", fields=("text", "text_pair"),
+        metrics=("pearson", "spearmanr", "mse"), primary_metric="pearson", label_help="a number"),
+    TOKEN: TaskKind(
+        TOKEN, "token-classification", None, "int64", True, 128,
+        "token_kl", "token_cross_entropy", "tags", "words", fields=("tokens",), columns=(("tokens", "tokens"), ("label", "tags")),
+        metrics=("entity_f1", "entity_precision", "entity_recall"), primary_metric="entity_f1", min_labels=2,
+        sample_labels=("O", "B-x"), label_help="a tag per word: O, B-TYPE, I-TYPE",
+        not_augmentable="tags belong to words that word replacement would change"),
+    SPAN: TaskKind(
+        SPAN, "question-answering", None, None, False, 384,
+        "span_kl", "span_cross_entropy", "answer", "squad", not_augmentable="answers are spans"),
 }
 
 
@@ -163,7 +218,7 @@ class Task:
     @property
     def column_map(self) -> dict[str, str]:
         """Field (and ``label``) -> the file column holding it; a field not mapped is its own column name."""
-        mapped = {**(DEFAULT_COLUMNS.get(self.kind, {}) if self.user else {}), **dict(self.columns)}
+        mapped = {**(dict(self.behaviour.columns) if self.user else {}), **dict(self.columns)}
         return {f: mapped.get(f, f) for f in (*self.text_fields, LABEL)}
 
     def to_record(self) -> dict:
@@ -196,7 +251,8 @@ class Task:
 LABEL = "label"  # the dataset column of the gold label (a class index, a score, a multi-hot row, a tag id per word)
 
 
-def _glue(name, display, fields, labels, metrics, primary, splits, folders, **kw) -> Task:
+def _glue(name, display, fields, labels, metrics, primary, *, splits, folders, **kw) -> Task:
+    """A GLUE preset: its facts, then (by keyword) its splits, its folder names and any other :class:`Task` field."""
     return Task(
         name=name,
         display=display,
@@ -213,7 +269,9 @@ def _glue(name, display, fields, labels, metrics, primary, splits, folders, **kw
     )
 
 
-def _tsv_split(name, hub, files, texts, label, sub=None, header=True, enc="index", labelled=True):
+def _tsv_split(name, hub, files, texts, label, *, sub=None, header=True, enc="index", labelled=True):
+    """A split in the GLUE TSV layout: its names, files, text and label columns; the rest by keyword (``sub``: the
+    GLUE server file it is submitted as)."""
     return Split(
         name=name,
         hub=hub,
@@ -242,41 +300,41 @@ _TASKS: tuple[Task, ...] = (
     _glue(
         "cola", "CoLA", ("sentence",), ("unacceptable", "acceptable"),
         ("matthews_correlation", "accuracy"), "matthews_correlation",
-        (
+        splits=(
             # The GLUE release of CoLA has no header: source, label, original label, sentence.
             _tsv_split("train", "train", ("train.tsv",), (3,), 1, header=False),
             _tsv_split("dev", "validation", ("dev.tsv",), (3,), 1, header=False),
             _tsv_split("test", "test", ("test.tsv",), ("sentence",), None, sub="CoLA.tsv", labelled=False),
         ),
-        ("CoLA", "cola"),
+        folders=("CoLA", "cola"),
     ),
     _glue(
         "sst2", "SST-2", ("sentence",), ("negative", "positive"), ACC, "accuracy",
-        _standard("SST-2.tsv", ("sentence",), "label"),
-        ("SST-2", "sst2", "SST2"), aliases=("sst",),
+        splits=_standard("SST-2.tsv", ("sentence",), "label"),
+        folders=("SST-2", "sst2", "SST2"), aliases=("sst",),
     ),
     _glue(
         "mrpc", "MRPC", ("sentence1", "sentence2"), ("not_equivalent", "equivalent"),
         ACC_F1, "f1",
-        _standard("MRPC.tsv", ("#1 String", "#2 String"), "Quality"),
-        ("MRPC", "mrpc"),
+        splits=_standard("MRPC.tsv", ("#1 String", "#2 String"), "Quality"),
+        folders=("MRPC", "mrpc"),
     ),
     _glue(
         "stsb", "STS-B", ("sentence1", "sentence2"), (), ("pearson", "spearmanr"), "pearson",
-        _standard("STS-B.tsv", ("sentence1", "sentence2"), "score", enc="float"),
-        ("STS-B", "stsb", "STSB", "STS"), kind=REGRESSION, label_range=(0.0, 5.0),
+        splits=_standard("STS-B.tsv", ("sentence1", "sentence2"), "score", enc="float"),
+        folders=("STS-B", "stsb", "STSB", "STS"), kind=REGRESSION, label_range=(0.0, 5.0),
         submission_labels="float", aliases=("sts-b", "sts"),
     ),
     _glue(
         "qqp", "QQP", ("question1", "question2"), ("not_duplicate", "duplicate"),
         ACC_F1, "accuracy",
-        _standard("QQP.tsv", ("question1", "question2"), "is_duplicate"),
-        ("QQP", "qqp"),
+        splits=_standard("QQP.tsv", ("question1", "question2"), "is_duplicate"),
+        folders=("QQP", "qqp"),
     ),
     _glue(
         "mnli", "MNLI", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
         ACC, "accuracy",
-        (
+        splits=(
             _tsv_split("train", "train", ("train.tsv",), ("sentence1", "sentence2"), "gold_label", enc="names"),
             _tsv_split("dev_matched", "validation_matched", ("dev_matched.tsv",),
                        ("sentence1", "sentence2"), "gold_label", enc="names"),
@@ -287,27 +345,27 @@ _TASKS: tuple[Task, ...] = (
             _tsv_split("test_mismatched", "test_mismatched", ("test_mismatched.tsv",),
                        ("sentence1", "sentence2"), None, sub="MNLI-mm.tsv", labelled=False),
         ),
-        ("MNLI", "mnli"), submission_labels="names", aliases=("mnli-m",),
+        folders=("MNLI", "mnli"), submission_labels="names", aliases=("mnli-m",),
     ),
     _glue(
         "qnli", "QNLI", ("question", "sentence"), ("entailment", "not_entailment"), ACC, "accuracy",
-        _standard("QNLI.tsv", ("question", "sentence"), "label", enc="names"),
-        ("QNLI", "qnli"), submission_labels="names",
+        splits=_standard("QNLI.tsv", ("question", "sentence"), "label", enc="names"),
+        folders=("QNLI", "qnli"), submission_labels="names",
     ),
     _glue(
         "rte", "RTE", ("sentence1", "sentence2"), ("entailment", "not_entailment"), ACC, "accuracy",
-        _standard("RTE.tsv", ("sentence1", "sentence2"), "label", enc="names"),
-        ("RTE", "rte"), submission_labels="names",
+        splits=_standard("RTE.tsv", ("sentence1", "sentence2"), "label", enc="names"),
+        folders=("RTE", "rte"), submission_labels="names",
     ),
     _glue(
         "wnli", "WNLI", ("sentence1", "sentence2"), ("not_entailment", "entailment"), ACC, "accuracy",
-        _standard("WNLI.tsv", ("sentence1", "sentence2"), "label"),
-        ("WNLI", "wnli"),
+        splits=_standard("WNLI.tsv", ("sentence1", "sentence2"), "label"),
+        folders=("WNLI", "wnli"),
     ),
     _glue(
         "ax", "AX", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
         ("matthews_correlation",), "matthews_correlation",
-        (
+        splits=(
             # diagnostic-full.tsv carries gold labels (and linguistic categories); the
             # GLUE server's diagnostic.tsv does not. Both are the "test" split, in one order.
             Split(
@@ -317,7 +375,7 @@ _TASKS: tuple[Task, ...] = (
                             label="Label", label_encoding="names"),
             ),
         ),
-        ("AX", "diagnostic", "ax"), submission_labels="names", prediction_source="mnli",
+        folders=("AX", "diagnostic", "ax"), submission_labels="names", prediction_source="mnli",
         aliases=("diagnostic",),
     ),
     Task(
@@ -353,17 +411,7 @@ GLUE_TASKS = tuple(t.name for t in _TASKS if t.hub_path == "nyu-mll/glue")
 
 # ---------------------------------------------------------------------------- a user's own task
 
-# Each kind's dataset fields (in model-input order) and metrics: (one text, a pair), metrics, the primary one.
-_USER_FIELDS = {TOKEN: (("tokens",), None)}
-_SENTENCE_FIELDS = (("text",), ("text", "text_pair"))
-USER_METRICS: dict[str, tuple[tuple[str, ...], str]] = {
-    CLASSIFICATION: (("accuracy", "macro_f1"), "accuracy"),
-    MULTI_LABEL: (("micro_f1", "macro_f1", "subset_accuracy"), "micro_f1"),
-    REGRESSION: (("pearson", "spearmanr", "mse"), "pearson"),
-    TOKEN: (("entity_f1", "entity_precision", "entity_recall"), "entity_f1"),
-}
-# Where a user's task reads its text and label when no --text-column / --label-column says otherwise.
-DEFAULT_COLUMNS = {TOKEN: {"tokens": "tokens", LABEL: "tags"}}
+# A user's task takes its fields, default columns, metrics and label count from its kind (TaskKind).
 MULTI_LABEL_THRESHOLD = 0.5
 BIO = re.compile(r"^(O|[BI]-\S.*)$")  # IOB2 tags: O, B-TYPE, I-TYPE
 
@@ -377,33 +425,51 @@ def user_task(kind: str, name: str, labels: tuple[str, ...] = (), *, pair: bool 
     ``columns`` maps them (and ``label``) to the file's columns. Splits are train / dev / test,
     each read from one file; a test file may hold no labels (predictions only).
     """
-    if kind not in USER_KINDS:
-        raise CompressError(f"unknown task kind {kind!r}; valid: {', '.join(USER_KINDS)}")
-    if kind == REGRESSION:
+    behaviour = user_kind(kind)
+    if not behaviour.named_labels:
         labels = ()
-    elif len(labels) < (1 if kind == MULTI_LABEL else 2):
+    elif len(labels) < behaviour.min_labels:
         found = f"only {labels[0]!r}" if labels else "none"
-        raise CompressError(f"a {kind} task needs at least {1 if kind == MULTI_LABEL else 2} labels; the training data has {found}")
+        raise CompressError(f"a {kind} task needs at least {behaviour.min_labels} labels; the training data has {found}")
     if len(set(labels)) != len(labels):
         twice = sorted({x for x in labels if labels.count(x) > 1})
         raise CompressError(f"label(s) {', '.join(twice)} given twice; each label names one output")
-    if kind == TOKEN:
+    metrics = behaviour.metrics
+    if behaviour.tagged_words:
         bad = [t for t in labels if not BIO.match(t)]
         if bad:
             raise CompressError(f"tag(s) {', '.join(map(repr, bad[:5]))} are not in BIO form (O, B-TYPE, I-TYPE); "
                                 "convert the tags to IOB2")
-    fields = _USER_FIELDS[kind][0] if kind in _USER_FIELDS else _SENTENCE_FIELDS[1 if pair else 0]
-    metrics, primary = USER_METRICS[kind]
-    if kind == TOKEN:  # per entity type too: f1 of each type after the overall scores
-        metrics = (*metrics, *(f"f1_{t}" for t in entity_types(labels)))
+        metrics = (*metrics, *(f"f1_{t}" for t in entity_types(labels)))  # f1 of each entity type after the overall scores
     return Task(
-        name=name, display=name, kind=kind, text_fields=fields, label_names=tuple(labels), metrics=metrics,
-        primary_metric=primary,
+        name=name, display=name, kind=kind, text_fields=behaviour.fields[: 2 if pair else 1], label_names=tuple(labels),
+        metrics=metrics, primary_metric=behaviour.primary_metric,
         splits=(Split("train", "train"), Split("dev", "validation"), Split("test", "test", labelled=False)),
         hub_path="", hub_config=None, folders=(), submission_labels="names", user=True, columns=tuple(columns),
         label_sep=label_sep,
-        threshold=(threshold if threshold is not None else MULTI_LABEL_THRESHOLD) if kind == MULTI_LABEL else None,
+        threshold=(threshold if threshold is not None else MULTI_LABEL_THRESHOLD) if behaviour.multi_hot else None,
     )
+
+
+def user_kind(kind: str) -> TaskKind:
+    """The record of ``kind``, a kind of user task (one of USER_KINDS); any other name is refused with the valid ones."""
+    if kind not in USER_KINDS:
+        raise CompressError(f"unknown task kind {kind!r}; valid: {', '.join(USER_KINDS)}")
+    return KINDS[kind]
+
+
+def kind_for_head(head: str, problem_type: str | None, num_labels: int) -> str | None:
+    """The kind of user task a fine-tuned model is for, from its config.json: the head (its architecture),
+    ``problem_type`` and the number of outputs; None for a head no user kind has (a bare encoder, question answering).
+
+    A sequence classifier without a ``problem_type`` is a regressor when it has one output (as transformers reads it).
+    """
+    kinds = [KINDS[k] for k in USER_KINDS if KINDS[k].head == head]
+    if len(kinds) <= 1:
+        return kinds[0].name if kinds else None
+    if problem_type is None and num_labels == 1:
+        problem_type = KINDS[REGRESSION].problem_type
+    return next((k.name for k in kinds if k.problem_type == problem_type), CLASSIFICATION)
 
 
 def entity_types(tags: tuple[str, ...]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Model directories and the formats they hold: saving, records and the atomic writer (``artifacts``), weight checks,
+"""Model directories and the formats they hold: their file names (``layout``), saving and loading (``artifacts``), their
+records (``records``), the atomic writer (``writes``), weight checks,
 the model card, loading any format for a run (``runtime``), ONNX and OpenVINO exports, sentence-transformers folders
 (``sentence``) and model2vec static folders (``static``)."""
 
@@ -8,9 +9,9 @@ __getattr__, __all__ = exports(__name__, {
     "load_model": "runtime",
     "load_model_for_task": "runtime",
     "save_model_dir": "artifacts",
-    "compression_record": "artifacts",
-    "read_compression": "artifacts",
-    "append_metrics": "artifacts",
+    "compression_record": "records",
+    "read_compression": "records",
+    "append_metrics": "records",
     "export_onnx": "onnx",
     "export_openvino": "openvino",
     "encode": "sentence",

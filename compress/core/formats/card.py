@@ -2,7 +2,7 @@
 
 Written from the directory's own ``compression.json``, ``config.json`` and
 ``metrics.json`` (:func:`model_card` is pure: dicts in, Markdown out), so the card never
-states more than the directory records. ``compress.core.formats.artifacts`` writes it when a
+states more than the directory records. ``compress.core.formats.records`` writes it when a
 directory is saved and rewrites it when a result is appended; a README.md the toolkit did
 not write (a sentence-transformers model's own card, say) is never replaced.
 
@@ -27,26 +27,9 @@ import json
 from typing import Any
 
 from compress.core.compat import STOCK_PRUNED_HEADS
+from compress.core.model.heads import HEADS
 
 MARKER = "<!-- model card written by compress; rewritten when the directory changes -->"
-
-# Stock classes per saved head (transformers / Optimum names).
-AUTO_CLASSES = {
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "question-answering": "AutoModelForQuestionAnswering",
-    "base": "AutoModel",
-    "masked-lm": "AutoModelForMaskedLM",
-    "pretraining": "AutoModelForPreTraining",
-}
-
-
-# The transformers pipeline a classifier folder loads in, by head.
-PIPELINES = {
-    "sequence-classification": '"text-classification"',
-    "token-classification": '"token-classification", aggregation_strategy="simple"',
-}
-
 
 # SentenceTransformer(DIR, backend=..., model_kwargs=...) per folder format: the file at the root (see the module
 # docstring). OpenVINO: f32, as compress compiles it; left to itself the CPU plugin runs fp32 layers in bf16 on CPUs
@@ -110,7 +93,7 @@ def model_card(name: str, record: dict[str, Any], config: dict[str, Any], result
     """The Markdown card of a directory called ``name`` whose model has ``head``; ``sentence``: a sentence-transformers folder."""
     fmt = record.get("format") or "torch"
     stage, method = record.get("stage", "?"), record.get("method", "?")
-    parent = (record.get("parent") or {}).get("path")  # (artifacts.parent_path: this module stays below artifacts)
+    parent = (record.get("parent") or {}).get("path")  # (records.parent_path: this module stays below records)
     lines = [MARKER, "", f"# {name}", ""]
     if fmt == "static":  # model2vec reads a card's metadata block when it loads the folder (and warns without one)
         lines = ["---", "library_name: model2vec", "tags: [embeddings, static-embeddings, sentence-transformers]", "---",
@@ -185,13 +168,14 @@ def _metric_lines(results: list[dict[str, Any]]) -> list[str]:
 
 def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], config: dict[str, Any], sentence: bool) -> list[str]:
     ok, why = stock_loader(record, config)
-    auto = AUTO_CLASSES.get(head, "AutoModel")
+    stock = HEADS.get(head)  # its stock class and pipeline (a head this toolkit does not know: the bare AutoModel)
+    auto = stock.auto_class if stock else "AutoModel"
     lines = ["With compress (every format): `compress eval --model DIR ...`, or in Python "
              "`compress.core.formats.runtime.load_model(\"DIR\")`.", ""]
     if fmt == "torch" and ok:
         lines.append(f"Without it: `transformers.{auto}.from_pretrained(\"DIR\")` reproduces these outputs ({why}).")
-        if head in PIPELINES:
-            lines.append(f"As a pipeline: `transformers.pipeline({PIPELINES[head]}, model=\"DIR\")` names the labels as "
+        if stock and stock.pipeline:
+            lines.append(f"As a pipeline: `transformers.pipeline({stock.pipeline}, model=\"DIR\")` names the labels as "
                          "config.json's id2label does.")
     elif fmt == "torch":
         lines.append(f"Stock transformers refuses this folder: {why}. To run it without compress: "

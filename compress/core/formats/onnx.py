@@ -33,29 +33,22 @@ import torch
 
 from compress.core.formats.artifacts import (
     clear_tokenizer_state,
-    compression_record,
     load_tokenizer,
     output_dir,
-    require_model_dir,
-    saved_head,
     save_tokenizer,
-    write_json_atomic,
+    saved_head,
 )
+from compress.core.formats.records import compression_record
+from compress.core.formats.writes import write_json_atomic
+from compress.core.preflight import require_model_dir
 from compress.core.errors import CompressError
 from compress.core.logs import quiet_root_logger
 from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import copy_sentence_files
+from compress.core.model.heads import EXPORTABLE_HEADS, HEADS
 from compress.core.model.structure import describe, first_token_only, input_names
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # every input an exported graph may take, in order
-OUTPUTS = {
-    "sequence-classification": ("logits",),
-    "token-classification": ("logits",),  # (batch, sequence, labels): every position keeps its output
-    "question-answering": ("start_logits", "end_logits"),
-    "base": ("last_hidden_state",),
-    "masked-lm": ("logits",),
-}
-FIRST_TOKEN_HEADS = ("sequence-classification",)  # heads that read the first token's output only
 # The fusions that make a graph "fused": at least one of them must fire (Gelu and EmbedLayerNormalization alone do not count).
 CORE_FUSIONS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization")
 # ONNX Runtime's basic graph optimisations (constant folding) run before the Python fusions, as optimize_model does
@@ -95,17 +88,19 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, opset: int = 17, over
 
     model_dir = require_model_dir(model_dir)
     head = saved_head(model_dir)
-    if head not in OUTPUTS:
-        raise CompressError(f"ONNX export supports {', '.join(OUTPUTS)} models; {model_dir} is a {head} model")
+    if head not in EXPORTABLE_HEADS:
+        raise CompressError(f"ONNX export supports {', '.join(EXPORTABLE_HEADS)} models; {model_dir} is a {head} model")
     model = load_model(model_dir, attn_implementation="eager")  # plain ops: every ONNX runtime runs them
     tokenizer = load_tokenizer(model_dir)
-    names = OUTPUTS[head]
-    positional = _Positional(model, names, first_token=head in FIRST_TOKEN_HEADS)
+    spec = HEADS[head]
+    names = spec.outputs
+    positional = _Positional(model, names, first_token=spec.first_token)
     wrapper, inputs = positional.module, positional.inputs
     example = tokenizer(["an example input", "a second, longer example input for tracing"], padding=True, return_tensors="pt")
     args = tuple(example[k] if k in example else torch.zeros_like(example["input_ids"]) for k in inputs)
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
-    axes.update({name: {0: "batch"} if name == "logits" and head == "sequence-classification" else {0: "batch", 1: "sequence"} for name in names})
+    # (batch, sequence[, width]) for an output per token; (batch, labels) for a sequence classifier's logits
+    axes.update({name: {0: "batch", 1: "sequence"} if name in spec.per_token_outputs else {0: "batch"} for name in names})
     with output_dir(out, overwrite) as tmp:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes

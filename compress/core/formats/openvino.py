@@ -22,9 +22,9 @@ other int8 formats     refused: quantize the fp32 parent with ``compress quantiz
 =====================  =========================================================
 
 Weights are saved as they are (``compress_to_fp16=False``: OpenVINO's default would store
-fp32 weights as fp16). The IR runs through ``compress.core.formats.runtime.OpenVINORunner`` (re-exported
-here), in f32 unless another precision is asked for; int8 IRs come from
-``compress quantize --backend openvino`` (NNCF, in ``compress.quantize.run``), which converts
+fp32 weights as fp16). The IR runs through ``compress.core.formats.openvino_runtime.OpenVINORunner``,
+in f32 unless another precision is asked for; int8 IRs come from
+``compress quantize --backend openvino`` (NNCF, in ``compress.quantize.openvino``), which converts
 with :func:`convert` and saves with :func:`save_ir`.
 
 OpenVINO's converter and NNCF send usage telemetry unless a consent file opts out; both
@@ -43,40 +43,28 @@ from typing import Any, Iterator
 
 import torch
 
-from compress.core.formats.artifacts import (  # noqa: F401  (OPENVINO, OPENVINO_FILE re-exported)
-    INT8_FORMATS,
-    ONNX,
-    ONNX_FILE,
-    OPENVINO,
-    OPENVINO_FILE,
-    TORCH,
-    artifact_format,
-    check_output,
-    compression_record,
-    is_quantized,
-    load_config,
-    load_tokenizer,
-    output_dir,
-    parent_path,
-    read_compression,
-    require_model_dir,
-    save_tokenizer,
-    saved_head,
-    write_json_atomic,
+from compress.core.formats.artifacts import (
+    artifact_format, is_quantized, load_config, load_tokenizer, output_dir, save_tokenizer, saved_head,
 )
+from compress.core.formats.layout import (  # noqa: F401  (OPENVINO, OPENVINO_FILE re-exported)
+    INT8_FORMATS, ONNX, ONNX_FILE, OPENVINO, OPENVINO_FILE, TORCH,
+)
+from compress.core.formats.records import compression_record, parent_path, read_compression
+from compress.core.formats.writes import write_json_atomic
+from compress.core.preflight import check_output, require_model_dir
 from compress.core.errors import CompressError
-from compress.core.formats.onnx import FIRST_TOKEN_HEADS, OUTPUTS, _Positional
-from compress.core.formats.runtime import (  # noqa: F401  (the runner and its helpers re-exported)
+from compress.core.formats.onnx import _Positional
+from compress.core.formats.architecture import structure_of
+from compress.core.formats.openvino_runtime import (
     OPENVINO_PRECISION,
-    OpenVINORunner,
     compile_openvino,
     inference_precision,
     layer_precisions,
-    load_model,
     runnable_precision,
-    structure_of,
 )
+from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import copy_sentence_files
+from compress.core.model.heads import EXPORTABLE_HEADS, HEADS
 from compress.core.model.structure import describe
 
 OPENVINO_WEIGHTS = "openvino_model.bin"  # written by openvino.save_model beside OPENVINO_FILE
@@ -130,8 +118,8 @@ def convert(model_dir: Path | str) -> Converted:
     if fmt not in (TORCH, ONNX):
         kind = "int8 " if fmt in INT8_FORMATS else ""
         raise CompressError(f"{model_dir} is a {fmt} {kind}model, which OpenVINO cannot read; {_instead(model_dir)}")
-    if head not in OUTPUTS:
-        raise CompressError(f"OpenVINO conversion supports {', '.join(OUTPUTS)} models; {model_dir} is a {head} model")
+    if head not in EXPORTABLE_HEADS:
+        raise CompressError(f"OpenVINO conversion supports {', '.join(EXPORTABLE_HEADS)} models; {model_dir} is a {head} model")
     if fmt == TORCH:
         return _convert_torch(model_dir, head)
     return _convert_onnx(model_dir, head)
@@ -148,8 +136,8 @@ def _convert_torch(model_dir: Path, head: str) -> Converted:
     for module in model.modules():
         if hasattr(type(module), "loss_function"):
             module.loss_function = None
-    names = OUTPUTS[head]
-    positional = _Positional(model, names, first_token=head in FIRST_TOKEN_HEADS)
+    names = HEADS[head].outputs
+    positional = _Positional(model, names, first_token=HEADS[head].first_token)
     tokenizer = load_tokenizer(model_dir)
     # Two rows of different lengths: nothing is specialised to batch 1 or to one length.
     example = tokenizer(["an example input", "a second, longer example input for tracing"], padding=True, return_tensors="pt")

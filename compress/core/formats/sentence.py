@@ -36,7 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from compress.core.formats.artifacts import STATIC, load_config, model_format, read_json, write_json_atomic
+from compress.core.formats.artifacts import load_config, model_format
+from compress.core.formats.layout import STATIC
+from compress.core.formats.records import read_json
+from compress.core.formats.writes import write_json_atomic
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.registry import Registry

@@ -33,7 +33,10 @@ from torch import nn
 from transformers import BertConfig
 from transformers.modeling_outputs import BaseModelOutput
 
-from compress.core.formats.artifacts import STATIC, WEIGHTS_FILE, read_json, require_model_dir
+from compress.core.formats.folder import ModelFolder
+from compress.core.formats.layout import STATIC, WEIGHTS_FILE
+from compress.core.formats.records import read_json
+from compress.core.preflight import require_model_dir
 from compress.core.errors import CompressError
 from compress.core.formats.weight_checks import check_tensors
 
@@ -124,8 +127,9 @@ class StaticEncoder(nn.Module):
         return BaseModelOutput(last_hidden_state=hidden)
 
 
-def load_static(path: Path, options: dict[str, Any]):
+def load_static(folder: ModelFolder, options: dict[str, Any]):
     """``runtime.load_model`` of a static folder: a :class:`StaticEncoder` (with ``with_info``: and its info)."""
+    path = folder.path
     config = static_config(path)
     head, num_labels = options.get("head"), options.get("num_labels")
     if head not in (None, "base") or num_labels is not None:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from compress.core.compat import MODERNBERT_TYPES_FROM_CONFIG, no_init_weights
 from compress.core.errors import CompressError
+from compress.core.model.heads import HEADS
 from compress.core.registry import Registry
 
 WITH_SEGMENTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -125,6 +126,11 @@ def class_names() -> dict[str, str]:
     return {arch: head for _, family in FAMILIES.items() for head, arch in family.classes.items()}
 
 
+def head_of_class(arch: str) -> str | None:
+    """The head a registered transformers class builds (``RobertaForMaskedLM`` -> ``masked-lm``); None: no family's."""
+    return class_names().get(arch)
+
+
 # ---------------------------------------------------------------------------- BERT and its copies
 
 BERT_ATTENTION = Attention(
@@ -139,17 +145,11 @@ BERT_ATTENTION = Attention(
 
 
 def _classes(prefix: str, heads: tuple[str, ...]) -> dict[str, str]:
-    suffix = {
-        "base": "Model",
-        "sequence-classification": "ForSequenceClassification",
-        "token-classification": "ForTokenClassification",
-        "question-answering": "ForQuestionAnswering",
-        "masked-lm": "ForMaskedLM",
-        "pretraining": "ForPreTraining",
-    }
-    return {head: prefix + suffix[head] for head in heads}
+    """Head name -> the family's class for it: ``prefix`` + the head's class suffix (``Bert`` + ``ForMaskedLM``)."""
+    return {head: prefix + HEADS[head].class_suffix for head in heads}
 
 
+# The heads every family has a class for (a family's own entry adds masked-lm, pretraining where transformers has them).
 ENCODER_HEADS = ("base", "sequence-classification", "token-classification", "question-answering")
 
 
