@@ -1,1 +1,11 @@
-"""Evaluation: official GLUE/SQuAD metrics, the evaluate entry point, latency, analysis and reports."""
+"""Evaluation: official GLUE/SQuAD metrics, the evaluate entry point (``evaluate.evaluate``), head analysis,
+leaderboards and reports (timing in ``latency/``)."""
+
+from compress.core.lazy import exports
+
+__getattr__, __all__ = exports(__name__, {
+    "EvalConfig": "evaluate",
+    "analyze_heads": "heads",
+    "HeadsConfig": "heads",
+    "LeaderboardConfig": "leaderboard",
+})

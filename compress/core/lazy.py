@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from importlib import import_module
+from importlib.util import find_spec
 from typing import Any
 
 
 def exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], list[str]]:
-    """A module ``__getattr__`` that finds each public name in its module (relative to ``package``), and ``__all__``."""
+    """A module ``__getattr__`` that finds each public name in its module (relative to ``package``), and ``__all__``.
+
+    A public name may not be a submodule's name too: ``from package import name`` would then give the object or the
+    module depending on what was imported before."""
+    shadowing = sorted(name for name in where if find_spec(f"{package}.{name}") is not None)
+    if shadowing:
+        raise ImportError(f"{package} exports {', '.join(shadowing)}, which its modules are named too")
 
     def __getattr__(name: str) -> Any:
         if name not in where:
