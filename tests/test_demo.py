@@ -18,6 +18,7 @@ from compress.cli import main
 from compress.core.data import synthetic
 from compress.core.errors import CompressError
 from compress.demo import DEMO_TASK, PRETRAIN_RECIPE, RECIPE, headline, prepare_data, run_demo
+from compress.eval.latency.report import read_report
 from compress.pipeline import load_recipe
 
 # Every model folder the default recipe times; the fp32 exports fold into their model's headline row.
@@ -209,6 +210,12 @@ def _table(report) -> dict[str, dict[str, str]]:
     return _table_of(headline(report))
 
 
+def _p50(run, names) -> dict[str, float]:
+    """The batch-1 p50 (ms) of each named model in the run's latency report, at the demo's point."""
+    rows = read_report(json.loads((run / "latency" / "latency.json").read_text()))["rows"]
+    return {row.name: row.p50_ms for row in rows if row.name in names and (row.batch, row.seq) == (1, 128)}
+
+
 def _speedup(cell: str) -> float:
     assert cell.endswith("x"), cell
     return float(cell[:-1])
@@ -244,7 +251,12 @@ def test_demo_fine_tunes_minilm_and_shows_accuracy_paid_for_speed(tmp_path, caps
     # against the teacher on ITS fastest fp32 backend, so the runtime alone earns no speed-up. Half the layers halve
     # the FLOPs (~1.9x on a quiet machine); a loose bound: a CI host may be busy, and the bursts spread a slow spell
     # over every model but cannot remove it
-    assert speed["teacher"] == 1.0 and speed["student"] > 1.2 and speed["pruned"] > 1.1
+    assert speed["teacher"] == 1.0 and speed["student"] > 1.2 and speed["pruned"] >= 0.9
+    # Half the heads remove a sixth of the FLOPs, less than the gap between two runtimes on some CPUs (OpenVINO fp32
+    # ran 35% slower than ONNX Runtime on a Zen host, and the pruned model has no ONNX export): its own speed-up is
+    # measured on one runtime, against the teacher's export to the same one
+    openvino = _p50(run, ("teacher-openvino", "pruned-openvino"))
+    assert openvino["teacher-openvino"] / openvino["pruned-openvino"] > 1.1
     assert float(table["student"]["params (M)"]) < float(table["teacher"]["params (M)"])
     out = capsys.readouterr().out
     assert "| teacher " in out and "| student-openvino-int8 |" in out  # the headline table is printed at the end

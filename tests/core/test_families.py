@@ -1,7 +1,7 @@
-"""Every encoder family (BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA, ModernBERT) through the whole toolkit.
+"""Every encoder family (BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA, MPNet, ModernBERT) through the whole toolkit.
 
 Tiny random models built from each family's config (vocab ~100, hidden 32, 4 heads,
-FFN 37), saved as model directories with a WordPiece tokenizer, then: round trips,
+FFN 37), saved as model directories with a WordPiece tokenizer (MPNet's own, padding id 1), then: round trips,
 physical pruning (heads, FFN neurons, layers) against masking, importance scores, a
 student from teacher layers, int8 (torch and ONNX Runtime), ONNX export.
 """
@@ -20,7 +20,7 @@ from compress.core.data import synthetic
 from compress.core.model import structure as st
 from compress.core.formats.artifacts import saved_head
 from compress.core.formats.records import read_compression
-from compress.core.compat import STOCK_PRUNED_HEADS, has_module, wordpiece_tokenizer
+from compress.core.compat import STOCK_PRUNED_HEADS, TRANSFORMERS_MAJOR, has_module, wordpiece_tokenizer
 from compress.core.config import from_dict
 from compress.core.errors import CompressError
 from compress.core.formats.onnx import export_onnx
@@ -49,7 +49,10 @@ from tests.conftest import VOCAB, make_tiny_model, save_tiny, tiny_config, write
 pytestmark = pytest.mark.versions
 
 TEXTS = ["the movie was good", "a very boring film , not fun at all", "paris is the capital of france ."]
-NAMES = ["bert", "roberta", "xlm-roberta", "distilbert", "electra", "modernbert"]
+NAMES = ["bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet", "modernbert"]
+# Families whose last layer cannot compute the first token alone: ModernBERT (rotary, fused attention), MPNet
+# (the layer adds a position bias the encoder computes for every token).
+NO_FIRST_TOKEN = ("modernbert", "mpnet")
 SIZES = dict(hidden=32, heads=4, ffn=37)
 
 
@@ -65,6 +68,10 @@ def family_config(name: str, layers: int = 2):
         # Positions start after the padding id: 64 tokens need 66 position embeddings.
         cls = transformers.RobertaConfig if name == "roberta" else transformers.XLMRobertaConfig
         return cls(max_position_embeddings=66, type_vocab_size=1, **bert_like)
+    if name == "mpnet":  # positions counted from the padding id 1, like RoBERTa's; LayerNorm eps 1e-5 as released
+        mpnet = {**bert_like, "pad_token_id": 1}
+        return transformers.MPNetConfig(max_position_embeddings=66, layer_norm_eps=1e-5, relative_attention_num_buckets=32,
+                                        **mpnet)
     if name == "electra":  # embeddings narrower than the encoder: the projection is part of the model
         return transformers.ElectraConfig(embedding_size=16, max_position_embeddings=64, **bert_like)
     if name == "distilbert":
@@ -90,9 +97,26 @@ def make_model(name: str, head: str = "sequence-classification", layers: int = 2
 
 
 def make_tokenizer(name: str, directory):
-    """The test WordPiece tokenizer; without token_type_ids for families that take none (as their own tokenizers)."""
+    """The test WordPiece tokenizer; without token_type_ids for families that take none (as their own tokenizers).
+    MPNet's: its own class and special tokens, padding id 1 (its positions count from it)."""
     names = list(get_family(name).inputs)
+    if name == "mpnet":
+        return mpnet_tokenizer(directory)
     return wordpiece_tokenizer(write_vocab(directory), do_lower_case=True, model_max_length=64, model_input_names=names)
+
+
+MPNET_SPECIAL = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]  # all-mpnet-base-v2's order: <pad> is id 1
+
+
+def mpnet_tokenizer(directory):
+    """An MPNet tokenizer over the test vocabulary with MPNet's special tokens in place of BERT's."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens = MPNET_SPECIAL + VOCAB[len(MPNET_SPECIAL):]
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    if TRANSFORMERS_MAJOR < 5:  # 4.x reads the file
+        return transformers.MPNetTokenizerFast(vocab_file=str(vocab), model_max_length=64)
+    return transformers.MPNetTokenizer(vocab={t: i for i, t in enumerate(tokens)}, model_max_length=64)  # 5.x: a dict
 
 
 def inputs_for(model, tokenizer) -> dict:
@@ -148,7 +172,7 @@ def test_unknown_family_is_refused_in_one_line(tmp_path, tokenizer):
     with pytest.raises(CompressError) as err:
         load_model(out)
     message = str(err.value)
-    assert "model_type 'gpt2' is not supported; known encoder families: bert, distilbert, electra, modernbert, roberta, xlm-roberta" in message
+    assert "model_type 'gpt2' is not supported; known encoder families: bert, distilbert, electra, modernbert, mpnet, roberta, xlm-roberta" in message
     assert "\n" not in message
 
 
@@ -325,8 +349,8 @@ def test_a_last_layer_of_the_first_token_only_gives_the_same_logits(name, tok, a
     st.prune_heads(model, {1: [0, 2]})  # the last layer: 2 heads of 4
     x = inputs_for(model, tok)  # padded rows
     full = logits(model, x)
-    assert st.first_token_only(model) is (name != "modernbert")  # ModernBERT's rotary, fused attention does not split
-    if name == "modernbert":
+    assert st.first_token_only(model) is (name not in NO_FIRST_TOKEN)
+    if name in NO_FIRST_TOKEN:
         return
     assert torch.allclose(logits(model, x), full, atol=1e-5)
     with torch.no_grad():
@@ -342,8 +366,8 @@ def test_onnx_export_parity(name, tok, tmp_path):
     st.resize_ffn(model, 1, range(20))
     parent = save_tiny(model, tok, tmp_path / "pruned")
     out = export_onnx(parent, tmp_path / "onnx")
-    # A classifier reads the first token only: the graph's last layer computes that one (not ModernBERT's, see above).
-    assert read_compression(out)["structure"].get("first_token_last_layer", False) is (name != "modernbert")
+    # A classifier reads the first token only: the graph's last layer computes that one (see NO_FIRST_TOKEN).
+    assert read_compression(out)["structure"].get("first_token_last_layer", False) is (name not in NO_FIRST_TOKEN)
     assert "first_token_last_layer" not in read_compression(export_onnx(
         save_tiny(make_model(name, head="base"), tok, tmp_path / "base"), tmp_path / "base-onnx"))["structure"]
     runner = load_model(out)
@@ -375,3 +399,41 @@ def test_a_bert_tokenizer_beside_a_family_without_token_type_ids(family, tmp_pat
                                                                              "losses": ["kd", "hard", "hidden"]}))
     pruned = prune(tuned, tmp_path / "pruned", from_dict(PruneConfig, {"task": "sst2", "data_dir": str(glue), "remove_heads": 2}))
     assert st.heads_per_layer(load_model(pruned)) != [4, 4] and load_model(student).config.model_type == family
+
+
+def test_mpnet_layers_that_lose_different_heads_read_their_own_position_bias_columns(tmp_path):
+    """MPNet's one relative_attention_bias table (buckets x heads) serves every layer: a layer that lost heads must
+    add its kept heads' columns only. Pruned twice (current ids the second time), it equals the unpruned model with
+    the same original heads masked, and reloads exactly."""
+    tok = mpnet_tokenizer(tmp_path / "tok")
+    model = make_model("mpnet", layers=3)
+    table = st.base_model(model).encoder.relative_attention_bias.weight
+    with torch.no_grad():  # a bias that differs per head, so a wrong column changes the scores
+        table.copy_(torch.randn(table.shape, generator=torch.Generator().manual_seed(3)) * 2)
+    x = inputs_for(model, tok)
+    assert x["input_ids"][-1, -1] == 1 and "token_type_ids" not in x  # padded with id 1, no segments
+    keep = [[True, False, True, True], [False, True, True, False], [True] * 4]
+    with masked_heads(model, [[True, False, True, False], keep[1], keep[2]]):
+        masked = logits(model, x)
+    st.prune_heads(model, {0: [1], 1: [0, 3]})
+    st.prune_heads(model, {0: [2]})  # current ids of layer 0 are now [0, 2, 3]: current 2 is original 3
+    assert st.heads_per_layer(model) == [2, 2, 4] and st.removed_heads(model) == {0: [1, 3], 1: [0, 3]}
+    assert table.shape == (32, 4)  # the shared table keeps every column: other layers still read them
+    pruned = logits(model, x)
+    assert torch.allclose(pruned, masked, atol=1e-5), (pruned, masked)
+    out = save_tiny(model, tok, tmp_path / "pruned")
+    loaded = load_model(out)
+    assert st.heads_per_layer(loaded) == [2, 2, 4] and torch.equal(logits(loaded, x), pruned)
+    # The stock loader refuses the narrower weights rather than adding the full bias to two heads.
+    with pytest.raises(Exception, match="(?i)mismatch"):
+        transformers.AutoModelForSequenceClassification.from_pretrained(out)
+
+
+def test_mpnet_positions_count_from_its_padding_id(tmp_path):
+    """The same sentence alone and padded in a batch gives the same logits: positions skip the padding id 1."""
+    tok = mpnet_tokenizer(tmp_path / "tok")
+    model = make_model("mpnet")
+    alone = st.model_inputs(model, dict(tok(TEXTS[:1], return_tensors="pt")))
+    batch = inputs_for(model, tok)
+    assert torch.allclose(logits(model, alone)[0], logits(model, batch)[0], atol=1e-5)
+    assert st.base_model(model).embeddings.LayerNorm.eps == 1e-5

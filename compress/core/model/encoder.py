@@ -371,6 +371,8 @@ class Encoder:
             removed[layer] = sorted({*removed.get(layer, []), *(present[c] for c in ids)})
             self.layer(layer).remove_heads(ids)
         setattr(self.model.config, self.family.pruned_heads_key, removed)
+        if self.family.heads_changed is not None:
+            self.family.heads_changed(self.model, removed)
 
     def keep_ffn(self, layer_index: int, keep: Iterable[int]) -> None:
         """Keep only the FFN neurons ``keep`` in one layer."""
@@ -443,6 +445,8 @@ class Encoder:
                 f"compression.json lists heads {structure['heads']} but config.json's pruned_heads "
                 f"builds {self.heads()}; the directory is inconsistent"
             )
+        if self.family.heads_changed is not None:
+            self.family.heads_changed(self.model, self.removed_heads())
 
     def inherit_layer_layout(self, config, layers: list[int]) -> None:
         """Give a student ``config`` the position-dependent settings of this model's layers ``layers`` (0-based).

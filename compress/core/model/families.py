@@ -1,11 +1,11 @@
-"""Encoder families: what differs between BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA and ModernBERT.
+"""Encoder families: what differs between BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA, MPNet and ModernBERT.
 
 Everything the toolkit knows about one family sits in its :class:`Family` entry, looked up
 from ``config.model_type``: where the base model, the layer list, the attention
 projections, the FFN and the embeddings are; which transformers class builds each head;
 which config attributes hold the sizes; which inputs the forward takes; how heads are
 recorded for the stock loader; and the few layer details that depend on a layer's
-position (ModernBERT). ``compress.core.model.structure`` does all the surgery and measuring
+position (ModernBERT) or on which heads it kept (MPNet). ``compress.core.model.structure`` does all the surgery and measuring
 through these entries, so adding a family is one ``register`` call here.
 
 Paths are dotted attribute paths: the layer list from the base model, everything else
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch import Tensor, nn
 
 from compress.core.compat import MODERNBERT_TYPES_FROM_CONFIG, no_init_weights
@@ -83,6 +84,9 @@ class Family:
     # input at those t tokens) -> the layer's output there. Lets a last layer compute its first token only; None:
     # the family's layer does not split there (ModernBERT: rotary attention on fused projections).
     finish_layer: Callable[[nn.Module, Tensor, Tensor], Tensor] | None = None
+    # After heads were removed or a pruned folder was rebuilt: (model, original head ids removed per layer) -> give
+    # each layer what its kept heads need from outside the layer (MPNet: their columns of the shared position table).
+    heads_changed: Callable[[nn.Module, dict[int, list[int]]], None] | None = None
 
     def head_class(self, head: str) -> str:
         """The transformers class of ``head``; a head this family has none of is refused by name."""
@@ -203,6 +207,69 @@ FAMILIES.register("distilbert", Family(
     ffn_in="ffn.lin1", ffn_out="ffn.lin2", classes=_classes("DistilBert", (*ENCODER_HEADS, "masked-lm")),
     sizes=Sizes(layers="n_layers", hidden="dim", heads="n_heads", ffn="hidden_dim"),
     inputs=WITHOUT_SEGMENTS, mlm_head=_distilbert_mlm, finish_layer=_distilbert_finish,
+))
+
+
+# ---------------------------------------------------------------------------- MPNet
+
+HEAD_IDS = "compress_head_ids"  # a pruned MPNet attention's buffer: the original ids of the heads it kept
+
+
+def _own_head_columns(module: nn.Module, args: tuple) -> tuple | None:
+    """Forward pre-hook of a pruned MPNet attention: its position bias (batch, all heads, q, k) cut to its own heads.
+
+    The encoder computes the bias once from one ``relative_attention_bias`` table (buckets, heads)
+    shared by every layer and passes it to each (positionally, third, in 4.x and 5.x alike).
+    """
+    if len(args) < 3 or args[2] is None:
+        return None
+    return (*args[:2], args[2].index_select(1, getattr(module, HEAD_IDS)), *args[3:])
+
+
+def _mpnet_heads_changed(model: nn.Module, removed: dict[int, list[int]]) -> None:
+    """Give each MPNet layer that lost heads the columns of the shared position table its kept heads read.
+
+    ``removed``: original head ids removed per layer. The table keeps every original head's column
+    (other layers may still read it); a layer with all its heads reads the full bias untouched.
+    """
+    base = getattr(model, "mpnet", model)
+    every = base.encoder.relative_attention_bias.weight.shape[1]  # the original head count
+    for index, layer in enumerate(base.encoder.layer):
+        attention = layer.attention.attn
+        gone = set(removed.get(index, removed.get(str(index), [])))
+        kept = [h for h in range(every) if h not in gone]
+        if len(kept) != attention.q.out_features // attention.attention_head_size:
+            raise CompressError(f"layer {index} has {attention.q.out_features // attention.attention_head_size} heads "
+                                f"but the record of removed heads leaves {len(kept)}; the folder is inconsistent")
+        if not gone:
+            continue
+        ids = torch.tensor(kept, dtype=torch.long, device=attention.q.weight.device)
+        if hasattr(attention, HEAD_IDS):
+            setattr(attention, HEAD_IDS, ids)
+        else:
+            attention.register_buffer(HEAD_IDS, ids, persistent=False)  # not a weight: rebuilt from the record
+            attention.register_forward_pre_hook(_own_head_columns)
+
+
+def _mpnet_mlm(model: nn.Module) -> nn.Module:
+    return model.lm_head  # dense + gelu + LayerNorm, then the decoder tied to the word embeddings
+
+
+FAMILIES.register("mpnet", Family(
+    model_type="mpnet", config_class="MPNetConfig", base="mpnet", layers="encoder.layer",
+    attention=Attention(
+        module="attention.attn", projections=("q", "k", "v"), output="attention.attn.o",
+        # 4.x reshapes with num_attention_heads and all_head_size; 5.x with the head size and all_head_size.
+        head_size="attention_head_size", count=("num_attention_heads",), width=("all_head_size",),
+    ),
+    ffn_in="intermediate.dense", ffn_out="output.dense", classes=_classes("MPNet", (*ENCODER_HEADS, "masked-lm")),
+    inputs=WITHOUT_SEGMENTS,  # no segment embeddings; padding id 1, positions counted from it (the model's own)
+    # transformers 4.x would rebuild narrower heads from config.pruned_heads but add the full position bias to
+    # them and fail in the forward; under this key its loader refuses the narrower weights instead.
+    pruned_heads_key="compress_pruned_heads",
+    mlm_head=_mpnet_mlm,
+    heads_changed=_mpnet_heads_changed,
+    # no finish_layer: the last layer's first-token shortcut would have to add the position bias too
 ))
 
 
