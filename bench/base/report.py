@@ -21,6 +21,48 @@ def primary(task: str, metrics: dict | None) -> float | None:
     return None
 
 
+GLUE_SIX = ("sst2", "mrpc", "stsb", "cola", "rte", "wnli")
+# The goals: (what, the models, a score floor as a share of the teacher's or an absolute average, the speed floor).
+BERT_BASE_AVERAGE = 74.9  # BERT-base's six-task dev average in the leaderboard's published rows
+DISTILBERT_AVERAGE = 72.2  # DistilBERT's (its paper, Table 1, dev)
+GOALS = (
+    ("teacher six-task average >= BERT-base's 74.9", "teacher", ("absolute", BERT_BASE_AVERAGE), None),
+    ("6L-768 >= DistilBERT's 72.2 at >= 1.9x", "6L-768", ("absolute", DISTILBERT_AVERAGE), 1.9),
+    ("6L-384 >= 97% of the teacher at >= 5x", "6L-384", ("share", 0.97), 5.0),
+    ("3L-384 >= 95% of the teacher at >= 10x", "3L-384", ("share", 0.95), 10.0),
+)
+
+
+def scores(state: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """role -> task -> dev score, for every finished model."""
+    table: dict[str, dict[str, float]] = {}
+    for row in state["rows"].values():
+        value = primary(row["task"], row.get("metrics"))
+        if value is not None:
+            table.setdefault(row["role"], {})[row["task"]] = value
+    return table
+
+
+def goal_lines(state: dict[str, Any]) -> list[str]:
+    """Each goal met, not met, or not measured yet (which tasks are missing), with its numbers."""
+    table = scores(state)
+    teacher = table.get("teacher", {})
+    lines = []
+    for what, role, (kind, floor), speed in GOALS:
+        mine = table.get(role, {})
+        missing = [t for t in GLUE_SIX if t not in mine or t not in teacher]
+        if missing:
+            lines.append(f"- {what}: not measured yet (no {role} or teacher score on {', '.join(missing)})")
+            continue
+        average = sum(mine[t] for t in GLUE_SIX) / len(GLUE_SIX)
+        reference = sum(teacher[t] for t in GLUE_SIX) / len(GLUE_SIX)
+        wanted = floor if kind == "absolute" else floor * reference
+        verdict = "met" if average >= wanted else "not met"
+        speed_note = f"; speed-up not measured yet (>= {speed}x wanted)" if speed else ""
+        lines.append(f"- {what}: accuracy {verdict}: {average:.2f} against {wanted:.2f}{speed_note}")
+    return lines
+
+
 def render(state: dict[str, Any]) -> str:
     """The header (CPU, precision and why, reductions) and one row per finished model."""
     head, settings = state["header"], state["settings"]
@@ -45,4 +87,5 @@ def render(state: dict[str, Any]) -> str:
                  "" if row.get("seconds") is None else f"{row['seconds']:.0f}",
                  "" if row.get("examples_per_s") is None else f"{row['examples_per_s']:.1f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += ["", "## Goals", "", *goal_lines(state)]
     return "\n".join(lines) + "\n"

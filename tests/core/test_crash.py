@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -111,6 +112,27 @@ def test_distill_killed_and_resumed_matches(workspace):
     _finish([*args, "--out", "student", "--resume"], workspace)
     reference, got = _weights(workspace / "ref-distill"), _weights(workspace / "student")
     assert all(torch.equal(got[k], reference[k]) for k in reference)
+
+
+@pytest.mark.slow
+def test_a_bf16_finetune_killed_twice_resumes_to_identical_weights(workspace):
+    """Benchmarks train in bf16 where the CPU has it: autocast, the optimizer's fp32 state and the data order all come
+    back from the checkpoint (on a CPU without native bf16 the same path runs emulated, slower)."""
+    from tests.conftest import make_tiny_model, save_tiny
+
+    tok = wordpiece_tokenizer(workspace / "vocab.txt")
+    save_tiny(make_tiny_model(vocab_size=len(tok), hidden_dropout_prob=0.1, seed=4), tok, workspace / "bf16-base")
+    args = ["teacher", "finetune", "--model", "bf16-base", "--task", "sst2", "--data-dir", "data", "--epochs", "2",
+            "--batch-size", "16", "--lr", "1e-3", "--save-every", "4", "--precision", "bf16", "--seed", "3"]
+    _finish([*args, "--out", "ref-bf16"], workspace)
+    work = workspace / ".tuned-bf16.work"
+    for step in (4, 32):
+        _kill_after([*args, "--out", "tuned-bf16", *(["--resume"] if work.exists() else [])], workspace, work, step, 0.1)
+    _finish([*args, "--out", "tuned-bf16", "--resume"], workspace)
+    reference, got = _weights(workspace / "ref-bf16"), _weights(workspace / "tuned-bf16")
+    assert set(got) == set(reference) and all(torch.equal(got[k], reference[k]) for k in reference)
+    record = json.loads((workspace / "tuned-bf16" / "compression.json").read_text())
+    assert record["config"]["train"]["precision"] == "bf16"
 
 
 def _with(args: list[str], flag: str, value: str) -> list[str]:
