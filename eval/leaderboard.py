@@ -23,8 +23,10 @@ How the numbers are put together:
   after the benchmark tasks'.
 * GLUE average: the unweighted mean over the GLUE tasks that every model with GLUE
   results was evaluated on, so all averages in one table cover the same tasks. Published
-  rows get the same average only when they publish all of those tasks; a user's tasks
-  never enter it.
+  rows get the same average only when they publish all of those tasks (a row without it
+  lists the tasks it lacks, ``glue_avg_missing`` / ``avg_missing``); a user's tasks never enter it.
+* ranking: the measured and published rows of the table's split that have the GLUE average,
+  by that average (ties share a rank); ``ranking`` in the table, ``rank`` in each row.
 * retention: a model's metric / its teacher's (per task; for the average, the ratio of
   the averages), in percent. The teacher is the teacher of the model's chain: its oldest
   ancestor (``compression.json`` parent links) among the models shown that has a score;
@@ -38,7 +40,9 @@ How the numbers are put together:
   is one ``compress latency`` call, whatever backend each of its models ran on.
 
 Published rows (``compress.eval.references``) of the table's split are carried separately, flagged
-``published``, and never enter a measured column, an average of measured rows, or a ratio.
+``published``, and never enter a measured column, an average of measured rows, or a ratio. Published
+rows of the other split (GLUE test beside a dev table) stand in a block of their own,
+``published_other_split``: no average, no rank, never beside the table's own rows.
 
 A model with no evaluation of the table's split and no latency is left out (and with no
 such model at all the table is refused), unless ``keep_unmeasured``: then it is listed,
@@ -59,9 +63,9 @@ from compress.core.errors import CompressError
 from compress.core.formats.artifacts import is_model_dir
 from compress.core.formats.records import utc_now
 from compress.eval.latency.rows import display_names
-from compress.eval.leaderboard_render import measured_notes, published_notes
+from compress.eval.leaderboard_render import measured_notes, other_split_notes, published_notes
 from compress.eval.leaderboard_rows import SPLITS, ModelRow, read_row
-from compress.eval.references import for_split
+from compress.eval.references import ALL, Published
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,25 @@ def mean_over(scores: dict[str, float], tasks: Sequence[str]) -> float | None:
     return statistics.fmean(scores[t] for t in tasks)
 
 
+def missing_from_average(scores: dict[str, float], tasks: Sequence[str]) -> list[str]:
+    """The ``tasks`` of an average (two or more) that ``scores`` lacks: why a row has no average ([]: it has one,
+    or no average is taken at all)."""
+    return [t for t in tasks if t not in scores] if len(tasks) >= 2 else []
+
+
+def rank_by_average(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank the rows of one split by GLUE avg, highest first (ties share a rank); each entry's ``rank`` set (None
+    without an average); the ranking, best first. Only the table's own split is ever passed in: rows of another
+    split (GLUE test beside dev) are never ranked with it."""
+    averages = [e["glue_avg"] for e in entries if e["glue_avg"] is not None]
+    for entry in entries:
+        avg = entry["glue_avg"]
+        entry["rank"] = None if avg is None else 1 + sum(other > avg for other in averages)
+    ranked = sorted((e for e in entries if e["rank"] is not None), key=lambda e: e["rank"])  # stable: ties keep order
+    return [{"rank": e["rank"], "name": e["name"] if not e["published"] else e["model"], "published": e["published"],
+             "glue_avg": e["glue_avg"]} for e in ranked]
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """numerator / denominator, None when either is missing or the denominator is 0."""
     if numerator is None or not denominator:
@@ -254,11 +277,13 @@ def _find(by_path: dict[Path, ModelRow], path: str, flag: str) -> ModelRow:
     return row
 
 
-def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig, *, keep_unmeasured: bool = False) -> dict[str, Any]:
+def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig, *, keep_unmeasured: bool = False,
+                references: Sequence[Published] | None = None) -> dict[str, Any]:
     """The leaderboard as a JSON-able dict: measured models, published rows, and the notes that explain them.
 
     ``keep_unmeasured`` lists the models with no evaluation or latency too (a recipe's
-    report: every model it made), instead of leaving them out.
+    report: every model it made), instead of leaving them out. ``references`` are the published
+    rows to choose from (default: all of ``compress.eval.references``).
     """
     cfg.validate()
     kept = lineage_order([r for r in rows if keep_unmeasured or r.has_metrics])
@@ -269,6 +294,12 @@ def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig, *, keep_unmeas
     known = {**{t: get_task(t) for t in tasks if t in TASKS}, **known_tasks(kept)}
     reference = _find({r.path: r for r in kept}, cfg.speed_reference, "--reference-model") if cfg.speed_reference else None
     models = [model_entry(r, teacher_of(r, kept, cfg), reference, tasks, averaged) for r in kept]
+    shown = {t: known[t] for t in tasks}
+    refs = tuple(ALL if references is None else references)
+    published = published_entries(tasks, averaged, cfg.split, shown, references=refs) if cfg.published else []
+    # The other split's rows (GLUE test beside a dev table): their own block, no average (``averaged`` empty), no rank.
+    other = [entry for split in SPLITS if split != cfg.split
+             for entry in published_entries(tasks, (), split, shown, references=refs)] if cfg.published else []
     table = {
         "kind": "leaderboard",
         "when": utc_now(),
@@ -283,13 +314,16 @@ def build_table(rows: Sequence[ModelRow], cfg: LeaderboardConfig, *, keep_unmeas
         "compared_with": "baseline" if cfg.baseline else cfg.compare_with,
         "speed_reference": reference.name if reference else None,
         "models": models,
-        "published": published_entries(tasks, averaged, cfg.split, {t: known[t] for t in tasks}) if cfg.published else [],
+        "published": published,
+        "published_other_split": other,
+        "ranking": rank_by_average([*models, *published]),  # the table's split only
         "skipped": [{"name": r.name, "path": str(r.path)} for r in rows if not (keep_unmeasured or r.has_metrics)],
         "keep_unmeasured": keep_unmeasured,
         "other_points": other_points(kept, cfg),
     }
     table["notes"] = measured_notes(table)
     table["published_notes"] = published_notes(table) if table["published"] else []
+    table["published_other_notes"] = other_split_notes(table) if other else []
     return table
 
 
@@ -315,6 +349,7 @@ def model_entry(row: ModelRow, teacher: ModelRow, reference: ModelRow | None,
         "scores": scores,
         "evals": {t: row.evals[t] for t in scores},
         "glue_avg": average,
+        "glue_avg_missing": missing_from_average(row.scores, averaged),
         "teacher": teacher.name,
         "retention": retention,
         "retention_avg": None if avg_ratio is None else 100 * avg_ratio,
@@ -329,15 +364,17 @@ def model_entry(row: ModelRow, teacher: ModelRow, reference: ModelRow | None,
 
 
 def published_entries(tasks: Sequence[str], averaged: Sequence[str], split: str = "dev",
-                      known: dict[str, Task] | None = None) -> list[dict[str, Any]]:
-    """Published rows of ``split`` with a score on a shown task: their params, those scores and the same average.
+                      known: dict[str, Task] | None = None, *,
+                      references: Sequence[Published] = ALL) -> list[dict[str, Any]]:
+    """Published rows of ``split`` with a score on a shown task: their params, those scores, the same average (or the
+    tasks of it they lack) and where they come from (paper, table, split, the document copied).
 
     A score counts only for a task of the same metric: a preset's row for the preset (not a user's task that
     borrows its name), a user's dataset's row (its ``metric`` set) for a local task scored with that metric.
     """
     known = known or {}
     entries = []
-    for ref in for_split(split):
+    for ref in (r for r in references if r.split == split):
         scores = {t: ref.scores[t] for t in tasks if t in ref.scores and _comparable(ref.metric, known.get(t))}
         if not scores:
             continue
@@ -348,7 +385,13 @@ def published_entries(tasks: Sequence[str], averaged: Sequence[str], split: str 
             "split": ref.split,
             "scores": scores,
             "glue_avg": mean_over(ref.scores, averaged),
+            "avg_missing": missing_from_average(ref.scores, averaged),
+            "rank": None,  # set by rank_by_average for the table's own split only
             "source": ref.source,
+            "paper": ref.paper,
+            "table": ref.table,
+            "origin": ref.origin,
+            "cite": ref.cite,
             "notes": ref.notes,
         })
     return entries

@@ -87,11 +87,30 @@ def published_notes(table: dict[str, Any]) -> list[str]:
     split = table.get("split", "dev")
     notes = [f"Copied from the cited sources (eval/references.py): other people's runs and hardware, on the {split} sets "
              "their sources name; never measured here and never part of the measured averages or ratios. No published "
-             "latency is comparable with this machine, so these rows appear in the plots as dashed reference lines."]
+             "latency is comparable with this machine, so these rows appear in the plots as dashed reference lines.",
+             "source: the paper and its table where the source names them (\"no paper table cited\": it names none), "
+             "and the document the figures were copied from."]
     if len(table["average_tasks"]) >= 2:
         notes.append(f"GLUE avg over the same tasks as above ({_task_list(table, table['average_tasks'])}), "
-                     "only where the source publishes all of them.")
+                     "only where the source publishes all of them; otherwise the cell names the tasks it lacks.")
     return notes
+
+
+def other_split_notes(table: dict[str, Any]) -> list[str]:
+    """Footnotes for the block of published rows of the other split (GLUE test beside a dev table)."""
+    split = table.get("split", "dev")
+    others = sorted({p["split"] for p in table["published_other_split"]})
+    return [f"Published {' and '.join(others)}-set results, shown for reference only: a different split from the "
+            f"{split} scores above (GLUE test is scored by the official server on hidden labels), so they never enter "
+            f"a GLUE avg, the ranking, a retention or a plot beside the {split} rows."]
+
+
+def average_cell(value: float | None, missing: Sequence[str], names: dict[str, str], *,
+                 spec: str = ".2f", none: str = "n/a") -> str:
+    """A GLUE avg cell: the average, or ``none`` followed by the tasks of the average the row lacks ("— (no STS-B)")."""
+    if value is not None:
+        return format(value, spec)
+    return f"{none} (no {', '.join(names.get(t, t) for t in missing)})" if missing else none
 
 
 def _f(value: float | None, spec: str, missing: str = "n/a") -> str:
@@ -154,7 +173,7 @@ def measured_table(table: dict[str, Any]) -> list[str]:
     for m in table["models"]:
         metrics = [_f(m["scores"].get(t), ".2f", missing) for t in table["tasks"]] or ([missing] if keep else [])
         cells = [m["name"], _stage_cell(m), _f(_millions(m["params"]), ".2f"), _f(m["size_mb"], ".1f"),
-                 *metrics, _f(m["glue_avg"], ".2f"),
+                 *metrics, average_cell(m["glue_avg"], m.get("glue_avg_missing", ()), _short_names(table)),
                  _f(retention(m), ".1f") + ("%" if retention(m) is not None else ""), m["teacher"],
                  _f(m["p50_ms"], ".2f"), m["backend"] or "n/a",
                  _speedup_cell(m["speedup_teacher"], m["speedup_teacher_same_run"])]
@@ -174,14 +193,39 @@ def retention_table(table: dict[str, Any]) -> list[str]:
     return lines
 
 
-def published_table(table: dict[str, Any]) -> list[str]:
-    """Markdown lines of the published rows, with their sources."""
-    tasks = table["tasks"]
-    lines = [_row(["model (published)", "params (M)", *(_metric_header(table, t) for t in tasks), "GLUE avg", "split", "source"]),
-             _row(["---", "--:", *("--:" for _ in tasks), "--:", "---", "---"])]
-    for p in table["published"]:
+def _short_names(table: dict[str, Any]) -> dict[str, str]:
+    """task -> the name a cell uses for it ("MNLI-m" for MNLI, as its column does)."""
+    return {t: "MNLI-m" if t == "mnli" else name for t, name in table["task_names"].items()}
+
+
+def _source_cell(p: dict[str, Any]) -> str:
+    """A published row's source: paper and table (or that none is cited), the document copied, its notes."""
+    origin = p.get("origin") or p["source"]
+    return origin + (f" ({p['notes']})" if p["notes"] else "")
+
+
+def published_table(table: dict[str, Any], key: str = "published") -> list[str]:
+    """Markdown lines of the published rows (``key``: the table's split, or ``published_other_split``), each with
+    its split and source (paper, table, the document copied); the other split's rows get no GLUE avg column."""
+    tasks, names = table["tasks"], _short_names(table)
+    averaged = key == "published"
+    avg = ["GLUE avg"] if averaged else []
+    lines = [_row(["model (published)", "params (M)", *(_metric_header(table, t) for t in tasks), *avg, "split",
+                   "source (paper, table)"]),
+             _row(["---", "--:", *("--:" for _ in tasks), *(["--:"] if averaged else []), "---", "---"])]
+    for p in table[key]:
+        cell = [average_cell(p["glue_avg"], p.get("avg_missing", ()), names, none="—")] if averaged else []
         lines.append(_row([p["model"], _f(p["params_m"], "g", "—"), *(_f(p["scores"].get(t), ".1f", "—") for t in tasks),
-                           _f(p["glue_avg"], ".2f", "—"), p["split"], p["source"] + (f" ({p['notes']})" if p["notes"] else "")]))
+                           *cell, p["split"], _source_cell(p)]))
+    return lines
+
+
+def ranking_table(table: dict[str, Any]) -> list[str]:
+    """Markdown lines of the ranking by GLUE avg: measured and published rows of the table's split only."""
+    lines = [_row(["rank", "model", "kind", "GLUE avg"]), _row(["--:", "---", "---", "--:"])]
+    for r in table["ranking"]:
+        kind = "published" if r["published"] else "measured here"
+        lines.append(_row([r["rank"], r["name"], kind, f"{r['glue_avg']:.2f}"]))
     return lines
 
 
@@ -197,9 +241,18 @@ def format_markdown(table: dict[str, Any]) -> str:
              *measured_table(table), "", *(f"- {n}" for n in table["notes"])]
     if len(table["tasks"]) > 1:
         lines += ["", f"### Retention per task (% of the {table['compared_with']}'s metric)", "", *retention_table(table)]
+    split = table.get("split", "dev")
     if table["published"]:
         lines += ["", "## Published (not measured here)", "", *published_table(table), "",
                   *(f"- {n}" for n in table["published_notes"])]
+    if table.get("ranking"):
+        lines += ["", f"### Ranking by GLUE avg ({split} rows only: measured and published, over the same tasks)", "",
+                  *ranking_table(table)]
+    if table.get("published_other_split"):
+        others = " and ".join(sorted({p["split"] for p in table["published_other_split"]}))
+        lines += ["", f"## Published on the {others} sets (a block of its own: never averaged or ranked with the "
+                  f"{split} rows)", "", *published_table(table, "published_other_split"), "",
+                  *(f"- {n}" for n in table["published_other_notes"])]
     return "\n".join(lines) + "\n"
 
 

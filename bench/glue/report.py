@@ -2,8 +2,11 @@
 
 ``build(state, latency) -> report`` is pure (a run's rows and an optional ``compress latency`` report in,
 JSON-able numbers out) and ``render(state, report)`` writes glue.md's Markdown. The scores, the GLUE
-average and the published rows are the toolkit leaderboard's (``compress.eval.leaderboard.build_table``
-on one row per model role, its scores gathered over the tasks' folders).
+average, the ranking and the published rows are the toolkit leaderboard's (``compress.eval.leaderboard.build_table``
+on one row per model role, its scores gathered over the tasks' folders): published dev rows stand in the dev
+table beside the measured ones, published test rows (GLUE test server) in a block of their own, never averaged
+or ranked with them. ``build(state, stored=old_report)`` re-renders a run whose model folders are gone: params
+and speed as the stored report recorded them.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from typing import Any
 from compress.core.formats.records import parent_path, read_compression, read_metrics
 from compress.core.data.tasks import GLUE_TASKS, get_task
 from compress.eval.leaderboard import LeaderboardConfig, build_table, mean_over, ratio
+from compress.eval.leaderboard_render import average_cell
 from compress.eval.leaderboard_rows import ModelRow, model_params
-from compress.eval.references import published, published_score
+from compress.eval.references import Published, published, published_score
 
 ROLES = {  # role -> table label; the teacher first: the leaderboard compares every row with its first
     "teacher": "teacher MiniLM-L6 (fp32)",
@@ -31,20 +35,27 @@ GOAL_SPEEDUP = 10.0  # x the teacher on its fastest fp32 backend, batch 1
 POINT = (1, 128)  # (batch, seq) of the speed columns
 
 
-def build(state: dict[str, Any], latency: dict | None = None) -> dict[str, Any]:
-    """The table (role rows with scores, GLUE avg, % of BERT-base, % of own teacher, speed), published rows, goal."""
+def build(state: dict[str, Any], latency: dict | None = None, *, stored: dict[str, Any] | None = None,
+          references: tuple[Published, ...] | None = None) -> dict[str, Any]:
+    """The table (role rows with scores, GLUE avg, rank, % of BERT-base, % of own teacher, speed), the published dev
+    rows beside them, the published test rows apart, the goal. ``stored``: an earlier report of the same run, whose
+    params and speed stand in for model folders and a latency file that are not here; ``references``: the published
+    rows to choose from (default: all of compress.eval.references)."""
     dirs = role_dirs(state["rows"])
     scored = {r: scores for r in ROLES if r in dirs and (scores := role_scores(state["rows"], r))}
     if not scored:
-        return {"tasks": [], "average_tasks": [], "models": [], "published": [], "speed": {},
-                "goal": goal_verdict([], {}, reduced_settings(state))}
+        return {"tasks": [], "average_tasks": [], "models": [], "published": [], "published_test": [], "ranking": [],
+                "speed": {}, "goal": goal_verdict([], {}, reduced_settings(state))}
+    stored = stored or {}
+    known_params = {m["role"]: m.get("params") for m in stored.get("models", [])}
     rows = [ModelRow(path=Path(dirs[r][0]), name=ROLES[r], scores=scores, tasks={t: get_task(t) for t in scores},
                      evals={t: {"split": "dev", "n": state["rows"][f"{t}/{r}"].get("n_dev")} for t in scores},
-                     params=_params(Path(dirs[r][0]))) for r, scores in scored.items()]
-    table = build_table(rows, LeaderboardConfig())  # retention against the first row: the teacher's, when it has one
+                     params=_params(Path(dirs[r][0])) or known_params.get(r)) for r, scores in scored.items()]
+    # retention against the first row: the teacher's, when it has one
+    table = build_table(rows, LeaderboardConfig(), references=references)
     has_teacher = "teacher" in scored
     bert_avg = mean_over(BERT_BASE.scores, table["average_tasks"])
-    speed = speeds(latency, dirs) if latency else {}
+    speed = speeds(latency, dirs) if latency else stored.get("speed", {})
     only = table["tasks"][0] if len(table["tasks"]) == 1 else None  # one task: its ratios stand for the average's
     models = []
     for role, entry in zip(scored, table["models"]):
@@ -53,6 +64,7 @@ def build(state: dict[str, Any], latency: dict | None = None) -> dict[str, Any]:
         vs_bert = {t: 100 * v / BERT_BASE.scores[t] for t, v in entry["scores"].items() if t in BERT_BASE.scores}
         models.append({
             "role": role, "label": entry["name"], "scores": entry["scores"], "glue_avg": entry["glue_avg"],
+            "avg_missing": entry["glue_avg_missing"], "rank": entry["rank"],
             "retention": retention, "retention_avg": retention.get(only) if only else retention_avg,
             "vs_bert": vs_bert, "vs_bert_avg": vs_bert.get(only) if only else _pct(ratio(entry["glue_avg"], bert_avg)),
             "params": entry["params"], "speed": speed.get(role),
@@ -60,7 +72,9 @@ def build(state: dict[str, Any], latency: dict | None = None) -> dict[str, Any]:
     reduced = reduced_settings(state)
     return {"tasks": table["tasks"], "task_names": table["task_names"], "task_metrics": table["task_metrics"],
             "average_tasks": table["average_tasks"], "bert_base_avg": bert_avg, "models": models,
-            "published": table["published"], "speed": speed, "latency": _latency_summary(latency), "reduced": reduced,
+            "published": table["published"], "published_test": table["published_other_split"],
+            "ranking": table["ranking"], "speed": speed,
+            "latency": _latency_summary(latency) if latency else stored.get("latency"), "reduced": reduced,
             "goal": goal_verdict(models, speed, reduced)}
 
 
@@ -251,25 +265,61 @@ def _header(report: dict, task: str) -> str:
     return f"{report['task_names'][task]} ({metric.get(report['task_metrics'][task], report['task_metrics'][task])})"
 
 
+def _avg(report: dict, row: dict) -> str:
+    """A GLUE avg cell: the average, or "—" and the tasks of the average the row lacks."""
+    names = {t: report["task_names"][t] for t in report["tasks"]}
+    return average_cell(row["glue_avg"], row.get("avg_missing") or (), names, none="—")
+
+
+def _source(p: dict) -> str:
+    """A published row's source cell: paper and table (or that none is cited), the document copied, the split."""
+    return p.get("cite") or f"{p['source']}; {p['split']} set"
+
+
 def leaderboard_lines(report: dict) -> list[str]:
-    """One table: the measured role rows, then the published rows, over the same task columns and GLUE avg."""
+    """The dev table: the measured role rows, then the published dev rows, over the same task columns, GLUE avg and
+    rank (both over the dev rows only), each published row with its source."""
     tasks = report["tasks"]
     head = ["model", "params (M)", *(_header(report, t) for t in tasks), "GLUE avg", "% of BERT-base (published)",
-            "% of own teacher", "p50 ms b1 (backend)", "x BERT-base shape (fastest fp32)", "x teacher (fastest fp32)", "source"]
+            "% of own teacher", "p50 ms b1 (backend)", "x BERT-base shape (fastest fp32)", "x teacher (fastest fp32)",
+            "rank (dev GLUE avg)", "source (paper, table, split)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "--:", *("--:" for _ in tasks), "--:", "--:", "--:",
-                                                            "---", "--:", "--:", "---"]) + "|"]
+                                                            "---", "--:", "--:", "--:", "---"]) + "|"]
     for m in report["models"]:
         s = m["speed"] or {}
         timing = f"{s['p50_ms']:.2f} ({s['backend']})" if s else "—"
         cells = [m["label"], _f(m["params"] and m["params"] / 1e6, ".1f"), *(_f(m["scores"].get(t)) for t in tasks),
-                 _f(m["glue_avg"]), _f(m["vs_bert_avg"], ".1f"), _f(m["retention_avg"], ".1f"), timing,
-                 _x(s.get("vs_base")), _x(s.get("vs_teacher")), "measured here"]
+                 _avg(report, m), _f(m["vs_bert_avg"], ".1f"), _f(m["retention_avg"], ".1f"), timing,
+                 _x(s.get("vs_base")), _x(s.get("vs_teacher")), _f(m.get("rank"), "d"), "measured here (dev)"]
         lines.append("| " + " | ".join(cells) + " |")
     for p in report["published"]:
         cells = [f"{p['model']} (published)", _f(p["params_m"], "g"), *(_f(p["scores"].get(t), ".1f") for t in tasks),
-                 _f(p["glue_avg"]), _f(_pct(ratio(p["glue_avg"], report["bert_base_avg"])), ".1f"), "—", "—", "—", "—",
-                 p["source"]]
+                 _avg(report, p), _f(_pct(ratio(p["glue_avg"], report["bert_base_avg"])), ".1f"), "—", "—", "—", "—",
+                 _f(p.get("rank"), "d"), _source(p)]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def published_test_lines(report: dict) -> list[str]:
+    """The published GLUE test-server rows in a table of their own: scores and sources only, no average, no rank, no
+    ratio to a dev row; then each row's note."""
+    rows = report.get("published_test") or []
+    if not rows:
+        return []
+    tasks = report["tasks"]
+    lines = ["| model | params (M) | " + " | ".join(_header(report, t) for t in tasks) + " | source (paper, table, split) |",
+             "|" + "|".join(["---", "--:", *("--:" for _ in tasks), "---"]) + "|"]
+    for p in rows:
+        cells = [f"{p['model']} (published, test)", _f(p["params_m"], "g"), *(_f(p["scores"].get(t), ".1f") for t in tasks),
+                 _source(p)]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = {}
+    for p in rows:  # rows sharing a note (TinyBERT-4 and -6) get one line
+        if p.get("notes"):
+            notes.setdefault(p["notes"], []).append(p["model"])
+    lines += ["", "- Test-set figures, scored by the GLUE server on hidden labels: not comparable with the dev scores "
+              "above, so none of them enters a GLUE avg, the ranking or a % column."]
+    lines += [f"- {', '.join(models)}: {note}." for note, models in notes.items()]
     return lines
 
 
@@ -329,13 +379,18 @@ def render(state: dict[str, Any], report: dict[str, Any]) -> str:
         "", "## Leaderboard (dev)", "", *(leaderboard_lines(report) if report["models"] else ["No model finished yet."]), "",
         (f"- GLUE avg: the unweighted mean over {averaged}: the GLUE tasks every measured row was scored on (the toolkit "
          "leaderboard's rule; WNLI counts like any other task when every row has it). A published row gets the average "
-         "only where its source publishes all of those tasks." if averaged else
+         "only where its source publishes all of those tasks; otherwise the cell names the tasks it lacks. rank: by "
+         "that average, over the dev rows that have it (measured and published; ties share a rank)." if averaged else
          "- GLUE avg: not computed: fewer than two tasks were scored on every measured row; the ratios are the one task's."),
         f"- % of BERT-base: the row's GLUE avg over the published BERT-base-uncased row's over the same tasks "
         f"({_f(report.get('bert_base_avg'))}; {BERT_BASE.source}); % of own teacher: the ratio of the averages "
         "(retention); per task below.",
         "- speed: p50 at batch 1, seq 128 from the --latency file, each row on its fastest backend; x BERT-base shape and "
         "x teacher: their fastest fp32 backend's p50 over the row's (ratio of medians over the file's runs).",
+        "- source: the paper and its table where the source names them (\"no paper table cited\": it names none), the "
+        "document the figures were copied from, and the split.",
+        *(["", "## Published GLUE test-set results (a block of its own: never averaged or ranked with the dev rows)", "",
+           *published_test_lines(report)] if report.get("published_test") else []),
         "", "## Per task: against the published BERT-base and the own teacher", "", *per_task_lines(report),
         "", "## Training", "", *recipe_lines(state),
         "", "## Speed", "", *speed_lines(state, report),

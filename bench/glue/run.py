@@ -2,6 +2,7 @@
 
     python -m bench.glue --data ../shared/data --work runs/glue --out bench/results/$(date +%F)/glue
     make bench-glue DATA=../shared/data GLUE_WORK=runs/glue GLUE_OUT=bench/results/DATE/glue GLUE_ARGS="--budget-hours 3"
+    python -m bench.glue --out bench/results/DATE/glue --render-only   # glue.md again from glue.json, nothing runs
 
 For every GLUE task with local data under DATA/glue (SST-2, MRPC, STS-B, CoLA, RTE, WNLI: those
 whose train.tsv and dev.tsv exist), in WORK/TASK/:
@@ -301,11 +302,24 @@ def model_row(folder: Path, task: str, role: str, glue: Path, ran: bool) -> dict
             "ran": ran}
 
 
-def save(out: Path, state: dict[str, Any], latency: dict | None) -> None:
-    """glue.json (header, settings, estimate, every model's row, the table) and glue.md."""
-    report = glue_report.build(state, latency)
+def save(out: Path, state: dict[str, Any], latency: dict | None, stored: dict | None = None) -> None:
+    """glue.json (header, settings, estimate, every model's row, the table) and glue.md (``stored``: see
+    :func:`bench.glue.report.build`)."""
+    report = glue_report.build(state, latency, stored=stored)
     write_json_atomic(out / "glue.json", {**state, "report": report})
     (out / "glue.md").write_text(glue_report.render(state, report), encoding="utf-8")
+
+
+def render_only(out: Path, latency: dict | None = None) -> Path:
+    """Rewrite ``out``'s glue.md and glue.json from its glue.json with the current report code; nothing is trained or
+    timed. Params and speed come from the model folders and ``latency`` where they are here, else as recorded."""
+    path = out / "glue.json"
+    if not path.is_file():
+        raise CompressError(f"--render-only: {path} does not exist; pass the --out of an earlier run")
+    recorded = json.loads(path.read_text(encoding="utf-8"))
+    state = {k: v for k, v in recorded.items() if k != "report"}
+    save(out, state, latency, stored=recorded.get("report"))
+    return out
 
 
 def run_glue(data: Path, work: Path, out: Path, settings: GlueSettings, *, command: str,
@@ -393,14 +407,20 @@ def main(argv=None) -> int:
                         help="choose the largest --max-train-examples whose estimated cost fits (reported)")
     parser.add_argument("--latency", type=Path, default=None, help="latency.json of `compress latency` (see the report)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--render-only", action="store_true",
+                        help="only rewrite --out's glue.md and glue.json from its glue.json with the current report code "
+                             "(nothing runs; params and speed as recorded where the model folders or --latency are absent)")
     args = parser.parse_args(argv)
     glue = (args.data / "glue").absolute()
     try:
-        available = local_tasks(glue)
-        settings, sizes = settings_from_args(args, available, lambda tasks: train_sizes(glue, tasks))
         if args.latency and not args.latency.is_file():
             raise CompressError(f"--latency {args.latency} is not a file; pass the latency.json `compress latency --out` wrote")
         latency = json.loads(args.latency.read_text()) if args.latency else None
+        if args.render_only:
+            print((render_only(args.out, latency) / "glue.md").read_text())
+            return 0
+        available = local_tasks(glue)
+        settings, sizes = settings_from_args(args, available, lambda tasks: train_sizes(glue, tasks))
         command = "python -m bench.glue " + " ".join(sys.argv[1:] if argv is None else argv)
         run_glue(args.data, args.work, args.out, settings, command=command, latency=latency, available=available,
                  sizes=sizes)
