@@ -1,9 +1,10 @@
 """Build a student model for a teacher: from the teacher's layers, at random, or pretrained.
 
-Every method returns a model of the teacher's class (``BertForSequenceClassification``,
+Every method but ``pretrained`` returns a model of the teacher's class (``BertForSequenceClassification``,
 ``RobertaForQuestionAnswering``, ``DistilBertModel``, ``ModernBertForMaskedLM``, ...) with
 the teacher's task configuration (vocabulary, positions, labels, problem type), so its
-outputs line up with the teacher's for distillation. Methods are chosen by name from
+outputs line up with the teacher's for distillation; a pretrained one keeps its own family and
+vocabulary, with the teacher's head and labels. Methods are chosen by name from
 ``INIT_METHODS``.
 """
 
@@ -21,8 +22,8 @@ from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.formats.runtime import load_model
 from compress.core.model.families import class_names, head_of_class
+from compress.core.model.heads import HEADS
 from compress.core.model.shapes import Shape
-from compress.core.model.structure import config_sizes
 from compress.students.layer_map import every_kth
 from compress.students.slices import cut_from_teacher, cut_problems
 
@@ -179,23 +180,19 @@ def init_random(teacher: nn.Module, shape: Shape, seed: int = 0) -> nn.Module:
 
 
 def load_pretrained_student(teacher: nn.Module, path: str | Path, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
-    """A pretrained student directory loaded with the teacher's head and labels; its own shape wins.
+    """A pretrained student directory loaded with the teacher's head and labels; its own shape and vocabulary win.
 
-    A head the directory lacks starts new, drawn from ``seed``: the same for the same seed."""
+    A head the directory lacks starts new, drawn from ``seed``: the same for the same seed. Whether its vocabulary
+    may differ from the teacher's (it reads its own tokenizer) is the distillation's to decide
+    (``compress.distill.steps.build_student``)."""
     arch = type(teacher).__name__
     head = head_of_class(arch)
     if head is None:
         raise CompressError(f"cannot match a {arch} teacher's head; valid teacher classes: {', '.join(class_names())}")
     labels = {}
-    if head == "sequence-classification":
+    if HEADS[head].trained and HEADS[head].outputs == ("logits",):  # a classifier, per text or per token: the teacher's labels
         labels = {"num_labels": teacher.config.num_labels, "id2label": dict(teacher.config.id2label)}
     model, info = load_model(path, head=head, with_info=True, seed=seed, **labels)
-    vocab, teacher_vocab = config_sizes(model.config).vocab, config_sizes(teacher.config).vocab
-    if vocab != teacher_vocab:
-        raise CompressError(
-            f"the student in {path} has a vocabulary of {vocab} but the teacher has {teacher_vocab}; both must use "
-            "the same tokenizer"
-        )
     model.config.problem_type = teacher.config.problem_type
     ref = next(teacher.parameters())
     model.to(device=ref.device, dtype=ref.dtype).train(teacher.training)

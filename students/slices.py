@@ -10,7 +10,9 @@ Minitron, Muralidharan et al. 2024):
   the largest mean ``|activation|`` over the teacher's hidden states, measured on seeded
   random token sequences (no data needed; the few outlier dimensions every trained
   encoder has are what must stay);
-* **heads**: the heads whose value/output path has the largest norm, ``||W_v^h|| ||W_o^h||``;
+* **heads**: the heads whose value/output path has the largest norm, ``||W_v^h|| ||W_o^h||``; where every layer
+  reads one table with a column per head (MPNet's position bias), the same heads in every layer, ranked by that norm
+  summed over the layers (each layer's norms scaled to sum to 1), and the table keeps their columns;
 * **head dimensions**: for queries and keys the dimensions with the largest
   ``||W_q[i]|| ||W_k[i]||``, for values the largest ``||W_v[i]|| ||W_o[:, i]||``. Queries are
   not rescaled: the student's ``1/sqrt(d_student)`` sharpens the logits a little, which
@@ -96,14 +98,32 @@ def cut_problems(teacher: nn.Module, shape: Shape) -> list[str]:
     return problems
 
 
-def _attention_slices(layer: Layer, heads: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices into W_q/W_k and into W_v (teacher layout, head-major) for ``heads`` heads of ``size`` dims."""
+def _head_scores(layer: Layer) -> torch.Tensor:
+    """``||W_v^h|| ||W_o^h||`` per head: (heads, head size) per-dimension products, normed per head; shape (heads,)."""
+    w_v, w_o = layer.qkv_weights[2].detach().float(), layer.output.weight.detach().float()
+    return (w_v.norm(dim=1) * w_o.norm(dim=0)).view(layer.heads, layer.head_size).norm(dim=1)
+
+
+def shared_heads(layers: list[Layer], heads: int) -> torch.Tensor:
+    """The ``heads`` teacher heads every student layer keeps when the layers share a per-head table (MPNet).
+
+    Each layer's head scores are scaled to sum to 1, so no layer outweighs the others, then summed.
+    """
+    total = sum(scores / scores.sum().clamp_min(1e-12) for scores in map(_head_scores, layers))
+    return _top(total, heads)
+
+
+def _attention_slices(layer: Layer, heads: int, size: int,
+                      kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices into W_q/W_k and into W_v (teacher layout, head-major) for ``heads`` heads of ``size`` dims.
+
+    ``kept``: the teacher heads to keep (default: this layer's ``heads`` best by :func:`_head_scores`)."""
     w_q, w_k, w_v = (w.detach().float() for w in layer.qkv_weights)
     w_o = layer.output.weight.detach().float()
     d, n = layer.head_size, layer.heads
     qk = (w_q.norm(dim=1) * w_k.norm(dim=1)).view(n, d)
     v = (w_v.norm(dim=1) * w_o.norm(dim=0)).view(n, d)
-    kept = _top(v.norm(dim=1), heads)
+    kept = _top(_head_scores(layer), heads) if kept is None else kept
     qk_rows = torch.cat([h * d + _top(qk[h], size) for h in kept.tolist()])
     v_rows = torch.cat([h * d + _top(v[h], size) for h in kept.tolist()])
     return qk_rows, v_rows
@@ -118,10 +138,11 @@ def _ffn_slice(layer: Layer, width: int) -> torch.Tensor:
     return _top(scores * w_out.norm(dim=0), width)
 
 
-def _layer_axes(teacher_layer: Layer, student_layer: Layer, shape: Shape) -> dict[int, dict[int, torch.Tensor]]:
+def _layer_axes(teacher_layer: Layer, student_layer: Layer, shape: Shape,
+                kept: torch.Tensor | None = None) -> dict[int, dict[int, torch.Tensor]]:
     """For each student parameter of one layer (by id), the teacher indices of each axis that is not hidden."""
     size = shape.hidden // shape.heads
-    qk_rows, v_rows = _attention_slices(teacher_layer, shape.heads, size)
+    qk_rows, v_rows = _attention_slices(teacher_layer, shape.heads, size, kept)
     neurons = _ffn_slice(teacher_layer, shape.ffn)
     width, ffn = teacher_layer.qkv_weights[0].shape[0], teacher_layer.ffn_width
     axes: dict[int, dict[int, torch.Tensor]] = {}
@@ -171,14 +192,18 @@ def cut_from_teacher(student: nn.Module, teacher: nn.Module, shape: Shape, layer
     t_encoder, s_encoder = st.Encoder.of(teacher), st.Encoder.of(student)
     t_hidden = t_encoder.sizes.hidden
     hidden = _top(hidden_importance(teacher, seed), shape.hidden)
+    table, kept, table_axes = s_encoder.head_table, None, {}
+    if table is not None:  # one table of per-head columns serves every layer: the same heads everywhere
+        kept = shared_heads([t_encoder.layer(i) for i in layers], shape.heads)
+        table_axes = {id(table.weight): {1: kept}}  # (buckets, heads): the kept heads' columns
     pairs: list[tuple[nn.Module, nn.Module, dict]] = []
     for target, source in zip(s_encoder.layers, layers):
         teacher_layer = t_encoder.layer(source)
-        pairs.append((target.module, teacher_layer.module, _layer_axes(teacher_layer, target, shape)))
+        pairs.append((target.module, teacher_layer.module, _layer_axes(teacher_layer, target, shape, kept)))
     outside, teacher_outside = st.outside_layers(student), st.outside_layers(teacher)
     if outside.keys() != teacher_outside.keys():
         raise CompressError("the student and teacher differ in whether they have a pooler or task head")
-    pairs += [(outside[name], teacher_outside[name], {}) for name in outside]
+    pairs += [(outside[name], teacher_outside[name], table_axes) for name in outside]
 
     filled: set[int] = set()
     with torch.no_grad():

@@ -5,6 +5,19 @@ corpus, or a GLUE task's texts) to reproduce the teacher's pooled sentence embed
 (MSE + cosine, :data:`EMBEDDING_TERMS`) and writes a folder ``SentenceTransformer(DIR)``
 loads, with the teacher's pooling; ``--eval-tasks`` (pair tasks scored on the embeddings)
 measure the student against the teacher.
+
+A student with a tokenizer of its own (``--init DIR`` whose tokenizer is not the teacher's, e.g. a
+MiniLM with BERT's WordPiece under an MPNet teacher; :mod:`compress.distill.cross_tokenizer`) needs
+nothing more: the two meet per sentence. Each tokenises the sentence itself; the teacher's pooled
+embedding of sentence i, computed once on its own tokens, is the target of the student's pooled
+embedding of sentence i (its ``index``), and the student is evaluated and saved with its own tokenizer.
+Every term compares pooled vectors, so none is refused.
+
+A student narrower than the teacher (all-MiniLM-L6-v2, 384 wide, under all-mpnet-base-v2, 768 wide) stays a plain
+sentence-transformers model of its own width, with no Dense layer: its per-sentence targets are the teacher's
+embeddings reduced to its width by PCA fitted on the training sentences (:func:`pca_reduction`, as sentence-transformers'
+model_distillation.py does), and the ``similarity`` term compares the in-batch cosine similarities of each side, the
+teacher's at its full width. A wider student is refused.
 """
 
 from __future__ import annotations
@@ -12,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,12 +55,14 @@ from compress.core.checkpoints import fingerprint, prepare_work_dir, work_dir_fo
 from compress.core.processes import is_main_process, main_process_first
 from compress.core.train import Phase, TrainConfig
 from compress.distill.steps import (
+    Student,
     Teacher,
     build_student,
     check_out,
     device_for,
     distill_record,
     open_teacher,
+    student_tokenizer,
     train_keeping_best,
     write_student,
 )
@@ -58,10 +73,28 @@ from compress.teacher.corpus import read_documents
 from compress.teacher.presets import open_model
 
 
-# A sentence-embedding term: (student pooled (batch, d), teacher pooled (batch, d)) -> scalar.
+# A sentence-embedding term of one sentence against its target: (student pooled (batch, d), teacher pooled (batch, d))
+# -> scalar; the terms a static student (distill_static) takes too.
 EMBEDDING_TERMS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("embedding distillation loss")
 EMBEDDING_TERMS.register("mse", L.sentence_embedding_mse)
 EMBEDDING_TERMS.register("cosine", L.sentence_embedding_cosine)
+
+
+@dataclass(frozen=True)
+class StudentTerm:
+    """A term of distill-embedding's student: ``compute(student (batch, d_s), teacher (batch, d)) -> scalar``."""
+
+    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    weight: str  # the config field that weighs it
+    full_width: bool = False  # it reads the teacher's own embeddings, not its targets at the student's width
+
+
+# distill-embedding's terms: the per-sentence ones (against targets at the student's width) and similarity, which
+# compares the sentences of a batch with each other on each side, so reads the teacher at its own width.
+STUDENT_TERMS: Registry[StudentTerm] = Registry("embedding distillation loss")
+STUDENT_TERMS.register("mse", StudentTerm(EMBEDDING_TERMS.get("mse"), "mse_weight"))
+STUDENT_TERMS.register("cosine", StudentTerm(EMBEDDING_TERMS.get("cosine"), "cosine_weight"))
+STUDENT_TERMS.register("similarity", StudentTerm(L.sentence_similarity_mse, "similarity_weight", full_width=True))
 
 
 def _embedding_defaults() -> TrainConfig:
@@ -81,10 +114,15 @@ class EmbeddingDistillConfig:
     max_sentences: int | None = option(None, "train on a seeded random sample of N sentences (say so when reporting)")
     min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
     heldout_sentences: int = option(500, "sentences held out (at most a tenth) to report, and keep the best checkpoint by, the loss")
-    shape: StudentShape = field(default_factory=lambda: StudentShape(student="3L-384"))  # its width must be the teacher's
-    losses: tuple[str, ...] = option(("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos)", metavar="TERM[,...]")
+    # no wider than the teacher; a narrower one learns the teacher's embeddings reduced to its width by PCA
+    shape: StudentShape = field(default_factory=lambda: StudentShape(student="3L-384"))
+    losses: tuple[str, ...] = option(
+        ("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos), both per sentence "
+        "(against the teacher's PCA-reduced embeddings for a narrower student); similarity (MSE between the in-batch "
+        "cosine-similarity matrices, the teacher's at its full width)", metavar="TERM[,...]")
     mse_weight: float = option(1.0, "weight of the mse term")
     cosine_weight: float = option(1.0, "weight of the cosine term")
+    similarity_weight: float = option(1.0, "weight of the similarity term")
     max_length: int = option(128, "tokens per training sentence (longer ones are truncated; the folder keeps its max_seq_length)")
     eval_tasks: tuple[str, ...] = option(
         (), "pair tasks scored on the student's embeddings at each evaluation and at the end, with the teacher's score "
@@ -96,21 +134,21 @@ class EmbeddingDistillConfig:
     def validate(self) -> None:
         if not self.corpus and not self.sentences_from:
             raise CompressError("no sentences to distil on; pass --corpus FILE_OR_DIR[,...] and/or --sentences-from TASK[,...]")
-        check_sentence_options(self)
+        check_sentence_options(self, STUDENT_TERMS)
         if self.max_length < 8:
             raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
 
 
-def check_sentence_options(cfg) -> None:
-    """The sentence sources, eval tasks, loss terms and counts an embedding distillation config holds (the
-    transformer student's here, the static student's in distill_static), each refused in one line."""
+def check_sentence_options(cfg, terms: Registry = EMBEDDING_TERMS) -> None:
+    """The sentence sources, eval tasks, loss terms (of ``terms``) and counts an embedding distillation config holds
+    (the transformer student's here, the static student's in distill_static), each refused in one line."""
     for name in cfg.sentences_from:
         if get_task(name).name not in GLUE_TASKS:
             raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
     for name in cfg.eval_tasks:
         check_embedding_task(get_task(name))
     for term in cfg.losses:
-        EMBEDDING_TERMS.get(term)
+        terms.get(term)
     if not cfg.losses:
         raise CompressError("--losses is empty; pass e.g. --losses mse,cosine")
     if cfg.min_words < 1 or cfg.heldout_sentences < 0 or cfg.teacher_batch_size < 1:
@@ -128,13 +166,15 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     before training and kept with the checkpoints (``--resume`` reuses them). The teacher
     is a sentence-transformers folder or any BERT encoder (mean pooling); the output is a
     sentence-transformers folder with the teacher's pooling, normalisation and
-    ``max_seq_length``, which ``SentenceTransformer(out)`` loads.
+    ``max_seq_length``, which ``SentenceTransformer(out)`` loads. A student from ``--init DIR``
+    with a tokenizer of its own reads (and is saved with) that tokenizer; the targets stay the
+    teacher's embeddings on its own tokens, met per sentence.
     """
     out = check_out(out, cfg, overwrite, teacher)
     folder = open_model(teacher).check_torch("embedding distillation (the teacher)")
     spec = read_spec(folder.path)
     teach = open_teacher(folder, "base", set())
-    student = build_student(teach, cfg, set())
+    student = build_student(teach, cfg, set(), tokenizer=student_tokenizer(teach, cfg))  # its own, or the teacher's
     width, teacher_width = config_sizes(student.model.config).hidden, config_sizes(teach.model.config).hidden
     if width != teacher_width:
         raise CompressError(
@@ -148,11 +188,12 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     device = device_for(teach, cfg.train.device)
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
     targets, teacher_seconds = _teacher_targets(teach, spec, sentences, cfg, work, device)  # (n, d) pooled, on the CPU
-    features = _sentence_features(teach.tokenizer, sentences, spec, cfg.max_length)
+    features = _sentence_features(student.tokenizer, sentences, spec, cfg.max_length)  # row i: targets[i]
     held, train_set = features[:n_held], features[n_held:]
-    collate_step = _sentence_collator(teach.tokenizer)
+    collate_step = _sentence_collator(student.tokenizer)
     loss_fn = _embedding_loss_fn(cfg, targets, spec.pooling)
-    scorers = embedding_scorers(cfg, teach.tokenizer, spec)
+    own_spec = _student_spec(spec, student)  # the folder's files as the student's folder carries them
+    scorers = embedding_scorers(cfg, student.tokenizer, own_spec)  # the student's: the teacher is scored with its own
     held_batches = [collate_step(held[i : i + 64], 0) for i in range(0, len(held), 64)]
     evaluate = _embedding_evaluator(loss_fn, held_batches, scorers, device) if held_batches or scorers else None
     before = evaluate(student.model.to(device)) if evaluate is not None and is_main_process() else None
@@ -170,12 +211,21 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
         "heldout": n_held, "sources": sources, "before": before, "best": result.best, "best_step": result.best_step,
         "history": result.history, "when": utc_now(),
     }
-    metrics = [*_embedding_task_records(scorers, student.model, teach, spec, cfg), training]
+    metrics = [*_embedding_task_records(scorers, student, teach, spec, cfg), training]
     record = distill_record("distill-embedding", cfg, teach, student, losses=list(cfg.losses),
-                     sentence={"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": spec.max_seq_length})
-    stage, files = staged_sentence_files(spec, width)
+                     sentence={"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": own_spec.max_seq_length})
+    stage, files = staged_sentence_files(own_spec, width)
     with stage:
         return write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work, files=files)
+
+
+def _student_spec(spec: SentenceSpec, student: Student) -> SentenceSpec:
+    """The teacher's sentence files as the student's folder carries them: the same, but for a student with its own
+    tokenizer, a ``max_seq_length`` no longer than its position embeddings take."""
+    limit = config_sizes(student.model.config).max_positions
+    if student.apart and spec.max_seq_length and spec.max_seq_length > limit:
+        return replace(spec, max_seq_length=limit)
+    return spec
 
 
 def embedding_sentences(cfg: EmbeddingDistillConfig) -> tuple[list[str], dict[str, int]]:
@@ -300,14 +350,17 @@ def _embedding_evaluator(loss_fn, batches: list[dict], scorers: dict, device):
     return evaluate
 
 
-def _embedding_task_records(scorers: dict, student_model, teach: Teacher, spec: SentenceSpec, cfg) -> list[dict]:
-    """Per eval task: the student's dev record and its retention of the teacher's primary metric."""
+def _embedding_task_records(scorers: dict, student: Student, teach: Teacher, spec: SentenceSpec, cfg) -> list[dict]:
+    """Per eval task: the student's dev record and its retention of the teacher's primary metric (the teacher's
+    score on its own tokens: ``scorers`` tokenise as the student does)."""
+    student_model, apart = student.model, student.apart
     records = []
     for name, (task, ds, score) in scorers.items():
         metrics, details = score(student_model)
         records.append(embedding_record(task, "dev", len(ds), metrics, details, spec, data=cfg.data_dir or "the Hugging Face hub"))
         primary = embedding_primary_metric(task)
-        teacher_value = teacher_embedding_score(teach, task, primary, score)
+        teacher_score = score if not apart else embedding_scorer(teach.tokenizer, task, ds, spec, batch_size=64)
+        teacher_value = teacher_embedding_score(teach, task, primary, teacher_score)
         records.append({
             "kind": "retention", "task": task.name, "metric": primary, "embedding": True, "student": metrics[primary],
             "teacher": teacher_value, "ratio": metrics[primary] / teacher_value if teacher_value else None, "when": utc_now(),

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from compress.core.formats.artifacts import save_model_dir
-from compress.core.formats.folder import ModelFolder
+from compress.core.formats.folder import ModelFolder, open_folder
 from compress.core.formats.records import compression_record
 from compress.core.preflight import check_output
 from compress.core.errors import CompressError
@@ -28,6 +28,7 @@ from compress.core.data.tasks import TaskKind
 from compress.core.checkpoints import load_weights
 from compress.core.processes import is_main_process
 from compress.core.train import Phase, TrainConfig, TrainResult, train_phases
+from compress.distill.cross_tokenizer import TeacherRows, same_tokenisation
 from compress.distill.terms import ENCODER, MLM, TERMS, Kind, LossWeights, Outputs, Step, needs_of
 from compress.students.init import TEACHER_METHODS, init_student, load_pretrained_student
 from compress.students.layer_map import parse_layer_map
@@ -90,8 +91,12 @@ def teacher_layers(pairs: list[tuple[int, int]], needs: set[str]) -> set[int]:
     return {t for _, t in pairs} if "hidden" in needs else set()
 
 
-def make_loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_model, cache, pairs: list[tuple[int, int]]):
-    """``loss_fn(model, batch) -> (loss, logs)`` for the training loop: the weighted sum of ``terms``, each logged."""
+def make_loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_model, cache, pairs: list[tuple[int, int]],
+                 *, apart: TeacherRows | None = None):
+    """``loss_fn(model, batch) -> (loss, logs)`` for the training loop: the weighted sum of ``terms``, each logged.
+
+    ``apart``: the teacher's own tokenisation of the rows, for a student that tokenises apart from it (the teacher's
+    outputs are then computed, or read from ``cache``, on its own tokens and met with the student's positions)."""
     needs = needs_of(terms)
     teacher_hidden = teacher_layers(pairs, needs)
     student_hidden = {s for s, _ in pairs} if "hidden" in needs else set()
@@ -102,11 +107,15 @@ def make_loss_fn(kind: Kind, terms: tuple[str, ...], loss: LossWeights, teacher_
     student_needs = needs | {"logits"}
 
     def loss_fn(model, batch):
-        index = batch.pop("cache_index", None)  # (batch,) rows of the teacher cache, in task distillation
-        teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs=needs, hidden_index=teacher_hidden)
+        if apart is None:
+            index = batch.pop("cache_index", None)  # (batch,) rows of the teacher cache, in task distillation
+            teacher = _teacher_outputs(kind, teacher_model, cache, batch, index, needs=needs, hidden_index=teacher_hidden)
+            mask = batch["attention_mask"]
+        else:  # the teacher's outputs on its own tokens, where they meet the student's (mask: (batch, seq))
+            teacher, mask = apart.outputs(kind, teacher_model, cache, batch, needs=needs)
         student = model(batch, student_needs, student_hidden, kind)
         inner = model.module if hasattr(model, "module") else model  # DDP wraps the Distiller
-        step = Step(kind, student, teacher, batch, batch["attention_mask"], pairs, inner.projections, loss,
+        step = Step(kind, student, teacher, batch, mask, pairs, inner.projections, loss,
                     gold_share=_gold_share(batch.get("gold")) if "hard" in terms else 1.0)
         parts = {t: TERMS.get(t).compute(step) for t in terms}
         total = sum(weights[t] * parts[t] for t in terms)
@@ -171,6 +180,8 @@ class Student:
     init: dict  # how it was initialised (compression.json "init")
     shape: Shape  # as recorded: with --init DIR, the shape DIR holds (not the --student preset)
     pairs: list[tuple[int, int]]  # (student, teacher) hidden-state indices, 0 = embeddings
+    tokenizer: object  # what it reads and is saved with: the teacher's (the object itself) unless it has its own
+    apart: bool = False  # it tokenises apart from the teacher (its own tokenizer): outputs meet per example or word
 
 
 def check_out(out: str | Path, cfg, overwrite: bool, *inputs) -> Path:
@@ -187,13 +198,39 @@ def open_teacher(folder: ModelFolder, head: str, needs: set[str]) -> Teacher:
     return Teacher(folder, key, tokenizer, model)
 
 
-def build_student(teacher: Teacher, cfg, needs: set[str], layer_map: str = "uniform", source: str | None = None) -> Student:
+def student_folder(cfg, source: str | None = None) -> str | None:
+    """The folder the student is loaded (``--init DIR``) or cut (``--init-from DIR``) from; None: the teacher."""
+    init = cfg.shape.init
+    return source or (None if init in (*TEACHER_METHODS, "random") else init)
+
+
+def student_tokenizer(teacher: Teacher, cfg, source: str | None = None):
+    """The tokenizer the student reads: that of the folder it comes from (:func:`student_folder`) when that folder has
+    one and it tokenises otherwise than the teacher's; else the teacher's, the very object (a run is then unchanged)."""
+    path = student_folder(cfg, source)
+    folder = open_folder(path) if path else None
+    if folder is None or not folder.has_tokenizer or same_tokenisation(folder.tokenizer, teacher.tokenizer):
+        return teacher.tokenizer
+    return folder.tokenizer
+
+
+def build_student(teacher: Teacher, cfg, needs: set[str], layer_map: str = "uniform", source: str | None = None, *,
+                  tokenizer=None) -> Student:
     """The ``cfg.shape`` student (or ``--init DIR``), initialised as its ``init`` says, and its ``layer_map``.
 
     ``cfg``: any distillation config (they share the :class:`StudentShape` block ``shape`` and ``train``).
 
     ``source`` (``--init-from DIR``): the encoder a teacher method cuts the student from instead of the teacher
-    (loaded with the teacher's head type and labels, the head new)."""
+    (loaded with the teacher's head type and labels, the head new).
+
+    ``tokenizer``: the student's (:func:`student_tokenizer`), from a caller that takes a student with a tokenizer of
+    its own (task and embedding distillation); without it, a student whose folder tokenises otherwise than the teacher
+    is refused."""
+    own = tokenizer if tokenizer is not None else student_tokenizer(teacher, cfg, source)
+    if tokenizer is None and own is not teacher.tokenizer:
+        raise CompressError(f"{student_folder(cfg, source)} has a tokenizer of its own, not the teacher's; only compress distill "
+                            "and distill-embedding take such a student (each model tokenising the text itself): here, start from a student with "
+                            "the teacher's tokenizer")
     shape, init = cfg.shape.resolve(), cfg.shape.init
     method, pretrained = (init, None) if init in (*TEACHER_METHODS, "random") else ("pretrained", init)
     cut_from = teacher.model
@@ -212,10 +249,14 @@ def build_student(teacher: Teacher, cfg, needs: set[str], layer_map: str = "unif
     if "attentions" in needs:  # output_attentions needs the eager implementation
         model.config._attn_implementation = "eager"
     sizes = config_sizes(model.config)
+    teacher_sizes = config_sizes(teacher.model.config)
+    if own is teacher.tokenizer and sizes.vocab != teacher_sizes.vocab:
+        raise CompressError(f"the student from {student_folder(cfg, source)} has a vocabulary of {sizes.vocab} but the "
+                            f"teacher has {teacher_sizes.vocab}, and no tokenizer of its own: copy its tokenizer files into it")
     if pretrained is not None:  # --init DIR: the student is whatever DIR holds, not the --student preset
         shape = Shape(sizes.layers, sizes.hidden, sizes.heads, sizes.ffn)
-    pairs = parse_layer_map(layer_map, sizes.layers, config_sizes(teacher.model.config).layers)
-    return Student(model, info, shape, pairs)
+    pairs = parse_layer_map(layer_map, sizes.layers, teacher_sizes.layers)
+    return Student(model, info, shape, pairs, own, apart=own is not teacher.tokenizer)
 
 
 def device_for(teacher: Teacher, name: str) -> torch.device:
@@ -239,7 +280,7 @@ def distill_record(stage: str, cfg, teacher: Teacher, student: Student, **extra)
     extra = {
         "teacher": {"path": str(teacher.folder.path), "hash": teacher.hash}, "student_shape": student.shape.__dict__,
         "init": student.init, "layer_map": [list(p) for p in student.pairs], "params": count_parameters(student.model),
-        **extra,
+        **({"tokenizer": "the student's own (it tokenises apart from the teacher)"} if student.apart else {}), **extra,
     }
     return compression_record(stage=stage, method="+".join(cfg.losses), config=cfg, parent=teacher.folder,
                               seed=cfg.train.seed, extra=extra)
@@ -247,8 +288,8 @@ def distill_record(stage: str, cfg, teacher: Teacher, student: Student, **extra)
 
 def write_student(student: Student, out: Path, teacher: Teacher, record: dict, metrics: list[dict], *,
                    resume: bool, overwrite: bool, work: Path, files: dict[str, Path] | None = None) -> Path:
-    """Save the student, then drop the checkpoints."""
-    save_model_dir(student.model, out, tokenizer=teacher.tokenizer, record=record,
+    """Save the student with its tokenizer (the teacher's unless it has its own), then drop the checkpoints."""
+    save_model_dir(student.model, out, tokenizer=student.tokenizer, record=record,
                    overwrite=overwrite, metrics=metrics, files=files)
     shutil.rmtree(work, ignore_errors=True)
     return out

@@ -28,6 +28,11 @@ marked ``gold = 0``, the teacher's outputs are their only targets and the ``hard
 skips them; with ``two_stage`` the prediction stage reads them (the intermediate one too
 with ``--augment-intermediate``).
 
+The student may have a tokenizer of its own (``--init DIR`` of another vocabulary: a MiniLM student with BERT's
+WordPiece under an MPNet teacher): each model then tokenises the text itself, the student is trained, evaluated and
+saved with its own, and the logit terms meet per example (per word for tags); the intermediate terms, and kd on
+SQuAD, are refused (:mod:`compress.distill.cross_tokenizer`).
+
 The loss terms are :mod:`compress.distill.terms`; the steps every distillation takes (open the
 teacher, build the student, train keeping the best evaluation, record and write) are
 :mod:`compress.distill.steps`, shared with :mod:`compress.distill.general` and
@@ -78,10 +83,12 @@ from compress.distill.steps import (
     make_loss_fn,
     make_projections,
     open_teacher,
+    student_tokenizer,
     teacher_layers,
     train_keeping_best,
     write_student,
 )
+from compress.distill.cross_tokenizer import POSITIONS, TeacherRows, check_terms, pad_positions
 from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records, test_records
 from compress.eval.metrics import chance_check
 from compress.distill.terms import INTERMEDIATE_TERMS, PREDICTION_TERMS, TERMS, LossWeights, needs_of
@@ -107,7 +114,10 @@ class DistillConfig:
                                    "teacher-layers or teacher-slices); its task head starts new", metavar="DIR")
     losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: the prediction terms kd, hard and the intermediate terms "
                                      "hidden, embedding, attention, cosine, minilm (they match the teacher's hidden states, "
-                                     "attention or embeddings, at a cost in training time)", metavar="TERM[,...]")
+                                     "attention or embeddings, at a cost in training time). A student with a tokenizer of its "
+                                     "own (--init DIR, e.g. a MiniLM under an MPNet teacher) tokenises the text itself and "
+                                     "takes kd (met per example, per word for tags) and hard only; SQuAD hard only",
+                                     metavar="TERM[,...]")
     loss: LossWeights = field(default_factory=LossWeights)
     two_stage: bool = option(False, "TinyBERT's order: train on the intermediate terms first (--intermediate-epochs), then on "
                              "the prediction terms; --losses needs some of each")
@@ -168,9 +178,17 @@ class _TaskData:
     pad: Callable  # pads a list of features into a batch
     extra: dict = field(default_factory=dict)  # how the augmented / transfer rows were made (compression.json "extra_data")
     test: object = None  # the --test-file examples (datasets.Dataset), scored once the best student is kept
+    teacher_rows: TeacherRows | None = None  # a student with its own tokenizer: the teacher's tokenisation of the rows
 
     def gold_only(self):
         return self.features.select(range(self.n_train))
+
+    def teacher_inputs(self, gold_only: bool) -> tuple[object, Callable]:
+        """(features, collator) the teacher reads: the student's own, or its own tokenisation of the same rows."""
+        if self.teacher_rows is None:
+            return (self.gold_only() if gold_only else self.features), self.pad
+        own = self.teacher_rows.features
+        return (own.select(range(self.n_train)) if gold_only else own), self.teacher_rows.pad
 
 
 def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False,
@@ -206,7 +224,10 @@ def _open(teacher: str | Path, out: str | Path, cfg: DistillConfig, overwrite: b
     check_extra_data(task, cfg)
     teach = open_teacher(folder, task.behaviour.head, needs_of(cfg.losses))
     _check_teacher(teach, task)
-    student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from)
+    tokenizer = student_tokenizer(teach, cfg, cfg.init_from)
+    if tokenizer is not teach.tokenizer:  # its own: each tokenises the text itself; the terms that cannot meet refused
+        check_terms(task, cfg.losses)
+    student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from, tokenizer=tokenizer)
     return _Run(out, task, teach, student)
 
 
@@ -214,12 +235,17 @@ def _train(run: _Run, data: "_TaskData", cfg: DistillConfig) -> "_Trained":
     """Train through the stages on the best device; the teacher's dev score is measured (and judged) first."""
     device = device_for(run.teacher, cfg.train.device)
     wrapper = Distiller(run.student.model, make_projections(run.student.model, run.teacher.model, cfg.losses))
-    evaluate = dev_evaluator(run.task, run.teacher.tokenizer, data.dev, data.max_length,
-                             batch_size=cfg.data.eval_batch_size, doc_stride=cfg.data.doc_stride)
+
+    def evaluator(tokenizer):
+        return dev_evaluator(run.task, tokenizer, data.dev, data.max_length, batch_size=cfg.data.eval_batch_size,
+                             doc_stride=cfg.data.doc_stride)
+
+    evaluate = evaluator(run.teacher.tokenizer)
     # The teacher's dev score, before any training: a teacher that is not fine-tuned for the task is said now.
     run.teacher_dev = _teacher_dev(run.teacher, run.task, data.dev, evaluate) if is_main_process() else {}
     run.work = prepare_work_dir(work_dir_for(run.out), cfg.resume)
-    return _train_stages(run, data, cfg, wrapper, evaluate, device)
+    student_evaluate = evaluator(run.student.tokenizer) if run.student.apart else evaluate  # each with its own tokens
+    return _train_stages(run, data, cfg, wrapper, student_evaluate, device)
 
 
 def _write(run: _Run, data: "_TaskData", trained: "_Trained", cfg: DistillConfig, overwrite: bool) -> Path:
@@ -228,7 +254,7 @@ def _write(run: _Run, data: "_TaskData", trained: "_Trained", cfg: DistillConfig
         return run.out
     task, teach, student = run.task, run.teacher, run.student
     metrics = _task_metrics(task, data, trained, run.teacher_dev, cfg)
-    metrics += test_records(student.model, teach.tokenizer, task, data.test, cfg.data, data.max_length)
+    metrics += test_records(student.model, student.tokenizer, task, data.test, cfg.data, data.max_length)
     check = run.teacher_dev["check"]
     record = distill_record("distill", cfg, teach, student, **task_fields(task), losses=list(cfg.losses), best=trained.best,
                             cache=trained.cache, extra_data=data.extra, teacher_check=check,
@@ -331,22 +357,42 @@ def _check_teacher(teacher: Teacher, task) -> None:
 
 
 def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> _TaskData:
-    """Tokenise the task (and its augmented / transfer rows) at a length both models take; number the rows."""
+    """Tokenise the task (and its augmented / transfer rows) at a length both models take; number the rows.
+
+    A student with its own tokenizer reads its own tokenisation; the teacher its own, of the same rows (when a term
+    reads its outputs), kept beside it (``teacher_rows``)."""
     model_max = min(config_sizes(teacher.model.config).max_positions, config_sizes(student.model.config).max_positions)
     max_length = cfg.data.resolved_max_length(task, model_max)
     train_ds = load_train_split(task, cfg.data, seed=cfg.train.seed)
-    features = train_features(train_ds, task, teacher.tokenizer, max_length, doc_stride=cfg.data.doc_stride)
-    n_gold = len(features)
     rows, extra = _extra_rows(task, teacher, train_ds, cfg)
+    features, n_gold = _numbered(task, student.tokenizer, train_ds, rows, max_length, cfg)
+    teacher_rows = None
+    if student.apart:
+        read = "logits" in needs_of(cfg.losses)  # kd: the teacher's outputs on its own tokens
+        own = _numbered(task, teacher.tokenizer, train_ds, rows, max_length, cfg)[0] if read else None
+        teacher_rows = TeacherRows.of(task, teacher.tokenizer, own)
+
+        def words():  # each row's words, as the features were made (word tasks: their rows only)
+            return [list(w) for w in train_ds["tokens"]] + [list(r["tokens"]) for r in rows]
+
+        features = teacher_rows.student_features(features, words, student.tokenizer, max_length)
+    return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(student.tokenizer, task), extra,
+                     load_test_split(task, cfg.data), teacher_rows)
+
+
+def _numbered(task, tokenizer, train_ds, rows: list[dict], max_length: int, cfg: DistillConfig):
+    """(features of the gold examples then the extra ``rows`` as ``tokenizer`` makes them, numbered ``cache_index`` and
+    marked ``gold``; the number of gold rows)."""
+    features = train_features(train_ds, task, tokenizer, max_length, doc_stride=cfg.data.doc_stride)
+    n_gold = len(features)
     if rows:
         label = _no_gold(task)
         raw = datasets.Dataset.from_list([{**r, "label": label, "idx": -1} for r in rows])
-        more = train_features(raw, task, teacher.tokenizer, max_length, doc_stride=cfg.data.doc_stride)
+        more = train_features(raw, task, tokenizer, max_length, doc_stride=cfg.data.doc_stride)
         features = datasets.concatenate_datasets([features, more.cast(features.features)])
     features = features.add_column("cache_index", list(range(len(features))))
     features = features.add_column("gold", [1] * n_gold + [0] * (len(features) - n_gold))
-    return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(teacher.tokenizer, task), extra,
-                     load_test_split(task, cfg.data))
+    return features, n_gold
 
 
 def _no_gold(task: Task):
@@ -473,13 +519,14 @@ def _train_stages(run: _Run, data: _TaskData, cfg, wrapper, evaluate, device) ->
         gold_only = stage == "intermediate" and not cfg.extra_data.augment_intermediate
         features = data.gold_only() if gold_only else data.features
         lengths = [len(ids) for ids in features["input_ids"]]
-        cache = _teacher_cache(run, terms, features, data.pad, cfg, device)
+        cache = _teacher_cache(run, terms, data, gold_only, cfg, device)
         if cache is not None:
             trained.cache.append({"stage": stage, "path": str(cache.path), "hit": cache.hit, "layers": list(cache.layers)})
         select = task.primary_metric if stage != "intermediate" else None
         result = train_keeping_best(
             wrapper, Phase(features, _collate_with_cache(data.pad), lengths=lengths), stage_cfg,
-            loss_fn=make_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs), work_dir=run.work / stage,
+            loss_fn=make_loss_fn(task.behaviour, terms, cfg.loss, teacher.model, cache, student.pairs, apart=data.teacher_rows),
+            work_dir=run.work / stage,
             evaluate=(lambda m: evaluate(m.student)) if select else None, select=select, resume=cfg.resume,
             run_key=[teacher.hash, task.name, data.n_train, len(features), data.max_length, list(terms), student.shape.label,
                      cfg.loss.layer_map],
@@ -493,12 +540,14 @@ def _train_stages(run: _Run, data: _TaskData, cfg, wrapper, evaluate, device) ->
     return trained
 
 
-def _teacher_cache(run: _Run, terms, features, pad, cfg: DistillConfig, device):
-    """The teacher's outputs for ``terms`` cached on disk (computed on first use), or None: read them online."""
+def _teacher_cache(run: _Run, terms, data: _TaskData, gold_only: bool, cfg: DistillConfig, device):
+    """The teacher's outputs for ``terms`` on its own tokens (the stage's rows: ``gold_only`` or every one) cached on
+    disk (computed on first use), or None: read them online."""
     needs = needs_of(terms)
     cacheable = {"logits"} | ({"hidden"} if cfg.cache_hidden else set())
     if not (cfg.cache and needs <= cacheable and "logits" in needs):  # hard labels alone need no teacher outputs
         return None
+    features, pad = data.teacher_inputs(gold_only)
     with main_process_first():  # one process computes the teacher outputs, the others read them
         return load_or_build(
             run.teacher.model, run.teacher.hash, features, pad, outputs=list(run.task.behaviour.outputs),
@@ -508,13 +557,17 @@ def _teacher_cache(run: _Run, terms, features, pad, cfg: DistillConfig, device):
 
 
 def _collate_with_cache(pad):
-    """``collate(items, step)``: a padded batch plus ``cache_index`` (batch,) and ``gold`` (batch,) bool."""
+    """``collate(items, step)``: a padded batch plus ``cache_index`` (batch,) and ``gold`` (batch,) bool; and, for a
+    student with its own tokenizer on a word task, the teacher's positions (batch, seq), padded with -1."""
     def collate_step(items, step):
         index = [int(x["cache_index"]) for x in items]
         gold = [bool(x.get("gold", 1)) for x in items]
-        batch = pad([{k: v for k, v in x.items() if k not in ("cache_index", "gold")} for x in items])
+        batch = pad([{k: v for k, v in x.items() if k not in ("cache_index", "gold", POSITIONS)} for x in items])
         batch["cache_index"] = torch.tensor(index)
         batch["gold"] = torch.tensor(gold)
+        if POSITIONS in items[0]:  # padded as the collator padded the ids
+            side = getattr(getattr(pad, "tokenizer", None), "padding_side", "right")
+            batch[POSITIONS] = pad_positions([x[POSITIONS] for x in items], batch["input_ids"].shape[1], side)
         return batch
 
     return collate_step

@@ -29,13 +29,16 @@ from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFa
 from transformers.activations import ACT2FN
 
 from compress.core.errors import CompressError
-from compress.core.formats.layout import COMPRESSION_FILE, INT8_FORMATS, ONNX_FILE, OPENVINO, OPENVINO_FILE, STATIC, TORCH, WEIGHTS_FILE
+from compress.core.formats.layout import (
+    COMPRESSION_FILE, INT8_FORMATS, ONNX_FILE, OPENVINO, OPENVINO_FILE, SENTENCE_MODULES_FILE, STATIC, TORCH, WEIGHTS_FILE,
+)
 from compress.core.formats.records import compression_in, dir_hash, parent_path, parse_json, read_json
 from compress.core.model.families import Family, get_family, head_of_class
 from compress.core.preflight import require_model_dir
 
 CONFIG_FILE = "config.json"
 MODEL2VEC = "model2vec"  # config.json's model_type in a static folder
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # a folder with either holds a tokenizer of its own
 
 
 def open_folder(path: Path | str) -> ModelFolder:
@@ -114,7 +117,11 @@ class ModelFolder:
 
     @cached_property
     def head(self) -> str:
-        """The head the weights were saved with (``base`` for a bare encoder)."""
+        """The head the weights were saved with (``base`` for a bare encoder and for a sentence-transformers folder)."""
+        if (self.path / SENTENCE_MODULES_FILE).is_file():
+            # SentenceTransformer reads the root transformer with AutoModel whatever config.json's architectures say
+            # (all-mpnet-base-v2 names MPNetForMaskedLM beside encoder weights only), and so does every stage.
+            return "base"
         archs = self.config.architectures or [self.family.classes["base"]]
         return head_of_class(archs[0]) or "base"
 
@@ -127,6 +134,11 @@ class ModelFolder:
     def tokenizer(self):
         """The folder's fast tokenizer (vocab.txt or tokenizer.json), loaded on first use and checked."""
         return _load_tokenizer(self)
+
+    @property
+    def has_tokenizer(self) -> bool:
+        """Whether the folder holds tokenizer files of its own (tokenizer.json or vocab.txt)."""
+        return any((self.path / name).is_file() for name in TOKENIZER_FILES)
 
     @cached_property
     def hash(self) -> str:
@@ -168,7 +180,7 @@ def files_format(path: Path, model_type: str | None) -> str:
 def _load_tokenizer(folder: ModelFolder):
     """The folder's fast tokenizer: AutoTokenizer's (a BERT WordPiece one when that fails), checked against the model."""
     path = folder.path
-    if not any((path / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+    if not folder.has_tokenizer:
         raise CompressError(f"{path} has no tokenizer (tokenizer.json or vocab.txt); copy the parent model's tokenizer files into it")
     try:
         if folder.files_format == STATIC:  # AutoTokenizer would read model2vec's config.json as a transformers config

@@ -20,6 +20,7 @@ LEGACY_WEIGHTS = "pytorch_model.bin"
 ONNX_FILE = "model.onnx"
 OPENVINO_FILE = "openvino_model.xml"  # OpenVINO IR (graph); its weights are openvino_model.bin beside it
 CARD_FILE = "README.md"
+SENTENCE_MODULES_FILE = "modules.json"  # a sentence-transformers folder's module list (compress.core.formats.sentence)
 # int8 PyTorch weights: a name no stock loader looks for, so transformers, pipeline and
 # SentenceTransformer refuse the folder (no model.safetensors) instead of loading the fp32
 # config.json with its Linear weights silently re-initialised.

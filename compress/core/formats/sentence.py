@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from compress.core.formats.artifacts import load_config, model_format
-from compress.core.formats.layout import STATIC
+from compress.core.formats.layout import SENTENCE_MODULES_FILE, STATIC
 from compress.core.formats.records import read_json
 from compress.core.formats.writes import write_json_atomic
 from compress.core.errors import CompressError
@@ -47,7 +47,7 @@ from compress.core.formats.runtime import model_device
 from compress.core.formats.static import max_length_of, static_config
 from compress.core.model.structure import config_sizes, model_inputs
 
-MODULES_FILE = "modules.json"
+MODULES_FILE = SENTENCE_MODULES_FILE
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
 ST_CONFIG = "config_sentence_transformers.json"
 POOLING_DIR = "1_Pooling"

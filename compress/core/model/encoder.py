@@ -69,14 +69,15 @@ class Sizes:
     hidden: int
     heads: int
     ffn: int
-    max_positions: int
+    max_positions: int  # the longest sequence the model takes (RoBERTa, MPNet: 2 fewer than their position embeddings)
     vocab: int
 
     @classmethod
     def of(cls, config) -> "Sizes":
-        names = family_of(config).sizes
+        family = family_of(config)
+        names = family.sizes
         return cls(*(int(getattr(config, getattr(names, n))) for n in ("layers", "hidden", "heads", "ffn")),
-                   int(getattr(config, "max_position_embeddings", 512)), int(getattr(config, "vocab_size", 0)))
+                   family.max_tokens(config), int(getattr(config, "vocab_size", 0)))
 
     @property
     def head_size(self) -> int:
@@ -257,6 +258,12 @@ class Encoder:
     @property
     def embeddings(self) -> nn.Module:
         return self.base.get_submodule(self.family.embeddings)
+
+    @property
+    def head_table(self) -> nn.Embedding | None:
+        """The table (buckets, heads) whose head columns every layer reads (MPNet's position bias); None elsewhere."""
+        path = self.family.head_table
+        return self.base.get_submodule(path) if path else None
 
     @property
     def inputs(self) -> tuple[str, ...]:

@@ -98,7 +98,7 @@ class Family:
 
     def max_tokens(self, config) -> int:
         """The longest sequence a model of ``config`` takes: its position embeddings less those no token uses."""
-        return int(getattr(config, "max_position_embeddings", 512))
+        return int(getattr(config, "max_position_embeddings", 512)) - self.unused_positions(config)
 
     def head_class(self, head: str) -> str:
         """The transformers class of ``head``; a head this family has none of is refused by name."""
