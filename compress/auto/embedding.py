@@ -8,7 +8,8 @@ halving as an Optuna study, final measurement, report, pareto plot), through the
   distinct, in a seeded order), by :func:`prepare`. The first ``--check-sentences`` (at most half) are held out
   (``sentences/check.txt`` in the work folder) before anything sees them; every candidate is distilled, every int8
   variant calibrated and the static student refined on the rest (``sentences/train.txt``).
-- **Candidates.** The teacher's width (a narrower student's embeddings would live in another space) at fewer layers
+- **Candidates.** The teacher's width (a narrower one would learn PCA-reduced targets, a lossy step the search
+  leaves to `distill-embedding`) at fewer layers
   and narrower FFNs (:func:`candidate_shapes`), distilled by ``distill_embedding`` (round 0 cut from the teacher, a
   later round continuing the one before); and one static student (``distill_static``, model2vec), trained once beside
   the halving as it has no shape to halve, skipped with a log line where model2vec is not installed.
@@ -147,7 +148,7 @@ def embedding_losses(losses: tuple[str, ...], task_default: tuple[str, ...]) -> 
 
 def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]:
     """The shapes to search: ``names`` (each of the teacher's width), or depths 1..teacher x FFN the teacher's, half
-    and a quarter of it, all at the teacher's width and heads (a narrower student embeds in another space)."""
+    and a quarter of it, all at the teacher's width and heads (a narrower student would learn PCA-reduced targets)."""
     sizes = config_sizes(teacher_config)
     if names:
         shapes = [resolve_shape(n) for n in names]

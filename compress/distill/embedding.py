@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from compress.distill import losses as L
-from compress.core.formats.records import read_metrics, utc_now
+from compress.core.formats.records import read_compression, read_metrics, utc_now
 from compress.core.formats.writes import atomic_path
 from compress.core.config import flat_keywords, option
 from compress.core.data.features import check_max_length, collate
@@ -168,7 +168,8 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     sentence-transformers folder with the teacher's pooling, normalisation and
     ``max_seq_length``, which ``SentenceTransformer(out)`` loads. A student from ``--init DIR``
     with a tokenizer of its own reads (and is saved with) that tokenizer; the targets stay the
-    teacher's embeddings on its own tokens, met per sentence.
+    teacher's embeddings on its own tokens, met per sentence. A narrower student keeps its width: its
+    per-sentence targets are the teacher's embeddings reduced by PCA (:func:`pca_reduction`).
     """
     out = check_out(out, cfg, overwrite, teacher)
     folder = open_model(teacher).check_torch("embedding distillation (the teacher)")
@@ -176,22 +177,28 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
     teach = open_teacher(folder, "base", set())
     student = build_student(teach, cfg, set(), tokenizer=student_tokenizer(teach, cfg))  # its own, or the teacher's
     width, teacher_width = config_sizes(student.model.config).hidden, config_sizes(teach.model.config).hidden
-    if width != teacher_width:
+    if width > teacher_width:
         raise CompressError(
-            f"the student's hidden width {width} differs from the teacher's {teacher_width}: its embeddings would live in "
-            f"another space; choose a {teacher_width}-wide student (e.g. --student 3L-{teacher_width})"
-        )
+            f"the student's hidden width {width} is more than the teacher's {teacher_width}: its targets can only be "
+            f"reduced (by PCA), not widened; choose a student at most {teacher_width} wide (e.g. --student 3L-{teacher_width})")
     check_max_length(cfg.max_length, min(config_sizes(teach.model.config).max_positions,
                                          config_sizes(student.model.config).max_positions))
     sentences, sources = embedding_sentences(cfg)
     n_held = min(cfg.heldout_sentences, len(sentences) // 10)
+    if width < teacher_width and len(sentences) - n_held <= width:
+        raise CompressError(
+            f"reducing the teacher's {teacher_width}-wide embeddings to the student's {width} by PCA needs more than {width} "
+            f"training sentences, and there are {len(sentences) - n_held}: add text (or raise --max-sentences)")
     device = device_for(teach, cfg.train.device)
     work = prepare_work_dir(work_dir_for(out), cfg.resume)
-    targets, teacher_seconds = _teacher_targets(teach, spec, sentences, cfg, work, device)  # (n, d) pooled, on the CPU
+    full, teacher_seconds = _teacher_targets(teach, spec, sentences, cfg, work, device)  # (n, d_t) pooled, on the CPU
+    # Fitted on the training sentences only, so the held-out loss reads sentences the PCA never saw.
+    reduction = pca_reduction(full[n_held:], width) if width < teacher_width else None
+    targets = full if reduction is None else reduction.apply(full)  # (n, d_s): what mse and cosine compare with
     features = _sentence_features(student.tokenizer, sentences, spec, cfg.max_length)  # row i: targets[i]
     held, train_set = features[:n_held], features[n_held:]
     collate_step = _sentence_collator(student.tokenizer)
-    loss_fn = _embedding_loss_fn(cfg, targets, spec.pooling)
+    loss_fn = _embedding_loss_fn(cfg, targets, spec.pooling, full=full)
     own_spec = _student_spec(spec, student)  # the folder's files as the student's folder carries them
     scorers = embedding_scorers(cfg, student.tokenizer, own_spec)  # the student's: the teacher is scored with its own
     held_batches = [collate_step(held[i : i + 64], 0) for i in range(0, len(held), 64)]
@@ -212,8 +219,9 @@ def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistil
         "history": result.history, "when": utc_now(),
     }
     metrics = [*_embedding_task_records(scorers, student, teach, spec, cfg), training]
-    record = distill_record("distill-embedding", cfg, teach, student, losses=list(cfg.losses),
-                     sentence={"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": own_spec.max_seq_length})
+    record = distill_record("distill-embedding", cfg, teach, student, losses=list(cfg.losses), terms=_terms_record(cfg),
+                            targets=_targets_record(reduction, teacher_width),
+                            sentence={"pooling": spec.pooling, "normalize": spec.normalize, "max_seq_length": own_spec.max_seq_length})
     stage, files = staged_sentence_files(own_spec, width)
     with stage:
         return write_student(student, out, teach, record, metrics, resume=cfg.resume, overwrite=overwrite, work=work, files=files)
@@ -282,6 +290,73 @@ def _teacher_targets(teach: Teacher, spec: SentenceSpec, sentences: list[str], c
     return targets, time.monotonic() - started
 
 
+@dataclass(frozen=True)
+class Reduction:
+    """The teacher's embeddings reduced to a narrower student's width: a PCA of them (:func:`pca_reduction`)."""
+
+    components: torch.Tensor  # (k, d) float64, orthonormal rows: the top-k principal directions, by decreasing variance
+    mean: torch.Tensor  # (d,) float64: the teacher's mean embedding over the sentences fitted on
+    variance_kept: float  # the share of the teacher's variance (around its mean) the k directions hold
+    fitted_on: int  # sentences
+
+    def apply(self, embeddings: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
+        """The targets of embeddings ``(n, d)``: ``(n, k)``, ``e @ components.T``, in the embeddings' dtype.
+
+        That is ``(e - mean) @ components.T + mean @ components.T``: the teacher's embedding projected orthogonally
+        onto the kept directions, its mean added back and nothing rescaled (as the bias-free Dense of the PCA
+        components in sentence-transformers' model_distillation.py). Why not the centred coordinates alone: the
+        cosine similarity STS and retrieval read is taken on the raw embeddings, mean included. An orthogonal
+        projection keeps every inner product within the kept subspace, so cos(t_i, t_j) departs from the teacher's
+        only by what the dropped directions held (the mean's part outside the subspace among them: ``mean_kept``
+        records how much of it stays); centring would drop the mean's projection too and move every cosine by it
+        (with a mean offset of the embeddings' own size, the rank agreement of all pairs' cosines with the teacher's
+        fell from ~0.99 to ~0.75-0.9 in a synthetic check). And with no rescaling, lengths and distances along the
+        kept directions are the teacher's: mse reads the teacher's own errors in its units, and a folder without
+        Normalize keeps the teacher's dot-product scale.
+        """
+        return torch.cat([(rows.double() @ self.components.T).to(embeddings.dtype) for rows in embeddings.split(chunk)])
+
+    def record(self) -> dict[str, Any]:
+        """What compression.json says of it (under ``targets``)."""
+        norm = float(self.mean.pow(2).sum())
+        kept_mean = float((self.components @ self.mean).pow(2).sum()) / norm if norm else 1.0
+        return {"reduction": "pca", "components": self.components.shape[0], "fitted_on": self.fitted_on,
+                "variance_kept": round(self.variance_kept, 6), "mean_kept": round(kept_mean, 6),
+                "targets": "e @ components.T: the teacher's embedding projected onto its top principal directions "
+                           "(fitted around its mean on the training sentences), the mean kept, not rescaled"}
+
+
+def pca_reduction(embeddings: torch.Tensor, k: int, chunk: int = 65536) -> Reduction:
+    """PCA of the teacher's embeddings ``(n, d)``: their mean and top-``k`` principal directions, in float64.
+
+    The covariance is summed chunk by chunk (float64 memory O(d²), not O(n·d)) and diagonalised; each direction's sign
+    is fixed so that its largest coordinate in magnitude is positive (scikit-learn's svd_flip on V), so the same
+    embeddings always give the same targets.
+    """
+    n, d = embeddings.shape
+    if not 0 < k < min(n, d + 1):
+        raise CompressError(f"PCA of {n} embeddings {d} wide cannot keep {k} directions: it needs more than {k} sentences "
+                            f"and at most {d} directions")
+    mean = sum(rows.double().sum(0) for rows in embeddings.split(chunk)) / n  # (d,)
+    cov = torch.zeros(d, d, dtype=torch.float64)
+    for rows in embeddings.split(chunk):
+        centred = rows.double() - mean  # (chunk, d)
+        cov += centred.T @ centred
+    values, vectors = torch.linalg.eigh(cov)  # ascending; columns are the directions
+    values = values.clamp_min(0.0)
+    if float(values.sum()) == 0.0:
+        raise CompressError(f"the teacher gives all {n} training sentences the same embedding: PCA has no direction to keep")
+    top = vectors[:, -k:].flip(-1).T  # (k, d), by decreasing variance
+    pivot = top.abs().argmax(dim=1, keepdim=True)  # (k, 1)
+    top = top * torch.sign(top.gather(1, pivot))
+    return Reduction(top.contiguous(), mean, float(values[-k:].sum() / values.sum()), n)
+
+
+def _targets_record(reduction: Reduction | None, teacher_width: int) -> dict[str, Any]:
+    """compression.json's ``targets``: the teacher's width, and how its embeddings were reduced (if they were)."""
+    return {"teacher_width": teacher_width, **(reduction.record() if reduction is not None else {"reduction": None})}
+
+
 def _sentence_features(tokenizer, sentences: list[str], spec: SentenceSpec, max_length: int) -> list[dict]:
     """One item per sentence: its token ids (as SentenceTransformer tokenises it) and its row of the targets."""
     enc = tokenizer(prepare_texts(sentences, spec), truncation=True, max_length=max_length)
@@ -301,19 +376,35 @@ def _sentence_collator(tokenizer):
     return collate_step
 
 
-def _embedding_loss_fn(cfg: EmbeddingDistillConfig, targets: torch.Tensor, pooling: str):
-    """``loss_fn(model, batch) -> (loss, logs)``: the weighted embedding terms against the teacher's pooled vectors."""
-    weights = {"mse": cfg.mse_weight, "cosine": cfg.cosine_weight}
+def _embedding_loss_fn(cfg: EmbeddingDistillConfig, targets: torch.Tensor, pooling: str, full: torch.Tensor | None = None):
+    """``loss_fn(model, batch) -> (loss, logs)``: the weighted embedding terms against the teacher's pooled vectors.
+
+    ``targets``: ``(n, d_s)``, the per-sentence terms' (the teacher's embeddings, PCA-reduced for a narrower student);
+    ``full``: ``(n, d_t)``, the teacher's own, which a full-width term (similarity) reads (None: ``targets`` are them).
+    """
+    terms = {t: STUDENT_TERMS.get(t) for t in cfg.losses}
+    weights = {t: getattr(cfg, term.weight) for t, term in terms.items()}
+    sources = {False: targets, True: targets if full is None else full}
+    wanted = {term.full_width for term in terms.values()}
 
     def loss_fn(model, batch):
-        index = batch.pop("index")
-        student = pooled_embeddings(model, batch, pooling)  # (batch, d)
-        teacher = targets[index.cpu()].to(device=student.device, dtype=student.dtype)  # (batch, d)
-        parts = {t: EMBEDDING_TERMS.get(t)(student, teacher) for t in cfg.losses}
+        index = batch.pop("index").cpu()
+        student = pooled_embeddings(model, batch, pooling)  # (batch, d_s)
+        # (batch, d_s) targets and/or (batch, d_t) full-width rows, as the terms read them
+        teacher = {w: sources[w][index].to(device=student.device, dtype=student.dtype) for w in wanted}
+        parts = {t: term.compute(student, teacher[term.full_width]) for t, term in terms.items()}
         total = sum(weights[t] * parts[t] for t in cfg.losses)
         return total, {f"loss_{t}": v.detach() for t, v in parts.items()}
 
     return loss_fn
+
+
+def _terms_record(cfg: EmbeddingDistillConfig) -> dict[str, dict]:
+    """compression.json's ``terms``: each term's weight and what it compares the student's embeddings with."""
+    reads = {False: "the teacher's embedding of the same sentence, at the student's width",
+             True: "the teacher's in-batch cosine similarities, at its own width"}
+    return {t: {"weight": getattr(cfg, STUDENT_TERMS.get(t).weight), "against": reads[STUDENT_TERMS.get(t).full_width]}
+            for t in cfg.losses}
 
 
 def embedding_scorers(cfg: EmbeddingDistillConfig, tokenizer, spec: SentenceSpec) -> dict[str, tuple[Any, Any]]:
@@ -391,6 +482,10 @@ def summarize_embedding(out: Path, cfg: EmbeddingDistillConfig, inputs: dict[str
         key = f"heldout_{term}"
         if key in before and key in best:
             lines.append(f"held-out {term}: {before[key]:.4f} at the start -> {best[key]:.4f} (best, step {training.get('best_step')})")
+    targets = read_compression(out).get("targets") or {}
+    if targets.get("reduction") == "pca":
+        lines.append(f"targets: the teacher's {targets['teacher_width']}-wide embeddings reduced to {targets['components']} "
+                     f"by PCA on {targets['fitted_on']} sentences, keeping {100 * targets['variance_kept']:.1f}% of their variance")
     for r in results:
         if r.get("kind") == "retention" and r.get("ratio") is not None:
             lines.append(f"retention: {r['student']:.2f} / {r['teacher']:.2f} = {100 * r['ratio']:.1f}% of the teacher's {r['task']} {r['metric']}")

@@ -404,3 +404,23 @@ def sentence_embedding_cosine(
     student = _project(student_embeddings, teacher_embeddings, projection)
     cos = F.cosine_similarity(student, teacher_embeddings.detach(), dim=-1, eps=1e-8)  # (batch,)
     return (1.0 - cos).mean()
+
+
+def sentence_similarity_mse(student_embeddings: Tensor, teacher_embeddings: Tensor) -> Tensor:
+    """MSE between the in-batch cosine-similarity matrices of student and teacher sentence embeddings.
+
+    The relational form of similarity-preserving distillation (Tung & Mori 2019, "Similarity-Preserving Knowledge
+    Distillation", with cosines for their row-normalised Gram matrix): each side is compared only with itself,
+    S_ij = cos(e_i, e_j), ``(batch, batch)``, so the widths may differ — ``student_embeddings``: ``(batch, d_s)``,
+    ``teacher_embeddings``: ``(batch, d_t)``. The mean runs over the batch·(batch - 1) pairs i != j (the diagonal is
+    1 on both sides); 0, still differentiable, for a batch of one sentence.
+    """
+    if student_embeddings.shape[0] != teacher_embeddings.shape[0]:
+        raise ValueError(f"student {tuple(student_embeddings.shape)} and teacher {tuple(teacher_embeddings.shape)} "
+                         "differ in batch")
+    student = F.normalize(student_embeddings, dim=-1, eps=1e-8)
+    teacher = F.normalize(teacher_embeddings.detach(), dim=-1, eps=1e-8)
+    batch = student.shape[0]
+    pairs = ~torch.eye(batch, dtype=torch.bool, device=student.device)  # (batch, batch): i != j
+    sq = (student @ student.T - teacher @ teacher.T).pow(2)  # (batch, batch)
+    return _masked_mean(sq, pairs)

@@ -261,11 +261,11 @@ def test_the_distilled_student_loads_with_sentence_transformers(distilled):
     np.testing.assert_allclose(st.SentenceTransformer(str(out), device="cpu").encode(TEXTS), ours, atol=1e-5)
 
 
-def test_embedding_distillation_refuses_a_narrower_student_and_no_text(tmp_path, tokenizer):
+def test_embedding_distillation_refuses_a_wider_student_and_no_text(tmp_path, tokenizer):
     teacher = st_folder(tmp_path, tokenizer, name="teacher")
-    cfg = from_dict(EmbeddingDistillConfig, {"corpus": [str(corpus(tmp_path / "c.txt", n=20))], "student": "1L-16",
+    cfg = from_dict(EmbeddingDistillConfig, {"corpus": [str(corpus(tmp_path / "c.txt", n=20))], "student": "1L-64",
                                              "init": "random", "max_steps": 1})
-    with pytest.raises(CompressError, match="hidden width 16 differs from the teacher's 32"):
+    with pytest.raises(CompressError, match="hidden width 64 is more than the teacher's 32"):
         distill_embedding(teacher, tmp_path / "s", cfg)
     with pytest.raises(CompressError, match="no sentences to distil on"):
         from_dict(EmbeddingDistillConfig, {})

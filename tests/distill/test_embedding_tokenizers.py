@@ -75,8 +75,8 @@ def run(tmp_path_factory):
     calls = []
     make_loss_fn = embedding._embedding_loss_fn
 
-    def recording(cfg, targets, pooling):
-        loss_fn = make_loss_fn(cfg, targets, pooling)
+    def recording(cfg, targets, pooling, **options):
+        loss_fn = make_loss_fn(cfg, targets, pooling, **options)
 
         def loss(model, batch):
             calls.append({"ids": batch["input_ids"].clone(), "mask": batch["attention_mask"].clone(),
