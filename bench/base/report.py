@@ -52,7 +52,8 @@ def goal_lines(state: dict[str, Any]) -> list[str]:
         mine = table.get(role, {})
         missing = [t for t in GLUE_SIX if t not in mine or t not in teacher]
         if missing:
-            lines.append(f"- {what}: not measured yet (no {role} or teacher score on {', '.join(missing)})")
+            whose = role if role == "teacher" else f"{role} or teacher"
+            lines.append(f"- {what}: not measured yet (no {whose} score on {', '.join(missing)})")
             continue
         average = sum(mine[t] for t in GLUE_SIX) / len(GLUE_SIX)
         reference = sum(teacher[t] for t in GLUE_SIX) / len(GLUE_SIX)

@@ -169,8 +169,15 @@ def model_row(folder: Path, task: BaseTask, role: str) -> dict[str, Any]:
     train = (compression.get("config") or {}).get("train") or {}
     return {"task": task.name, "role": role, "model_dir": str(folder), "metrics": dev.get("metrics"),
             "n_dev": dev.get("n"), "n_train": training.get("n_train"), "seconds": training.get("seconds"),
-            "examples_per_s": training.get("examples_per_s"), "epochs": train.get("epochs"),
+            "examples_per_s": _rate(training, train.get("epochs")), "epochs": train.get("epochs"),
             "precision": train.get("precision") or compression.get("precision")}
+
+
+def _rate(training: dict, epochs: int | None) -> float | None:
+    """Training examples per second over the whole run (evaluations included), from the training record."""
+    if not (training.get("n_train") and training.get("seconds") and epochs):
+        return None
+    return round(training["n_train"] * epochs / training["seconds"], 2)
 
 
 def commit(out: Path, message: str) -> None:
