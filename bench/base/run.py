@@ -8,6 +8,8 @@ The teacher is all-mpnet-base-v2 (MPNet, 12 layers x 768, 110M parameters), inst
 * ``6L-384``: all-MiniLM-L6-v2 as the student (the other family and tokenizer: each side tokenises the text);
 * ``3L-384``: all-MiniLM-L6-v2's layers 1, 3, 5 (the 3-layer shape of the GLUE benchmark);
 * ``<student> int8``: each student as int8 on the backend :data:`INT8` names;
+* ``6L-384 alone``: all-MiniLM-L6-v2 fine-tuned on the same rows with the students' recipe, no teacher (the control
+  the distilled 6L-384 must beat);
 
 every model scored on the task's dev set with its official metric by its own stage. Tasks: the six
 GLUE tasks with local data, Banking77 (its train.csv repaired and a seeded 10% held out as dev, as
@@ -78,7 +80,9 @@ STUDENTS = {
 }
 STUDENT_TRAIN = {"losses": ["kd", "hard"], "epochs": 3, "lr": 1e-4, "batch_size": 32, "augment": 0}
 INT8 = {"backend": "openvino", "scheme": "static"}  # OpenVINO + NNCF, calibrated on the task's training rows
-ROLES = ("teacher", *STUDENTS, *(f"{s} int8" for s in STUDENTS))
+# The distillation's control: all-MiniLM-L6-v2 fine-tuned on the same rows with the students' recipe, no teacher.
+ALONE = "6L-384 alone"
+ROLES = ("teacher", *STUDENTS, *(f"{s} int8" for s in STUDENTS), ALONE)
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,16 @@ def student_stage(shape: str, options: dict, teacher: Path, out: Path, settings:
     distill(teacher, out, from_dict(DistillConfig, flat))
 
 
+def alone_stage(options: dict, out: Path, settings: BaseSettings) -> None:
+    """all-MiniLM-L6-v2 fine-tuned on the task with the students' epochs and lr: what the 6L-384 student must beat."""
+    from compress.teacher.finetune import FinetuneConfig, finetune
+
+    flat = {**options, "epochs": settings.epochs(STUDENT_TRAIN["epochs"]), "lr": STUDENT_TRAIN["lr"],
+            "batch_size": STUDENT_TRAIN["batch_size"], "warmup_ratio": 0.1, "seed": settings.seed,
+            "precision": settings.precision, "resume": True}
+    finetune(minilm_path(), out, from_dict(FinetuneConfig, flat))
+
+
 def int8_stage(options: dict, student: Path, out: Path, settings: BaseSettings) -> None:
     from compress.quantize.config import QuantizeConfig
     from compress.quantize.run import quantize
@@ -157,6 +171,8 @@ def stages(task: BaseTask, options: dict, work: Path, teacher: Path, settings: B
         student, int8 = root / f"student-{shape}", root / f"student-{shape}-int8"
         plan.append((shape, student, lambda s=shape, f=student: student_stage(s, options, tuned, f, settings)))
         plan.append((f"{shape} int8", int8, lambda f=student, q=int8: int8_stage(options, f, q, settings)))
+    alone = root / "minilm-alone"
+    plan.append((ALONE, alone, lambda: alone_stage(options, alone, settings)))
     return [p for p in plan if p[0] in settings.roles]
 
 
