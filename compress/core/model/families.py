@@ -267,11 +267,12 @@ def _mpnet_heads_changed(model: nn.Module, removed: dict[int, list[int]]) -> Non
     every = base.encoder.relative_attention_bias.weight.shape[1]  # the original head count
     for index, layer in enumerate(base.encoder.layer):
         attention = layer.attention.attn
-        gone = set(removed.get(index, removed.get(str(index), [])))
+        gone = set(removed.get(index, []))  # int keys: Encoder.removed_heads' record
         kept = [h for h in range(every) if h not in gone]
-        if len(kept) != attention.q.out_features // attention.attention_head_size:
-            raise CompressError(f"layer {index} has {attention.q.out_features // attention.attention_head_size} heads "
-                                f"but the record of removed heads leaves {len(kept)}; the folder is inconsistent")
+        heads = attention.q.out_features // attention.attention_head_size
+        if len(kept) != heads:
+            raise CompressError(f"layer {index} has {heads} heads but the record of removed heads leaves {len(kept)}; "
+                                "the folder is inconsistent")
         if not gone:
             continue
         ids = torch.tensor(kept, dtype=torch.long, device=attention.q.weight.device)
@@ -280,10 +281,6 @@ def _mpnet_heads_changed(model: nn.Module, removed: dict[int, list[int]]) -> Non
         else:
             attention.register_buffer(HEAD_IDS, ids, persistent=False)  # not a weight: rebuilt from the record
             attention.register_forward_pre_hook(_own_head_columns, with_kwargs=True)
-
-
-def _mpnet_mlm(model: nn.Module) -> nn.Module:
-    return model.lm_head  # dense + gelu + LayerNorm, then the decoder tied to the word embeddings
 
 
 FAMILIES.register("mpnet", Family(
@@ -300,7 +297,7 @@ FAMILIES.register("mpnet", Family(
     # transformers 4.x would rebuild narrower heads from config.pruned_heads but add the full position bias to
     # them and fail in the forward; under this key its loader refuses the narrower weights instead.
     pruned_heads_key="compress_pruned_heads",
-    mlm_head=_mpnet_mlm,
+    mlm_head=lambda model: model.lm_head,  # as RoBERTa's: dense + gelu + LayerNorm, the tied decoder
     heads_changed=_mpnet_heads_changed,
     # no finish_layer: the last layer's first-token shortcut would have to add the position bias too
 ))
