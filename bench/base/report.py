@@ -64,29 +64,38 @@ def goal_lines(state: dict[str, Any]) -> list[str]:
     return lines
 
 
+def runs(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The distinct runs that made the rows, in the order their rows appear."""
+    seen: list[dict[str, Any]] = []
+    for row in state["rows"].values():
+        if row.get("run") and row["run"] not in seen:
+            seen.append(row["run"])
+    return seen
+
+
+def run_line(number: int, run: dict[str, Any]) -> str:
+    """One run: when, where, in what precision and why, its reductions and its command."""
+    cap = run.get("max_train_examples") or "all"
+    return (f"{number}. {run['date']} · {run['cpu']} · training in **{run['precision']}** ({run['precision_why']}) · "
+            f"at most {cap} training examples per task (a seeded sample), epochs x {run['epochs_scale']}; "
+            f"students without augmentation · `{run['command']}`")
+
+
 def render(state: dict[str, Any]) -> str:
-    """The header (CPU, precision and why, reductions) and one row per finished model."""
-    head, settings = state["header"], state["settings"]
-    lines = [
-        "# The base-size teacher (all-mpnet-base-v2) through every stage",
-        "",
-        f"{head['date']} · {head['cpu']} · {head.get('cores')} cores · {head['threads']} threads · "
-        f"training in **{settings['precision']}** ({settings['precision_why']})",
-        "",
-        f"Command: `{head['command']}`",
-        "",
-        f"Reduced settings: at most {settings['max_train_examples'] or 'all'} training examples per task "
-        f"(a seeded sample), epochs x {settings['epochs_scale']}; students without augmentation.",
-        "",
-        "| task | model | dev score | n train | epochs | precision | train s | ex/s |",
-        "|---|---|---:|---:|---:|---|---:|---:|",
-    ]
+    """The runs (CPU, precision and why, reductions) and one row per finished model, numbered by its run."""
+    made_by = runs(state)
+    lines = ["# The base-size teacher (all-mpnet-base-v2) through every stage", "",
+             "Runs (each row names the run that made it):", "",
+             *(run_line(i, r) for i, r in enumerate(made_by, 1)), "",
+             "| task | model | dev score | n train | epochs | precision | train s | ex/s | run |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
     for row in state["rows"].values():
         score = primary(row["task"], row.get("metrics"))
+        number = made_by.index(row["run"]) + 1 if row.get("run") in made_by else ""
         cells = [row["task"], row["role"], "" if score is None else f"{score:.2f}", row.get("n_train") or "",
                  row.get("epochs") or "", row.get("precision") or "",
                  "" if row.get("seconds") is None else f"{row['seconds']:.0f}",
-                 "" if row.get("examples_per_s") is None else f"{row['examples_per_s']:.1f}"]
+                 "" if row.get("examples_per_s") is None else f"{row['examples_per_s']:.1f}", number]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "## Goals", "", *goal_lines(state)]
     return "\n".join(lines) + "\n"

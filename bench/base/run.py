@@ -22,7 +22,10 @@ after every model, and with ``--commit`` each finished result is committed at on
 results only), so a run many hours long loses at most the model in flight.
 
 Reduced settings, stated in the report: ``--max-train-examples N`` (a seeded sample per task; default
-2,000), ``--epochs-scale F``, ``--tasks``, ``--roles``.
+2,000), ``--epochs-scale F``, ``--tasks``, ``--roles``. Each row keeps the settings, CPU and precision of the run
+that made it, so runs on different machines (or with different reductions) add to one base.json: a row already in
+the results folder is kept and not trained again, even where its model folder is gone (a new machine), unless a
+stage still to run needs its model (a student needs its task's teacher; an int8 needs its student).
 """
 
 from __future__ import annotations
@@ -157,6 +160,23 @@ def int8_stage(options: dict, student: Path, out: Path, settings: BaseSettings) 
                                                       "seed": settings.seed}))
 
 
+# What each role's stage reads besides the data: a student distils from the task's teacher, an int8 quantizes its student.
+NEEDS = {**{shape: "teacher" for shape in STUDENTS}, **{f"{shape} int8": shape for shape in STUDENTS}}
+
+
+def to_run(roles: list[str], committed: set[str], finished: set[str]) -> list[str]:
+    """The roles whose stage must run: not committed yet, or needed by one that runs, and not finished here.
+
+    ``committed``: roles with a row in the results folder; ``finished``: roles whose model folder is complete in
+    the work folder. A committed teacher is trained again only when one of its students is still to come.
+    """
+    wanted = {r for r in roles if r not in committed}
+    for role in reversed(roles):  # a need comes before the role that needs it
+        if role in wanted and NEEDS.get(role) in roles:
+            wanted.add(NEEDS[role])
+    return [r for r in roles if r in wanted and r not in finished]
+
+
 def stages(task: BaseTask, options: dict, work: Path, teacher: Path, settings: BaseSettings) -> list[tuple[str, Path, Callable]]:
     """(role, output folder, the stage) for one task, in order, the roles of ``settings`` only."""
     root = work / task.name
@@ -207,26 +227,59 @@ def run_base(data: Path, work: Path, out: Path, settings: BaseSettings, *, comma
     teacher = install(MPNET_BASE)
     files = prepare(data, work) if {"banking77", "wnut17"} & set(settings.tasks) else {}
     out.mkdir(parents=True, exist_ok=True)
-    state = {"header": header(command), "settings": asdict(settings), "teacher": str(teacher),
-             "students": STUDENTS, "student_train": STUDENT_TRAIN, "int8": INT8,
-             "recipes": {t: asdict(TASKS[t]) for t in settings.tasks}, "rows": {}}
+    run = {**header(command), "settings": asdict(settings)}
+    state = previous_state(out / "base.json")
+    state.update({"header": run, "settings": asdict(settings), "teacher": str(teacher), "students": STUDENTS,
+                  "student_train": STUDENT_TRAIN, "int8": INT8})
+    state["recipes"] = {**state.get("recipes", {}), **{t: asdict(TASKS[t]) for t in settings.tasks}}
     for name in settings.tasks:
         task = TASKS[name]
         options = task_data(task, data, files, settings)
-        for role, folder, stage in stages(task, options, work, teacher, settings):
+        plan = stages(task, options, work, teacher, settings)
+        committed = {role for role, _, _ in plan if f"{name}/{role}" in state["rows"]}
+        runs = to_run([role for role, _, _ in plan], committed, {role for role, folder, _ in plan if done(folder)})
+        for role, folder, stage in plan:
             key = f"{name}/{role}"
-            ran = not done(folder)
+            ran = role in runs
             if ran:
                 print(f"== {key}", flush=True)
                 started = time.monotonic()
                 stage()
                 print(f"== {key}: {time.monotonic() - started:.0f} s", flush=True)
-            state["rows"][key] = {**model_row(folder, task, role), "ran": ran}
+            elif not done(folder):  # committed by an earlier run whose model folder is not on this machine
+                continue
+            if ran or key not in state["rows"]:
+                state["rows"][key] = {**model_row(folder, task, role), "ran": ran, "run": run_summary(run)}
             write_json_atomic(out / "base.json", state)
             (out / "base.md").write_text(render(state), encoding="utf-8")
             if ran and commit_results:
                 commit(out, f"bench-base: {key} ({settings.precision}, {settings.max_train_examples} examples)")
     return out
+
+
+def previous_state(path: Path) -> dict[str, Any]:
+    """base.json as an earlier run left it (its rows are kept), or a new state."""
+    if not path.is_file():
+        return {"rows": {}}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise CompressError(f"{path} is not valid JSON ({error}); move it aside to start the results afresh") from None
+    if not isinstance(state, dict) or not isinstance(state.get("rows"), dict):
+        raise CompressError(f"{path} has no 'rows' object; move it aside to start the results afresh")
+    if "header" in state and "settings" in state:  # rows written before rows kept their own run
+        earlier = run_summary({**state["header"], "settings": state["settings"]})
+        for row in state["rows"].values():
+            row.setdefault("run", earlier)
+    return state
+
+
+def run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """What a row keeps of the run that made it: when, on what CPU, in what precision, with which reductions."""
+    settings = run["settings"]
+    return {"date": run["date"], "cpu": run["cpu"], "flags": run.get("flags"), "command": run["command"],
+            "precision": settings["precision"], "precision_why": settings["precision_why"],
+            "max_train_examples": settings["max_train_examples"], "epochs_scale": settings["epochs_scale"]}
 
 
 def main(argv=None) -> int:

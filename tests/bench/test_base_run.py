@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from bench.base import report, run
 from compress.core import hardware
+from compress.core.errors import CompressError
 
 
 def _state(rows: dict[str, dict[str, float]]) -> dict:
@@ -51,3 +53,56 @@ def test_unknown_tasks_and_roles_are_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("bench.base: unknown task or role mnli, 7L-999;") and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_committed_rows_are_not_trained_again_unless_a_later_stage_needs_their_model():
+    roles = list(run.ROLES)
+    assert run.to_run(roles, set(roles), set()) == []
+    # The 6L-384 row is missing: its teacher must be trained again on this machine, the rest stays committed.
+    committed = set(roles) - {"6L-384"}
+    assert run.to_run(roles, committed, set()) == ["teacher", "6L-384"]
+    # Its int8 too: the chain reaches back to the teacher; a teacher finished here is not trained twice.
+    assert run.to_run(roles, committed - {"6L-384 int8"}, {"teacher"}) == ["6L-384", "6L-384 int8"]
+    assert run.to_run(roles, {"teacher"}, set()) == roles  # every student needs the teacher
+    assert run.to_run(roles, set(roles) - {run.ALONE}, set()) == [run.ALONE]  # the control needs nothing
+
+
+def test_a_rerun_on_a_new_machine_keeps_committed_rows_and_trains_only_the_missing(tmp_path, monkeypatch):
+    out, work, ran = tmp_path / "results", tmp_path / "work", []
+    monkeypatch.setattr(run, "install", lambda release: tmp_path / "teacher")
+    monkeypatch.setattr(run, "header", lambda command: {"date": "D2", "cpu": "CPU2", "command": command})
+    monkeypatch.setattr(run, "model_row", lambda folder, task, role: {"task": task.name, "role": role,
+                                                                         "metrics": {"accuracy": 50.0}})
+
+    def stages(task, options, work_, teacher, settings):
+        def make(role, folder):
+            def stage():
+                ran.append(f"{task.name}/{role}")
+                folder.mkdir(parents=True)
+                (folder / "compression.json").write_text("{}")
+            return stage
+        return [(r, work_ / task.name / r, make(r, work_ / task.name / r)) for r in settings.roles]
+
+    monkeypatch.setattr(run, "stages", stages)
+    settings = run.BaseSettings(tasks=("wnli",), roles=("teacher", "6L-384", run.ALONE), max_train_examples=500)
+    earlier = {"header": {"date": "D1", "cpu": "CPU1", "command": "first"},
+               "settings": {**vars(settings), "max_train_examples": 2000},
+               "rows": {"wnli/teacher": {"task": "wnli", "role": "teacher", "metrics": {"accuracy": 56.34}},
+                        "wnli/6L-384": {"task": "wnli", "role": "6L-384", "metrics": {"accuracy": 54.93}}}}
+    out.mkdir()
+    (out / "base.json").write_text(json.dumps(earlier))
+    run.run_base(tmp_path, work, out, settings, command="second", commit_results=False)
+    assert ran == ["wnli/" + run.ALONE]  # the committed teacher and student are not trained again
+    state = json.loads((out / "base.json").read_text())
+    assert state["rows"]["wnli/teacher"]["metrics"] == {"accuracy": 56.34}
+    assert state["rows"]["wnli/teacher"]["run"]["max_train_examples"] == 2000
+    assert state["rows"][f"wnli/{run.ALONE}"]["run"]["max_train_examples"] == 500
+    page = (out / "base.md").read_text()
+    assert "1. D1 · CPU1" in page and "at most 2000 training" in page and "2. D2 · CPU2" in page
+    assert "| wnli | teacher | 56.34 |" in page and page.count("| 2 |") == 1
+
+
+def test_an_unreadable_results_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "base.json").write_text("{not json")
+    with pytest.raises(CompressError, match=r"base.json is not valid JSON .*move it aside"):
+        run.previous_state(tmp_path / "base.json")
