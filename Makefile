@@ -3,7 +3,7 @@ PYTHON ?= python3
 # The tested set to install: constraints.txt (transformers 5, the default) or
 # constraints-transformers4.txt (transformers 4.57; use EXTRAS=dev,optimum,sentence and its own VENV).
 CONSTRAINTS ?= constraints.txt
-EXTRAS ?= dev,sentence,static
+EXTRAS ?= dev,sentence,static,ctranslate2
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Extra pip arguments, e.g. PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cu124"
