@@ -147,6 +147,19 @@ def build_all(cfg: PeersConfig, contenders: list[Contender], teacher: Path, pyth
     return builds, steps
 
 
+def interpreters(cfg: PeersConfig, contenders: list[Contender]) -> dict[str, str]:
+    """The Python of each environment the selected contenders and their build steps use; a missing one refused now."""
+    needed = {c.venv for c in contenders} | {s.venv for s in STEPS if s.name in {c.step for c in contenders}}
+    t4 = Path(cfg.python_t4) if Path(cfg.python_t4).is_absolute() else ROOT / cfg.python_t4
+    pythons = {"main": sys.executable, "t4": str(t4)}
+    if "t4" in needed and not t4.is_file():
+        names = ", ".join(c.name for c in contenders if c.venv == "t4")
+        raise SystemExit(f"bench.peers: {names} run under {t4}, which does not exist: make the transformers 4.57 "
+                         f"environment (make venv CONSTRAINTS=constraints-transformers4.txt EXTRAS=dev,optimum,sentence "
+                         f"VENV=.venv-transformers4), pass --python-t4, or leave them out with --skip")
+    return {venv: python for venv, python in pythons.items() if venv in needed | {"main"}}
+
+
 def last_line(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     return lines[-1][:400] if lines else "(no output)"
@@ -212,8 +225,8 @@ def run(cfg: PeersConfig, command: str) -> Path:
     work, out = Path(cfg.work).resolve(), Path(cfg.out)
     (work / "texts").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    pythons = {"main": sys.executable, "t4": str((ROOT / cfg.python_t4) if not Path(cfg.python_t4).is_absolute() else cfg.python_t4)}
     contenders, teacher = select(cfg.only, cfg.skip), minilm_path()
+    pythons = interpreters(cfg, contenders)
     stsb, mrpc = read_pairs(Path(cfg.data), cfg.stsb_pairs)
     plan, timing = make_plan(stsb, mrpc), timing_sample(stsb, cfg.timing_sentences)
     texts = {"score": work / "texts" / "score.json", "timing": work / "texts" / "timing.json"}
@@ -222,29 +235,38 @@ def run(cfg: PeersConfig, command: str) -> Path:
 
     builds, steps = build_all(cfg, contenders, teacher, pythons, precisions().int8_preset)
     build_seconds = time.monotonic() - started
+    environments = {venv: {"python": py, "packages": env_versions(py)} for venv, py in pythons.items()}
     workers = start_all(contenders, builds, pythons, threads=cfg.threads, work=work, texts=texts,
                         warmup_passes=cfg.warmup_passes)
+
+    def report(landed: int | None) -> None:
+        """peers.json, pareto.png and peers.md from what has been measured; ``landed``: rounds so far (None: all)."""
+        rows = make_rows(contenders, builds, workers, plan, work, len(timing))
+        header = {"date": utc_now(), **cpu_summary(), "threads": cfg.threads, "command": command, "note": cfg.note,
+                  "config": asdict(cfg), "full": asdict(FULL), "reduced": {k: getattr(cfg, k) for k in REDUCIBLE
+                                                                          if getattr(cfg, k) != getattr(FULL, k)},
+                  "environments": environments,
+                  "data": {"stsb_pairs": len(stsb), "mrpc_pairs": len(mrpc), "scored_sentences": len(plan.texts),
+                           "mrpc_queries": int(len(plan.queries)), "mrpc_candidates": int(len(plan.candidates)),
+                           "timing_sentences": len(timing), "timing_tokens": token_stats(teacher, timing)},
+                  "teacher": str(teacher), "load_average": {"before": load_before, "after": os.getloadavg()},
+                  "minutes": {"build": build_seconds / 60, "total": (time.monotonic() - started) / 60}, "steps": steps,
+                  "rounds_done": cfg.rounds if landed is None else landed}
+        if landed is not None and landed < cfg.rounds:
+            header["note"] = f"{cfg.note} (partial: {landed} of {cfg.rounds} timing rounds so far)".strip()
+        result = {"header": header, "rows": rows, "front": {"b1": pareto_front(rows, "b1"), "b32": pareto_front(rows, "b32")},
+                  "goal": verdicts(rows)}
+        write_json_atomic(out / "peers.json", result)
+        plot(rows, result["front"], out / "pareto.png")
+        (out / "peers.md").write_text(render(result), encoding="utf-8")
+
     try:
         timed = {n: w for n, w in workers.items() if not w.error}
-        rounds(timed, cfg.rounds, texts["timing"])
+        rounds(timed, cfg.rounds, texts["timing"], landed=report)
     finally:
         for w in workers.values():
             w.close()
-    rows = make_rows(contenders, builds, workers, plan, work, len(timing))
-    header = {"date": utc_now(), **cpu_summary(), "threads": cfg.threads, "command": command, "note": cfg.note,
-              "config": asdict(cfg), "full": asdict(FULL), "reduced": {k: getattr(cfg, k) for k in REDUCIBLE
-                                                                      if getattr(cfg, k) != getattr(FULL, k)},
-              "environments": {venv: {"python": py, "packages": env_versions(py)} for venv, py in pythons.items()},
-              "data": {"stsb_pairs": len(stsb), "mrpc_pairs": len(mrpc), "scored_sentences": len(plan.texts),
-                       "mrpc_queries": int(len(plan.queries)), "mrpc_candidates": int(len(plan.candidates)),
-                       "timing_sentences": len(timing), "timing_tokens": token_stats(teacher, timing)},
-              "teacher": str(teacher), "load_average": {"before": load_before, "after": os.getloadavg()},
-              "minutes": {"build": build_seconds / 60, "total": (time.monotonic() - started) / 60}, "steps": steps}
-    result = {"header": header, "rows": rows, "front": {"b1": pareto_front(rows, "b1"), "b32": pareto_front(rows, "b32")},
-              "goal": verdicts(rows)}
-    write_json_atomic(out / "peers.json", result)
-    plot(rows, result["front"], out / "pareto.png")
-    (out / "peers.md").write_text(render(result), encoding="utf-8")
+    report(None)
     return out
 
 

@@ -20,7 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from bench.peers.contenders import Contender
 
@@ -137,8 +137,12 @@ def available_mb() -> float | None:
         return None
 
 
-def rounds(workers: dict[str, Worker], n_rounds: int, timing_file: Path) -> None:
-    """``n_rounds`` rounds of turns: every live worker times batch 1 then batch 32; the order rotates each round."""
+def rounds(workers: dict[str, Worker], n_rounds: int, timing_file: Path,
+           landed: Callable[[int], None] | None = None) -> None:
+    """``n_rounds`` rounds of turns: every live worker times batch 1 then batch 32; the order rotates each round.
+
+    ``landed(r)`` is called after round ``r`` (1-based), so a caller can write what has been measured so far.
+    """
     names = list(workers)
     for r in range(n_rounds):
         began = time.monotonic()
@@ -150,6 +154,8 @@ def rounds(workers: dict[str, Worker], n_rounds: int, timing_file: Path) -> None
                 if "seconds" in answer:
                     worker.timings[str(batch)].append(answer)
         print(f"== round {r + 1}/{n_rounds}: {time.monotonic() - began:.0f} s", flush=True)
+        if landed is not None:
+            landed(r + 1)
 
 
 def summary(worker: Worker, n_sentences: int) -> dict[str, Any]:

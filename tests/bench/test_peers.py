@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +179,31 @@ def test_the_report_renders_the_table_and_the_verdicts(tmp_path):
     assert "| tk-static | toolkit | 70.10 |" in text and "ct2-int8 (failed)" in text
     assert "NOT met" in text and "REDUCED run" in text
     assert "(the gap: 1.10 points short)" in text
+
+
+def test_only_the_environments_the_selection_uses_are_asked_for_and_a_missing_one_is_refused_first(tmp_path):
+    from bench.peers.run import interpreters
+
+    main_only = select(only=("ctranslate2",))
+    assert all(c.venv == "main" for c in main_only)
+    missing = str(tmp_path / "no-such-venv" / "bin" / "python")
+    assert set(interpreters(PeersConfig(python_t4=missing), main_only)) == {"main"}
+    t4 = [c for c in CONTENDERS if c.venv == "t4"]
+    assert t4, "the transformers 4.57 contenders"
+    with pytest.raises(SystemExit, match=r"run under .*no-such-venv/bin/python, which does not exist"):
+        interpreters(PeersConfig(python_t4=missing), t4[:1])
+
+
+def test_each_round_is_reported_as_it_lands():
+    from bench.peers.timing import rounds
+
+    class Clock:
+        def __init__(self):
+            self.timings = {"1": [], "32": []}
+
+        def request(self, message):
+            return {"seconds": 1.0, "calls": [0.01]}
+
+    landed = []
+    rounds({"a": Clock(), "b": Clock()}, 3, Path("texts.json"), landed=landed.append)
+    assert landed == [1, 2, 3]
