@@ -10,8 +10,9 @@ when it is in the best 1/eta of those that reached its rung so far, so nobody wa
 
 A worker that dies loses only its running trial: the others' heartbeat check fails it after the grace period and
 Optuna's retry callback enqueues it again with its finished rounds (user attributes ``round-<r>``), which the retry
-skips. :func:`run_halving` is the coordinator's entry; :func:`join` a second machine's; :func:`outcome` reads the
-study back as the halving's record.
+skips; the halving counts the failed trial and its retry as one candidate (:class:`OncePerCandidate`).
+:func:`run_halving` is the coordinator's entry; :func:`join` a second machine's; :func:`outcome` reads the study back
+as the halving's record.
 
 A trainer is anything with ``train(label, round, epochs) -> entry`` (the entry dict ``compress auto`` keeps per trained
 round: label, round, epochs, score, dir, teacher, seconds, init; score NaN when training failed) and
@@ -142,12 +143,45 @@ def _retry_callback(place: Place):
     return retry_cls(max_retry=place.retries, inherit_intermediate_values=True)
 
 
-def _pruner(settings: dict):
+def _pruner(settings: dict) -> OncePerCandidate:
     # deferred: see _storage
     import optuna
 
-    return optuna.pruners.SuccessiveHalvingPruner(min_resource=settings["epochs"], reduction_factor=settings["eta"],
-                                                  min_early_stopping_rate=0)
+    return OncePerCandidate(optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=settings["epochs"], reduction_factor=settings["eta"], min_early_stopping_rate=0))
+
+
+def _retried(trials) -> set[int]:
+    """Numbers of the trials a retry took over (Optuna's retry callback lists them in the retry's ``retry_history``)."""
+    return {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+
+
+class _WithoutRetried:
+    """A study whose trials leave out those a retry took over: the retry carries their rounds and rung values."""
+
+    def __init__(self, study):
+        self._study = study
+
+    def __getattr__(self, name: str):
+        return getattr(self._study, name)
+
+    def get_trials(self, deepcopy: bool = True, states=None) -> list:
+        trials = self._study.get_trials(deepcopy=deepcopy)
+        retried = _retried(trials)
+        return [t for t in trials if t.number not in retried and (states is None or t.state in states)]
+
+
+@dataclass(frozen=True)
+class OncePerCandidate:
+    """Optuna's successive-halving pruner counting each candidate once at a rung. A retried trial (its worker died)
+    leaves its rung values in both the failed trial and its retry, which copies them; counted twice, they would stand
+    for two candidates and move the rung's cut (e.g. eta 2, values 70, 30, 20, 50: 50 is second of four and goes on;
+    with 70 twice it is third of five and stops). The failed one is left out: its retry speaks for it."""
+
+    pruner: Any  # optuna.pruners.SuccessiveHalvingPruner
+
+    def prune(self, study, trial) -> bool:
+        return self.pruner.prune(_WithoutRetried(study), trial)
 
 
 def cumulative_epochs(epochs: int, eta: int, round_: int) -> int:
@@ -227,8 +261,10 @@ def worker_name() -> str:
 
 
 def _history(study) -> list[dict]:
-    """Every round trained so far, by any worker (what prices the next one)."""
-    return [v for t in study.get_trials(deepcopy=False) for k, v in sorted(t.user_attrs.items()) if k.startswith("round-")]
+    """Every round trained so far, by any worker (what prices the next one), each once (a retry carries the rounds of
+    the trial it took over)."""
+    trials = _WithoutRetried(study).get_trials(deepcopy=False)
+    return [v for t in trials for k, v in sorted(t.user_attrs.items()) if k.startswith("round-")]
 
 
 def _objective(study, trainer_box: list, spec: TrainerSpec | None):
@@ -266,7 +302,9 @@ def _objective(study, trainer_box: list, spec: TrainerSpec | None):
                     return math.nan
                 trial.set_user_attr(f"round-{r}", entry)
             last = entry["score"]
-            trial.report(last, cumulative_epochs(plan["epochs"], plan["eta"], r))
+            step = cumulative_epochs(plan["epochs"], plan["eta"], r)
+            if step not in frozen.intermediate_values:  # a retry inherits the values its trial reported
+                trial.report(last, step)
             if r < plan["rounds"] - 1 and trial.should_prune():  # after the last round there is nothing left to stop
                 raise optuna.TrialPruned(f"{label} after round {r}: not in the best 1/{plan['eta']} at its rung")
         return last
