@@ -244,6 +244,41 @@ def span_kd(
     return 0.5 * (term(student_start, teacher_start) + term(student_end, teacher_end))
 
 
+def partial_span_kd(
+    student_start: Tensor,
+    student_end: Tensor,
+    teacher_start: Tensor,
+    teacher_end: Tensor,
+    mask: Tensor | None = None,
+    temperature: float = 2.0,
+) -> Tensor:
+    """Soft-target KD for SQuAD spans where the teacher scores only some positions (Hinton et al. 2015 per boundary).
+
+    Start/end logits are ``(batch, seq)``, the teacher's at the student's positions. A teacher logit of ``-inf`` marks a
+    position the teacher cannot express: that position leaves both softmaxes of that boundary (start and end apart),
+    so the teacher's distribution is renormalised over the positions it scores and the student's over the same ones.
+    Positions where ``mask`` is 0 leave both too. Each boundary's term is T² · KL averaged over the rows with at least
+    one kept position (a row with none adds nothing: its loss is the hard one alone); the result is the mean of the
+    start and end terms. With every teacher logit finite it equals :func:`span_kd`.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if not (student_start.shape == student_end.shape == teacher_start.shape == teacher_end.shape):
+        raise ValueError(f"start/end logits differ in shape: student {tuple(student_start.shape)}, "
+                         f"{tuple(student_end.shape)}; teacher {tuple(teacher_start.shape)}, {tuple(teacher_end.shape)}")
+    batch, seq = student_start.shape
+    real = _token_mask(mask, batch, seq, student_start)
+    t = temperature
+
+    def term(student: Tensor, teacher: Tensor) -> Tensor:
+        teacher = teacher.detach().to(student.device)
+        keep = real & torch.isfinite(teacher)  # (batch, seq): positions both sides express
+        kl = _kl_rows(student / t, teacher / t, keep)  # (batch,)
+        return _masked_mean(kl, keep.any(dim=-1)) * t**2
+
+    return 0.5 * (term(student_start, teacher_start) + term(student_end, teacher_end))
+
+
 def mlm_ce(prediction_logits: Tensor, labels: Tensor) -> Tensor:
     """Masked-LM cross-entropy (Devlin et al. 2019; DistilBERT's L_mlm) over labels != -100.
 

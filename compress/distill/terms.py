@@ -9,7 +9,7 @@ term           what                                                             
 =============  =================================================================  ============
 ``kd``         soft-target KL at temperature T, x T² (MSE on a score; a sigmoid    Hinton 2015,
                per label for multi-label; per token for tags; start/end KL for     DistilBERT
-               SQuAD)
+               SQuAD, over the positions the teacher scores)
 ``hard``       the task loss on gold labels (mixed with ``kd`` by alpha); rows
                without one are skipped
 ``hidden``     MSE between mapped hidden states, learned projection if widths      TinyBERT
@@ -34,13 +34,10 @@ import torch
 from torch import nn
 
 from compress.distill import losses as L
-from compress.core.config import option
-from compress.core.errors import CompressError
 from compress.core.registry import Registry
 from compress.core.data.tasks import TaskKind
-
-PREDICTION_TERMS = ("kd", "hard")
-
+# The term names and their weights are options, apart from torch (compress.distill.config); the registry is here.
+from compress.distill.config import INTERMEDIATE_TERMS, PREDICTION_TERMS, LossWeights  # noqa: F401
 
 MLM = "mlm"  # the kind of a general-distillation batch with masked-LM targets
 
@@ -49,32 +46,6 @@ ENCODER = "encoder"  # the kind of a general-distillation batch without targets 
 
 
 Kind = TaskKind | str  # what a batch is: the task's TaskKind, or MLM / ENCODER in general distillation
-
-
-INTERMEDIATE_TERMS = ("hidden", "embedding", "attention", "cosine", "minilm")
-
-
-@dataclass(frozen=True)
-class LossWeights:
-    """How the loss terms are weighted and mapped (shared by task and general distillation)."""
-
-    alpha: float = option(0.5, "weight of kd against hard (mlm in general distillation): alpha*kd + (1-alpha)*hard")
-    temperature: float = option(2.0, "softmax temperature of the kd term (the KL is multiplied by T^2)")
-    hidden_weight: float = option(1.0, "weight of the hidden term")
-    embedding_weight: float = option(1.0, "weight of the embedding term")
-    attention_weight: float = option(1.0, "weight of the attention term")
-    cosine_weight: float = option(1.0, "weight of the cosine term")
-    minilm_weight: float = option(1.0, "weight of the minilm term")
-    relation_heads: int = option(12, "minilm: heads the value relations are split into")
-    layer_map: str = option("uniform", "student<-teacher layers for intermediate terms: uniform, last, 2,4,6 or 1:2,2:4")
-
-    def validate(self) -> None:
-        if not 0 <= self.alpha <= 1:
-            raise CompressError(f"--alpha must be in [0, 1], got {self.alpha}")
-        if self.temperature <= 0:
-            raise CompressError(f"--temperature must be positive, got {self.temperature}")
-        if self.relation_heads < 1:
-            raise CompressError(f"--relation-heads must be at least 1, got {self.relation_heads}")
 
 
 @dataclass
@@ -130,8 +101,10 @@ def _soft_kl(s, t, mask, temperature: float) -> torch.Tensor:
 
 @SOFT_LOSSES.register("span_kl")
 def _soft_span_kl(s, t, mask, temperature: float) -> torch.Tensor:
-    # Start and end logits are (batch, seq): padded positions leave both softmaxes.
-    return L.span_kd(s["start_logits"], s["end_logits"], t["start_logits"], t["end_logits"], mask, temperature=temperature)
+    # Start and end logits are (batch, seq): padded positions leave both softmaxes, and so do the positions where the
+    # teacher's logit is -inf (a teacher that tokenises apart scores only the boundaries both tokenizations share).
+    return L.partial_span_kd(s["start_logits"], s["end_logits"], t["start_logits"], t["end_logits"], mask,
+                             temperature=temperature)
 
 
 @SOFT_LOSSES.register("mse")
