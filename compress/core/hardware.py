@@ -29,6 +29,7 @@ ARM_ARCHES = ("arm64", "aarch64")  # platform.machine() of a 64-bit ARM CPU (mac
 PACKAGES = (
     "torch", "transformers", "tokenizers", "datasets", "accelerate", "optimum", "optimum-onnx",
     "onnxruntime", "onnx", "openvino", "nncf", "neural-compressor-pt", "torch-pruning", "safetensors", "numpy",
+    "ctranslate2",  # compress export --format ctranslate2 (the ctranslate2 extra)
     "model2vec", "skeletoken",  # distill-static (the static extra)
 )
 

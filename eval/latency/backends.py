@@ -8,7 +8,8 @@ runtime freely. ``auto`` picks by the directory's format: ``torch`` (fp32 eager)
 PyTorch one exported inside the worker), ``inc`` (Neural Compressor PT2E,
 inductor-compiled), ``static`` (a model2vec folder: token vectors, a mean and a normalisation), ``openvino`` (an OpenVINO IR, or an fp32 PyTorch / ONNX directory
 converted inside the worker; f32, PERFORMANCE_HINT=LATENCY; with a ``compile_for`` that
-compiles once more for a fixed shape); ``torch-bf16`` casts an fp32 model to bfloat16 and
+compiles once more for a fixed shape), ``ctranslate2`` (a CTranslate2 Encoder folder in its stored compute type,
+its task head in NumPy); ``torch-bf16`` casts an fp32 model to bfloat16 and
 ``openvino-bf16`` asks OpenVINO for bf16. All load through ``compress.core.formats.runtime``, as
 evaluation does. ONNX Runtime and OpenVINO sessions time the runtime's own call on numpy
 feeds built before timing (``NumpyRunner.feeds`` / ``call``): no tensor conversion or
@@ -18,6 +19,7 @@ was up to a tenth of a small model's time (bench/results/2026-11-27/call-overhea
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,8 @@ import numpy as np
 import torch
 
 from compress.core.formats.artifacts import artifact_format, is_quantized, load_config, saved_head
+from compress.core.formats.layout import CTRANSLATE2
+from compress.core.formats.records import read_compression
 from compress.core.errors import CompressError
 from compress.core.formats.onnx import export_onnx
 from compress.core.hardware import precisions
@@ -45,7 +49,7 @@ from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import finish, mean_pooling, read_spec
 from compress.core.formats.static import STATIC, structure as static_structure
 from compress.core.model.structure import config_sizes, count_parameters, describe, model_inputs
-from compress.eval.latency.kernels import kernels_used
+from compress.eval.latency.kernels import kernels_used, run_capturing_stdout
 from compress.eval.latency.peak import precision_of_backend
 
 
@@ -99,7 +103,7 @@ def torch_fp32(model_dir: Path, cfg: Options) -> Session:
 
 # The backend ``auto`` picks for each directory format (compression.json "format").
 AUTO_BACKENDS = {"torch": "torch", "torch-int8-dynamic": "torch-int8", "onnx": "onnxruntime", "inc-pt2e": "inc",
-                 OPENVINO: "openvino", STATIC: "static"}
+                 OPENVINO: "openvino", STATIC: "static", CTRANSLATE2: "ctranslate2"}
 
 
 @BACKENDS.register("auto")
@@ -119,7 +123,7 @@ def require_format(model_dir: Path, fmt: str, backend: str) -> None:
 
 
 # A runner's format -> the runtime whose kernels it runs (compress.eval.latency.kernels); anything else runs torch's.
-KERNEL_RUNTIMES = {"onnx": "onnxruntime", OPENVINO: "openvino"}
+KERNEL_RUNTIMES = {"onnx": "onnxruntime", OPENVINO: "openvino", CTRANSLATE2: "ctranslate2"}
 
 
 def runtime_session(model, model_dir: Path, cfg: Options, backend: str, note: str | None = None, *,
@@ -273,6 +277,43 @@ def openvino_session(model_dir: Path, cfg: Options, precision: str = RECORDED) -
         session.compile_for = compile_for
     session.kernels = kernels
     return session
+
+
+@BACKENDS.register("ctranslate2")
+def ctranslate2_session(model_dir: Path, cfg: Options) -> Session:
+    """A CTranslate2 Encoder (the worker's threads, the folder's stored compute type) and its head in NumPy.
+
+    The row's backend names the compute type this CPU ran (``ctranslate2-int8``; ``ctranslate2`` for float32, which
+    bfloat16 weights run in without bf16 kernels). CTranslate2 logs its instruction set and GEMM libraries at the
+    first model load of a process only, so the load is made with its log on and the log kept for the kernel record.
+    """
+    # deferred: CTranslate2's extension, imported by the workers that time it
+    import ctranslate2
+
+    require_format(model_dir, CTRANSLATE2, "ctranslate2")
+    loaded, level = [], ctranslate2.get_log_level()
+    ctranslate2.set_log_level(logging.INFO)
+    try:  # its log goes to the process's stderr (file descriptor 2)
+        log = run_capturing_stdout(lambda: loaded.append(load_model(model_dir, threads=cfg.threads)), fd=2)
+    finally:
+        ctranslate2.set_log_level(level)
+    model = loaded[0]
+    compute = model.compute_type
+    backend = "ctranslate2" + ("-int8" if compute.startswith("int8") else "-bf16" if compute == "bfloat16" else "")
+    note = f"{model_dir.name}: CTranslate2 compute type {compute} (weights {read_quantization(model_dir)})"
+    session = runtime_session(model, model_dir, cfg, backend, note)
+
+    def kernels(run: Callable[[], Any]) -> dict[str, Any]:
+        return kernels_used("ctranslate2", run, precision_of_backend(backend, note), log)
+
+    session.kernels = kernels
+    return session
+
+
+def read_quantization(model_dir: Path) -> str:
+    """The weight type a CTranslate2 folder's compression.json records (``?`` when it records none)."""
+    spec = read_compression(model_dir).get(CTRANSLATE2)
+    return str(spec.get("quantization")) if isinstance(spec, dict) else "?"
 
 
 @BACKENDS.register("openvino-bf16")

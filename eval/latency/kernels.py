@@ -122,19 +122,21 @@ def best_isa(kernels: list[str]) -> str | None:
     return next((ours for _, ours in ISA_NAMES if ours in found), None)
 
 
-def run_capturing_stdout(run: Callable[[], Any]) -> str:
-    """What ``run()`` wrote to the process's stdout (file descriptor 1, where C libraries print), as text."""
+def run_capturing_stdout(run: Callable[[], Any], fd: int = 1) -> str:
+    """What ``run()`` wrote to the process's stdout (file descriptor 1, where C libraries print; ``fd=2``: stderr,
+    where CTranslate2 logs), as text."""
     libc = ctypes.CDLL(None)
     sys.stdout.flush()
+    sys.stderr.flush()
     libc.fflush(None)  # C stdio buffers: written before the switch, then what run() printed, before the switch back
-    saved = os.dup(1)
+    saved = os.dup(fd)
     with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 1)
+        os.dup2(tmp.fileno(), fd)
         try:
             run()
         finally:
             libc.fflush(None)
-            os.dup2(saved, 1)
+            os.dup2(saved, fd)
             os.close(saved)
         tmp.seek(0)
         return tmp.read().decode(errors="replace")
@@ -225,6 +227,28 @@ def openvino_kernels(run: Callable[[], Any], precision: str, compiled: Any = Non
                        f"CPU capabilities {', '.join(capabilities)}",
             "isa": best_isa([primitive for _, primitive, _ in layers]), "reported": True, "inference_precision": ran,
             "detail": {"primitives": {" ".join(k): n for k, n in layers.items()}, "capabilities": capabilities}}
+
+
+# CTranslate2's log at its first model load in a process: "[info]  - Selected ISA: AVX2", "- SGEMM backend: DNNL
+# (packed: false)", "- GEMM_S8 backend: DNNL (packed: false, u8s8 preferred: true)", "- Selected compute type: ...".
+CT2_LOG = re.compile(r"- (Selected ISA|Use Intel MKL|SGEMM backend|GEMM_S8 backend|Selected compute type): ([^\n]+)")
+
+
+@PROBES.register("ctranslate2")
+def ctranslate2_kernels(run: Callable[[], Any], precision: str, compiled: Any = None) -> dict[str, Any]:
+    """CTranslate2's own report (``compiled``: its log at the model's load, which the latency backend keeps): the
+    instruction set of its own kernels and the GEMM library of the row's precision (MKL on Intel CPUs, else oneDNN,
+    which picks its kernels by cpuid and says nothing here: no ISA is claimed for the products)."""
+    found = dict(CT2_LOG.findall(compiled or ""))
+    if "Selected ISA" not in found:
+        return {"runtime": "ctranslate2", "isa": None, "reported": False, "detail": {},
+                "summary": "unknown (CTranslate2 logs its kernels at the first model load of a process only)"}
+    gemm = "GEMM_S8" if precision == "int8" else "SGEMM"
+    library = found.get(f"{gemm} backend", "?").split(" (")[0]
+    summary = (f"CTranslate2 {gemm} on {library}; its own kernels {found['Selected ISA']}; "
+               f"compute type {found.get('Selected compute type', '?')}")
+    return {"runtime": "ctranslate2", "summary": summary, "isa": None, "reported": True,
+            "detail": {key: value.strip() for key, value in found.items()}}
 
 
 def matmul_primitives(runtime_model) -> Counter:

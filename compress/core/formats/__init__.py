@@ -1,6 +1,6 @@
 """Model directories and the formats they hold: their file names (``layout``), saving and loading (``artifacts``), their
 records (``records``), the atomic writer (``writes``), weight checks,
-the model card, loading any format for a run (``runtime``), ONNX and OpenVINO exports, sentence-transformers folders
+the model card, loading any format for a run (``runtime``), ONNX, OpenVINO and CTranslate2 exports, sentence-transformers folders
 (``sentence``) and model2vec static folders (``static``)."""
 
 from compress.core.lazy import exports
@@ -14,6 +14,7 @@ __getattr__, __all__ = exports(__name__, {
     "append_metrics": "records",
     "export_onnx": "onnx",
     "export_openvino": "openvino",
+    "export_ctranslate2": "ctranslate2",
     "encode": "sentence",
     "model_card": "card",
 })

@@ -72,6 +72,7 @@ def stock_loader(record: dict[str, Any], config: dict[str, Any]) -> tuple[bool, 
                                   "stock loader reads: from_pretrained finds no model.safetensors and refuses",
             "onnx": "it holds an ONNX graph (model.onnx), not PyTorch weights",
             "openvino": "it holds an OpenVINO IR (openvino_model.xml/.bin), not PyTorch weights",
+            "ctranslate2": "it holds a CTranslate2 encoder (model.bin) and its head's tensors, not PyTorch weights",
             "inc-pt2e": "it holds a quantized torch.export program (model.pt2), not PyTorch weights",
             "static": "it holds model2vec static token vectors, not an encoder",
         }.get(fmt, f"its format is {fmt}")
@@ -191,6 +192,8 @@ def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], confi
     elif fmt == "openvino":
         lines.append("Without it: `openvino.Core().compile_model(\"DIR/openvino_model.xml\", \"CPU\")`. "
                      f"Stock transformers refuses it ({why}).")
+    elif fmt == "ctranslate2":
+        lines += ctranslate2_lines(record, head, sentence) + [f"Stock transformers refuses it ({why})."]
     elif fmt == "static":
         lines.append("Without it: `model2vec.StaticModel.from_pretrained(\"DIR\")` or "
                      "`sentence_transformers.SentenceTransformer(\"DIR\")` (its StaticEmbedding module) give the same "
@@ -201,6 +204,48 @@ def _loading_lines(name: str, fmt: str, head: str, record: dict[str, Any], confi
     if sentence and (fmt != "torch" or ok):
         lines += _sentence_lines(fmt, config)
     return lines
+
+
+# A head layer's activation as NumPy code on ``x`` (the names compress.core.model.families' HeadLayers use).
+NUMPY_ACTIVATIONS = {"tanh": "np.tanh(x)", "relu": "np.maximum(x, 0)"}
+# What a head reads, as NumPy code on the Encoder's output ``out`` (HeadLayers.reads).
+NUMPY_READS = {
+    "pooler_output": "x = np.array(out.pooler_output)  # (batch, hidden): the pooler's tanh over the first token",
+    "first_token": "x = np.array(out.last_hidden_state)[:, 0]  # (batch, hidden): the first token's state",
+    "tokens": "x = np.array(out.last_hidden_state)  # (batch, longest, hidden); rows past a sentence's end are padding",
+}
+
+
+def ctranslate2_lines(record: dict[str, Any], head: str, sentence: bool) -> list[str]:
+    """How plain Python runs a CTranslate2 folder: its Encoder on token ids, then the head the record names in NumPy."""
+    spec = record.get("ctranslate2") if isinstance(record.get("ctranslate2"), dict) else {}
+    types = ', token_type_ids=batch.get("token_type_ids")' if spec.get("token_type_ids") else ""
+    code = ["import ctranslate2, numpy as np", "from safetensors.numpy import load_file",
+            "from transformers import AutoTokenizer", "",
+            'tokenizer = AutoTokenizer.from_pretrained("DIR")',
+            f'encoder = ctranslate2.Encoder("DIR")  # {spec.get("quantization", "?")} weights, run in the stored type '
+            'where the CPU has its kernels',
+            'batch = tokenizer(["a first sentence", "and a second, longer one"])  # ragged lists: no padding needed',
+            f'out = encoder.forward_batch(batch["input_ids"]{types})']
+    layout = spec.get("head") if isinstance(spec.get("head"), dict) else None
+    if layout is None:
+        code.append(NUMPY_READS["tokens"].replace("x = ", "hidden = ", 1))
+    else:
+        code += [NUMPY_READS.get(layout.get("reads"), "x = ?"), 'head = load_file("DIR/head.safetensors")']
+        for name, activation in layout.get("linears") or []:
+            code.append(f'x = x @ head["{name}.weight"].T + head["{name}.bias"]')
+            if activation:
+                code.append(f"x = {NUMPY_ACTIVATIONS.get(activation, activation + '(x)')}")
+        outputs = (HEADS[head].outputs if head in HEADS else ("logits",))
+        code.append(f"{outputs[0]} = x" if len(outputs) == 1 else
+                    f"{', '.join(outputs)} = " + ", ".join(f"x[..., {i}]" for i in range(len(outputs))))
+    lines = ["Without it: CTranslate2 runs the encoder (`model.bin`, returning the last hidden state and the pooler "
+             "output) and NumPy the task head on its outputs (`head.safetensors`), as compress does:", "",
+             "```python", *code, "```"]
+    if sentence:
+        lines += ["", "Sentence embeddings: pool `hidden` over each sentence's tokens as `1_Pooling/config.json` says "
+                  "(and L2-normalise where modules.json lists Normalize), as `compress eval --embedding` does."]
+    return lines + [""]
 
 
 def _sentence_lines(fmt: str, config: dict[str, Any]) -> list[str]:

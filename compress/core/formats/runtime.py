@@ -16,6 +16,9 @@ format                 weights file        runs as
 ``openvino``           openvino_model.xml  an OpenVINO compiled model on the CPU (fp32 or
                        + .bin              NNCF int8 IR), f32 unless another precision is
                                            asked for (``compress.core.formats.openvino`` writes it)
+``ctranslate2``        model.bin +         ``ctranslate2.Encoder`` (its stored compute type) and the
+                       head.safetensors    task head in NumPy on its outputs
+                                           (``compress.core.formats.ctranslate2`` writes it)
 =====================  ==================  ============================================
 
 :func:`load_model` (a path) and :func:`load_folder_model` (an opened :class:`ModelFolder`) return, for every
@@ -29,7 +32,7 @@ attribute; :func:`model_device` finds the device of either kind.
 
 This module is the dispatch only: :data:`FORMATS` names each format's loader, which lives
 in the format's own module (``torch_int8``, ``onnx_runtime``, ``pt2``, ``openvino_runtime``,
-``static``; the runner base classes in ``runners``, the checks they share in ``load_checks``).
+``ctranslate2_runtime``, ``static``; the runner base classes in ``runners``, the checks they share in ``load_checks``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ import torch
 from compress.core.data.tasks import Task
 from compress.core.formats.artifacts import load_torch_folder
 from compress.core.formats.folder import ModelFolder, open_folder
-from compress.core.formats.layout import INC_PT2E, ONNX, OPENVINO, STATIC, TORCH, TORCH_INT8
+from compress.core.formats.ctranslate2_runtime import load_ctranslate2
+from compress.core.formats.layout import CTRANSLATE2, INC_PT2E, ONNX, OPENVINO, STATIC, TORCH, TORCH_INT8
 from compress.core.formats.onnx_runtime import load_onnx
 from compress.core.formats.openvino_runtime import load_openvino
 from compress.core.formats.pt2 import load_inc
@@ -129,4 +133,5 @@ FORMATS.register(TORCH_INT8, load_torch_int8)
 FORMATS.register(ONNX, load_onnx)
 FORMATS.register(INC_PT2E, load_inc)
 FORMATS.register(OPENVINO, load_openvino)
+FORMATS.register(CTRANSLATE2, load_ctranslate2)  # CTranslate2's Encoder, the task head in NumPy beside it
 FORMATS.register(STATIC, load_static)  # model2vec static folders: each token's vector as ``last_hidden_state``

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -58,6 +58,23 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class HeadLayers:
+    """A task head as plain layers on the base model's outputs, as its transformers forward runs them in eval mode
+    (dropout off): for runtimes that run the encoder alone (CTranslate2's Encoder) and the head beside it."""
+
+    reads: str  # "pooler_output" (batch, hidden), "first_token" (last_hidden_state[:, 0]) or "tokens" (every position)
+    linears: tuple[tuple[str, str | None], ...]  # (a Linear's path in the task model, the activation after it or None)
+
+
+def _linear_heads(classifier: HeadLayers) -> dict[str, HeadLayers]:
+    """The task heads of a BERT-like family given its sequence classifier: a token classifier and a span head are one
+    Linear on every position (``classifier``; ``qa_outputs`` with its two columns, start then end)."""
+    return {"sequence-classification": classifier,
+            "token-classification": HeadLayers("tokens", (("classifier", None),)),
+            "question-answering": HeadLayers("tokens", (("qa_outputs", None),))}
+
+
+@dataclass(frozen=True)
 class Family:
     """One encoder family: module paths, head classes, config names, inputs and layer details."""
 
@@ -95,6 +112,9 @@ class Family:
     # From the base model: an Embedding (buckets, heads), one column per head, that every layer reads (MPNet's relative
     # position bias). A student cut from the teacher then keeps the same teacher heads in every layer.
     head_table: str | None = None
+    # Head name -> the head as plain layers on the base model's outputs (HeadLayers); a head missing here is not
+    # stated, and a runtime that runs the encoder alone refuses it.
+    head_layers: dict[str, HeadLayers] = field(default_factory=dict)
 
     def max_tokens(self, config) -> int:
         """The longest sequence a model of ``config`` takes: its position embeddings less those no token uses."""
@@ -181,6 +201,7 @@ FAMILIES.register("bert", Family(
     classes=_classes("Bert", (*ENCODER_HEADS, "masked-lm", "pretraining")),
     mlm_head=lambda model: model.cls.predictions,  # transform + decoder tied to the word embeddings
     finish_layer=_bert_finish,
+    head_layers=_linear_heads(HeadLayers("pooler_output", (("classifier", None),))),  # dense + tanh pooler, then Linear
 ))
 
 
@@ -195,6 +216,8 @@ for _type, _config, _prefix in (("roberta", "RobertaConfig", "Roberta"), ("xlm-r
         model_type=_type, config_class=_config, base="roberta", layers="encoder.layer", attention=BERT_ATTENTION,
         ffn_in="intermediate.dense", ffn_out="output.dense", classes=_classes(_prefix, (*ENCODER_HEADS, "masked-lm")),
         mlm_head=lambda model: model.lm_head, finish_layer=_bert_finish, unused_positions=_after_padding_id,
+        # RobertaClassificationHead: dense + tanh on the first token (<s>), then out_proj; no pooler.
+        head_layers=_linear_heads(HeadLayers("first_token", (("classifier.dense", "tanh"), ("classifier.out_proj", None)))),
     ))
 # ELECTRA's discriminator (its MLM model is the small generator, not a compression target).
 FAMILIES.register("electra", Family(
@@ -227,6 +250,7 @@ FAMILIES.register("distilbert", Family(
     ffn_in="ffn.lin1", ffn_out="ffn.lin2", classes=_classes("DistilBert", (*ENCODER_HEADS, "masked-lm")),
     sizes=Sizes(layers="n_layers", hidden="dim", heads="n_heads", ffn="hidden_dim"),
     inputs=WITHOUT_SEGMENTS, mlm_head=_distilbert_mlm, finish_layer=_distilbert_finish,
+    head_layers=_linear_heads(HeadLayers("first_token", (("pre_classifier", "relu"), ("classifier", None)))),
 ))
 
 
