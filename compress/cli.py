@@ -5,14 +5,17 @@ flag per config field; it parses them into the stage's frozen config, makes one 
 call and prints what the stage reports. Every command also takes ``--quiet`` and
 ``--log-level`` (:mod:`compress.core.logs`): progress goes to stderr as log lines (and
 bars on a terminal), the result to stdout and its closing notes to stderr, which
-``--quiet`` keeps. Libraries are imported only when a command runs, so ``compress
---help`` is instant, and a stage's cheap checks (:mod:`compress.core.preflight`: a missing
-model folder or data file, an unknown task, a malformed budget, an occupied ``--out``)
-come before its module is imported. A :class:`CompressError` becomes one line on stderr
+``--quiet`` keeps. Libraries are imported only when a stage runs: its config lives in a
+light module (``Stage.config``), so ``compress --help``, ``compress CMD --help`` and an
+option its config refuses (a seed out of range, 100000 threads) are instant, and a stage's
+cheap checks (:mod:`compress.core.preflight`: a missing model folder or data file, an
+unknown task, a malformed budget, an occupied ``--out``) come before its module is imported. A :class:`CompressError` becomes one line on stderr
 and its exit status; any other exception one line naming its type and message, exit
 status 1 (with ``--debug`` or ``COMPRESS_DEBUG=1`` it propagates, traceback and all); a
 group or ``compress`` without its command prints its help and one error line, exit status
-2; Ctrl-C exits with 130; a closed stdout ends the command quietly.
+2; Ctrl-C exits with 130 and SIGTERM with 143, each after removing what the run was writing
+(:mod:`compress.core.signals`); a closed stdout ends the command quietly. A run holds a lock
+on each ``--out`` it checks (:mod:`compress.core.paths`) until it ends.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import sys
 import textwrap
 
 from compress import __version__
-from compress.core import logs, preflight
+from compress.core import logs, paths, preflight, signals
 from compress.core.config import add_arguments, from_args
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, foreign
 from compress.core.data.tasks import task_choices
 from compress.stages import COMMANDS, SEVERAL, Command, Stage
 
@@ -275,8 +278,8 @@ def debugging(args: argparse.Namespace | None, argv: list[str]) -> bool:
 
 def internal_error(prefix: str, err: BaseException) -> str:
     """The one line for an exception that is not a CompressError: what failed, and how to see more."""
-    lines = str(err).strip().splitlines()
-    what = type(err).__name__ + (f": {lines[0]}" if lines else "")
+    message = foreign(err)  # every line that says something: a runtime's first line may only say where it rethrew
+    what = type(err).__name__ + (f": {message}" if message else "")
     # An OSError (disk full, permission denied) is the machine's, not a bug of the toolkit.
     kind = "" if isinstance(err, OSError) else "an internal error; "
     return f"{prefix}: error: {what} ({kind}rerun with --debug for the traceback)"
@@ -291,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     selected = selected_command(argv)
+    # SIGTERM unwinds like Ctrl-C (temporary outputs removed); the --out folders checked are locked until the end.
+    with signals.stop_cleanly(), paths.output_locks():
+        return _main(argv, selected)
+
+
+def _main(argv: list[str], selected: str | None) -> int:
+    """:func:`main`'s body: the command run, every failure turned into one line and an exit status."""
     args: argparse.Namespace | None = None
     try:
         entry = COMMANDS.get(selected) if selected else None
@@ -305,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     except CompressError as err:
         print(f"{_prefix(args, selected)}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except signals.Terminated:
+        print(f"{_prefix(args, selected)}: terminated", file=sys.stderr)
+        return signals.TERMINATED_EXIT
     except KeyboardInterrupt:
         print(f"{_prefix(args, selected)}: interrupted", file=sys.stderr)
         return 130

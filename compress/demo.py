@@ -28,7 +28,7 @@ from typing import Any
 
 from compress.core.data import synthetic
 from compress.core.formats.artifacts import is_quantized
-from compress.core.formats.records import parent_path, read_compression
+from compress.core.formats.records import parent_path, read_compression, read_record
 from compress.core.preflight import check_output
 from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
@@ -37,7 +37,7 @@ from compress.eval.latency.report import read_report
 from compress.eval.latency.row import Row
 from compress.eval.latency.runs import default_threads
 from compress.eval.leaderboard_render import METRIC_LABELS
-from compress.pipeline import MANIFEST, run_recipe
+from compress.pipeline import MANIFEST, MANIFEST_SCHEMA, run_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 RECIPE = RECIPES / "demo.yaml"  # teacher = the pretrained MiniLM-L6, fine-tuned on the task
@@ -151,7 +151,7 @@ def _latency_report(run_dir: Path) -> dict[str, Any]:
     """The report of the run's latency stage (the first one the manifest lists; its rows as records), or {} when it
     has none."""
     manifest = run_dir / MANIFEST
-    stages = json.loads(manifest.read_text(encoding="utf-8"))["stages"] if manifest.is_file() else {}
+    stages = read_record(manifest, MANIFEST_SCHEMA)["stages"] if manifest.is_file() else {}  # names inside run_dir
     for name, stage in stages.items():
         report = run_dir / name / "latency.json"
         if stage.get("kind") == "latency" and report.is_file():

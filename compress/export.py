@@ -1,17 +1,23 @@
 """`compress export`: any model directory the toolkit makes, as a file another runtime loads.
 
-``export(model_dir, out, cfg)`` writes ONNX (``model.onnx``, ONNX Runtime / Optimum) or
-OpenVINO IR (``openvino_model.xml`` + ``.bin``) for
+``export(model_dir, out, cfg)`` writes ONNX (``model.onnx``, ONNX Runtime / Optimum), OpenVINO IR
+(``openvino_model.xml`` + ``.bin``) or a CTranslate2 Encoder folder (``model.bin`` + ``head.safetensors``) for
 
-======================  ===========================  ======================================
-source format           --format onnx                --format openvino
-======================  ===========================  ======================================
-torch (any structure)   torch.onnx export            OpenVINO conversion
-onnx (fp32 or int8)     copied (it is ONNX already)  OpenVINO conversion of the graph
-openvino                refused                      copied
+======================  ===========================  ==========================  =========================
+source format           --format onnx                --format openvino           --format ctranslate2
+======================  ===========================  ==========================  =========================
+torch (any structure)   torch.onnx export            OpenVINO conversion         CTranslate2's converter
+                                                                                 (uniform shapes only)
+onnx (fp32 or int8)     copied (it is ONNX already)  OpenVINO conversion         refused: export the parent
+openvino                refused                      copied                      refused: the same
 torch-int8-dynamic      refused: quantize the fp32 parent with --backend onnxruntime/openvino
 inc-pt2e                refused: the same
-======================  ===========================  ======================================
+======================  ===========================  ==========================  =========================
+
+``--format ctranslate2`` (:mod:`compress.core.formats.ctranslate2`) takes the families CTranslate2 converts (BERT,
+DistilBERT, RoBERTa, XLM-R) with one head count and FFN width in every layer, stores the weights as
+``--quantization`` asks (float32, int8, int8_float32, bfloat16) and keeps the task head beside the encoder, run in
+NumPy on its outputs; an int8 folder is checked against the int8 tolerance, a bfloat16 one against the bf16 one.
 
 Every export is checked: the exported model and the source run on the same sentences and
 the largest absolute output difference is recorded (``compression.json``'s ``check``) and
@@ -37,21 +43,20 @@ it; the card names the exact ``SentenceTransformer(...)`` call (``compress.core.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import torch
 
 from compress.core.formats.artifacts import load_config, load_tokenizer, output_dir
 from compress.core.formats.folder import open_folder
-from compress.core.formats.layout import COMPRESSION_FILE, METRICS_FILE, ONNX, ONNX_FILE, TORCH
+from compress.core.formats.layout import COMPRESSION_FILE, CTRANSLATE2, METRICS_FILE, ONNX, ONNX_FILE, TORCH
 from compress.core.formats.records import compression_record, parent_path, read_compression
 from compress.core.formats.writes import write_json_atomic
 from compress.core.preflight import check_output
 from compress.core.formats.card import sentence_loading_line
-from compress.core.config import option
 from compress.core.errors import CompressError
+from compress.core.formats.ctranslate2 import export_ctranslate2
 from compress.core.formats.onnx import export_onnx, format_fusion, fuse_onnx
 from compress.core.formats.openvino import export_openvino
 from compress.core.registry import Registry
@@ -61,11 +66,14 @@ from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import is_sentence_folder
 from compress.core.model.heads import EXPORTABLE_HEADS, HEADS
 from compress.core.model.structure import model_inputs
+from compress.export_config import ExportConfig
 
 # The check's default largest difference for a bf16 folder: bf16 keeps 8 bits of mantissa, so each product carries a
 # relative error near 0.4%: on the check's sentences all-MiniLM-L6-v2's last_hidden_state moved by up to 0.024, and
 # its SST-2 fine-tuned logits by 0.014 (AMD Zen 4, AVX512_BF16), so 0.1 leaves room for larger models.
 BF16_TOLERANCE = 0.1
+# The check's default for an int8 folder (an int8 source's graph re-fused by a converter, or weights quantized here).
+INT8_TOLERANCE = 0.5
 
 # Sentences both models run on for the check: short and long, with a pair (token types).
 CHECK_TEXTS = (
@@ -75,28 +83,6 @@ CHECK_TEXTS = (
     ("no", None),
 )
 
-
-@dataclass(frozen=True)
-class ExportConfig:
-    format: Literal["onnx", "openvino"] = option("onnx", "target format: onnx (ONNX Runtime, Optimum) or openvino (OpenVINO IR)")
-    opset: int = option(17, "ONNX opset of a torch -> ONNX export")
-    tolerance: float | None = option(None, "largest output difference accepted by the check (default: 1e-3 for fp32 "
-                                           "sources, 0.5 for int8 ones, whose graphs a converter may re-fuse)")
-    precision: Literal["fp32", "bf16"] = option(
-        "fp32", "openvino: the precision the folder asks the CPU plugin to run its floating-point layers in; bf16 runs "
-                "the matrix products on AVX512_BF16 or AMX-BF16 units where the CPU has them (its weights stay fp32, and "
-                "on a CPU without bf16 kernels it runs in fp32); the export's check then uses a bf16 tolerance")
-    fuse: bool = option(False, "onnx: write ONNX Runtime's transformer-optimised graph (fused Attention, SkipLayerNormalization, "
-                               "EmbedLayerNormalization, Gelu nodes of the com.microsoft domain, which ONNX Runtime runs) "
-                               "instead of the plain one; the number of each fused operator is recorded")
-
-    def validate(self) -> None:
-        if self.precision != "fp32" and self.format != "openvino":
-            raise CompressError(f"--precision {self.precision} is an OpenVINO inference precision; use it with --format openvino "
-                                "(for ONNX Runtime int8: compress quantize --backend onnxruntime)")
-        if self.fuse and self.format != "onnx":
-            raise CompressError(f"--fuse writes ONNX Runtime's fused graph, an ONNX file; use it with --format onnx "
-                                f"(--format {self.format} converts the plain graph and fuses it in its own compiler)")
 
 Exporter = Callable[[Path, Path, ExportConfig], None]  # (source, staged output dir, cfg) -> files written
 EXPORTERS: Registry[dict[str, Exporter]] = Registry("export format")
@@ -128,6 +114,10 @@ def _to_openvino(source: Path, tmp: Path, cfg: ExportConfig) -> None:
     export_openvino(source, tmp, overwrite=True, precision="bf16" if cfg.precision == "bf16" else "f32")
 
 
+def _to_ctranslate2(source: Path, tmp: Path, cfg: ExportConfig) -> None:
+    export_ctranslate2(source, tmp, quantization=cfg.quantization, overwrite=True)
+
+
 def _refuse_openvino_to_onnx(source: Path, tmp: Path, cfg: ExportConfig) -> None:
     raise CompressError(f"{source} is an OpenVINO IR, which has no ONNX export; export its parent (the PyTorch or ONNX "
                         "directory it was made from) with --format onnx")
@@ -141,6 +131,9 @@ EXPORTERS.register("openvino", {
     TORCH: _to_openvino, ONNX: _to_openvino, "openvino": _copy,
     "torch-int8-dynamic": _refuse("torch dynamic"), "inc-pt2e": _refuse("Neural Compressor PT2E"),
 })
+# CTranslate2 converts PyTorch weights only; export_ctranslate2 refuses every other format naming the parent.
+EXPORTERS.register(CTRANSLATE2, {fmt: _to_ctranslate2 for fmt in (TORCH, ONNX, "openvino", CTRANSLATE2,
+                                                                  "torch-int8-dynamic", "inc-pt2e")})
 
 
 def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwrite: bool = False) -> Path:
@@ -159,8 +152,6 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
     head = folder.head
     if head not in EXPORTABLE_HEADS:
         raise CompressError(f"export supports {', '.join(EXPORTABLE_HEADS)} models; {source} is a {head} model")
-    tolerance = cfg.tolerance if cfg.tolerance is not None else (0.5 if folder.quantized else BF16_TOLERANCE
-                                                                 if cfg.precision == "bf16" else 1e-3)
     with output_dir(out, overwrite) as tmp:
         staged = tmp / "model"  # the exporters write a complete directory of their own
         exporter(source, staged, cfg)
@@ -170,6 +161,7 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
         if cfg.precision == "bf16":  # asked before the check, so the check runs what every loader of the folder will
             write_json_atomic(tmp / "compression.json", {**read_compression(tmp), "inference_precision_hint": "bf16"})
         fusion = _fuse(source, tmp) if cfg.fuse else {}
+        tolerance = _tolerance(cfg, folder.quantized, read_compression(tmp).get("precision"))
         check = compare_outputs(source, tmp, HEADS[head].outputs)
         if check["max_abs_diff"] > tolerance:
             raise CompressError(
@@ -184,7 +176,7 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
             structure=written.get("structure") or before.get("structure"),  # the graph's (a classifier's last layer: first token)
             extra={**{k: before[k] for k in ("head", "task", "precision", "backend", "scheme") if k in before},
                    **{k: written[k] for k in ("format", "backend", "precision", "inference_precision",
-                                              "inference_precision_hint") if k in written},
+                                              "inference_precision_hint", CTRANSLATE2) if k in written},
                    **(task_fields(own) if own is not None else {}),
                    "format": written.get("format") or fmt, "source_format": fmt, "check": {**check, "tolerance": tolerance},
                    **fusion},
@@ -192,6 +184,15 @@ def export(model_dir: str | Path, out: str | Path, cfg: ExportConfig, *, overwri
         write_json_atomic(tmp / COMPRESSION_FILE, record)
         write_json_atomic(tmp / METRICS_FILE, {"results": []})
     return Path(out)
+
+
+def _tolerance(cfg: ExportConfig, quantized_source: bool, written_precision: str | None) -> float:
+    """The check's largest difference: the asked one, else by what the source and the written folder hold."""
+    if cfg.tolerance is not None:
+        return cfg.tolerance
+    if quantized_source or written_precision == "int8":
+        return INT8_TOLERANCE
+    return BF16_TOLERANCE if "bf16" in (cfg.precision, written_precision) else 1e-3
 
 
 def _fuse(source: Path, tmp: Path) -> dict[str, Any]:
@@ -247,6 +248,9 @@ def summarize(out: Path, cfg: ExportConfig, inputs: dict[str, Any]) -> tuple[str
         text += f", argmax agreement {100 * check['argmax_agreement']:.0f}%"
     if record.get("fusion"):
         text += "\n" + format_fusion(record["fusion"])
+    if isinstance(record.get(CTRANSLATE2), dict):  # what the weights are stored as and what this CPU runs them in
+        ct2 = record[CTRANSLATE2]
+        text += f"\nCTranslate2: weights {ct2.get('quantization')}, compute type {ct2.get('compute_type')} on this CPU"
     line = sentence_loading_line(out, record["format"]) if is_sentence_folder(out) else None
     if line:  # the card's call (README.md; an ONNX card also says how Text Embeddings Inference reads the folder)
         text += "\n" + line

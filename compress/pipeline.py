@@ -17,8 +17,12 @@ config and inputs (input directories hashed by content): a re-run skips stages w
 hash is unchanged and re-runs a changed stage and, through the hashes, everything that
 depends on it. It stores the resolved config too, so an option the toolkit gained since
 a stage ran, left at its default, does not re-run the stage (:func:`stands`; a new
-option's default must therefore do what the toolkit did before it). The leaderboard
-report of every model produced, titled with the recipe's name and listing its stages (scored
+option's default must therefore do what the toolkit did before it). A stage is ``running`` in
+the manifest while it runs, ``done`` after, or ``failed`` with the reason (its error's line,
+``terminated (SIGTERM)``, ``interrupted (Ctrl-C)``) when it stops otherwise, and then runs
+again next time. The run directory is locked while a recipe runs in it
+(:func:`compress.core.paths.output_lock`): a second recipe into it is refused at its start.
+The leaderboard report of every model produced, titled with the recipe's name and listing its stages (scored
 on the split of the recipe's leaderboard stage, if it has one: dev otherwise),
 lands at the top of the run directory; a model the recipe did not evaluate is listed as
 "not evaluated" (a recipe of one quantize stage still gets its report).
@@ -26,6 +30,7 @@ lands at the top of the run directory; a model the recipe did not evaluate is li
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -35,12 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compress.core.formats.records import dir_hash
+from compress.core.formats.records import dir_hash, read_record
+from compress.core.formats.schemas import STR, Inside, MapOf, Record, Schema, optional
 from compress.core.formats.writes import check_writable, write_json_atomic, write_text_atomic
 from compress.core.preflight import check_output
 from compress.core.config import field_names, from_dict, load_file
 from compress.core.errors import CompressError
 from compress.core.checkpoints import fingerprint
+from compress.core.paths import output_lock
+from compress.core.signals import Terminated
 from compress.eval.evaluate import evaluate
 from compress.eval.latency.runs import measure_latency
 from compress.eval.leaderboard import LeaderboardConfig
@@ -50,6 +58,11 @@ from compress.stages import SEVERAL
 from compress.teacher.presets import HUB_ALIASES
 
 MANIFEST = "manifest.json"
+# manifest.json as _run writes it, the fields read back: stage name (a folder of the run directory) -> its last run.
+MANIFEST_SCHEMA = Schema(Record({"recipe": optional(STR), "stages": MapOf(Record({
+    "kind": optional(STR), "hash": optional(STR), "status": optional(STR), "inputs": optional(STR),
+    "config": Record(),
+}), keys=Inside())}, required=("stages",)), fix="remove it and run the recipe again with --overwrite")
 REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_\-]+)\}$")
 
 
@@ -259,16 +272,22 @@ def run_recipe(
     run_dir = Path(run_dir).absolute()
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, variables={"run_dir": str(run_dir), **(variables or {})})
+    run_dir = check_writable(run_dir, "the recipe's run directory", "choose another --out")  # a link followed
+    with output_lock(run_dir):  # a second recipe into this run directory is refused while this one runs
+        return _run(recipe, run_dir, overwrite, say)
+
+
+def _run(recipe: Recipe, run_dir: Path, overwrite: bool, say) -> Path:
+    """:func:`run_recipe`'s body, with the run directory locked."""
     for stage in recipe.stages:  # every outside input is checked before anything is written or run
         for key, value in stage.inputs.items():
             resolved = _resolve(value, run_dir)
             for path in resolved if isinstance(resolved, list) else [resolved]:
                 if not isinstance(path, Path):  # upstream outputs are checked when their consumer starts
                     _check_exists(path, stage, key)
-    check_writable(run_dir, "the recipe's run directory", "choose another --out")  # an existing file, a read-only place
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = run_dir / MANIFEST
-    previous = json.loads(manifest_path.read_text())["stages"] if manifest_path.is_file() else {}
+    previous = read_record(manifest_path, MANIFEST_SCHEMA)["stages"] if manifest_path.is_file() else {}
     for stage in recipe.stages:  # a stage re-runs into its own folder: never an input, never one the recipe did not make
         out = run_dir / stage.name
         if out.exists():
@@ -301,7 +320,14 @@ def run_recipe(
                 _check_exists(_resolve(value, run_dir), stage, key)
         if out.exists():  # checked above: the recipe's own folder, or --overwrite
             shutil.rmtree(out) if out.is_dir() else out.unlink()
-        STAGES.get(stage.kind).run_in_recipe(inputs, config, out)
+        try:
+            STAGES.get(stage.kind).run_in_recipe(inputs, config, out)
+        except BaseException as err:  # the manifest says why the stage stopped; the next run runs it again
+            previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "failed", "reason": failure(err),
+                                    "seconds": round(time.monotonic() - start, 1)}
+            with contextlib.suppress(CompressError, OSError):  # a full disk: the stage's own error is the one to say
+                write_json_atomic(manifest_path, {"recipe": recipe.name, "stages": previous})
+            raise
         previous[stage.name] = {"kind": stage.kind, "hash": digest, "status": "done", "seconds": round(time.monotonic() - start, 1),
                                 "inputs": inputs_hash, "config": _config_record(stage.config)}
         outcome[stage.name] = f"ran ({previous[stage.name]['seconds']:g} s)"
@@ -325,6 +351,18 @@ def run_recipe(
             text = text.replace(f"]({image.name})", f"](report/{image.name})")
         write_text_atomic(run_dir / "report.md", text)
     return run_dir
+
+
+def failure(err: BaseException) -> str:
+    """Why a stage stopped, as its manifest entry says it: the error's own line, or what stopped the process."""
+    if isinstance(err, Terminated):
+        return "terminated (SIGTERM)"
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(err, CompressError):
+        return str(err)
+    lines = str(err).strip().splitlines()
+    return type(err).__name__ + (f": {lines[0]}" if lines else "")
 
 
 def stage_list(recipe: Recipe, outcome: dict[str, str]) -> str:

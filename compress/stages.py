@@ -9,7 +9,10 @@ stage is one :func:`register` call. The few commands that are not stages (``task
 ``init``, ``run``, ``demo``) are :class:`Command` entries of the same registry.
 
 Classes and functions are named as "module:attr" strings and imported on first use, so
-``import compress.stages`` (and ``compress --help``) imports no torch.
+``import compress.stages`` (and ``compress --help``) imports no torch. A stage's config is
+named in a light module of its own (``teacher/config.py``, ``compress/distill/config.py``,
+...), never in its entry's module: ``compress CMD --help`` and the config's checks import
+no torch either (tests/test_startup.py); only the entry function's module does.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from compress.core.config import Choices
+from compress.core.config import SEEDS, Choices, in_bounds
 from compress.core.errors import CompressError
 from compress.core.lazy import load
 from compress.core.model.heads import HEADS
@@ -68,7 +71,7 @@ class Stage:
     recipe: str | None  # the recipe kind, e.g. "finetune"; None: command line only
     summary: str  # one line for --help
     examples: str  # the lines under "examples:" in the command's --help
-    config: str  # "module:ConfigClass"
+    config: str  # "module:ConfigClass", a light module (no torch, transformers, ...): --help imports it
     entry: str  # "module:function": f(*inputs, out, cfg, overwrite=) or, without ``out_help``, f(*inputs, cfg)
     inputs: tuple[Input, ...] = ()
     out_help: str | None = None  # help of the required --out; None: the command writes no directory of its own
@@ -195,7 +198,7 @@ def _init_flags(p: argparse.ArgumentParser) -> None:
                    "task's come from its training file: compress teacher finetune --task KIND)")
     p.add_argument("--head", choices=list(HEADS), help="head without a task (default: base)")
     p.add_argument("--max-positions", type=int, default=512, help="position embeddings (default: 512)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
+    p.add_argument("--seed", type=in_bounds(SEEDS), default=0, help="seed of the random initial weights (default: 0)")
     p.add_argument("--out", required=True, metavar="DIR", help="output model directory")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
@@ -230,7 +233,7 @@ register(Stage(
   compress eval --model models/sst2 --task sst2 --data-dir ~/glue_data      # without --data-dir: the hub's copy
   compress eval --model models/intents --data-file test.csv --split test    # your own task, read from the model's folder
   compress eval --model models/all-minilm --task stsb --embedding --data-dir ~/glue_data   # sentence embeddings, no head""",
-    "compress.eval.evaluate:EvalConfig", "compress.eval.evaluate:evaluate",
+    "compress.eval.config:EvalConfig", "compress.eval.evaluate:evaluate",
     (Input("model", "--model", "model directory (config.json + weights + tokenizer)", recipe_key="models"),),
     produces_model=False, report="compress.eval.evaluate:summarize", said=None,
     recipe_entry="compress.pipeline:run_eval", early=("task", "data_file"),
@@ -256,7 +259,7 @@ register(Stage(
   compress teacher pretrain --corpus wiki/,books/ --vocab-size 30522 --shape 4L-256 --max-steps 20000 --out models/bert-small
   compress teacher pretrain --corpus hf:wikitext:wikitext-103-raw-v1 --layers 6 --hidden 512 --heads 8 --out models/w6
   compress teacher pretrain ... --resume                  # after a crash: continue into the same --out""",
-    "compress.teacher.pretrain:PretrainConfig", "compress.teacher.pretrain:pretrain",
+    "compress.teacher.config:PretrainConfig", "compress.teacher.pretrain:pretrain",
     out_help="output model directory (BertForPreTraining + tokenizer)",
     report="compress.teacher.pretrain:summarize", said="wrote {out} (curves: {out}/pretraining_curves.png)", early=("resume",),
 ))
@@ -269,7 +272,7 @@ register(Stage(
   compress teacher finetune --model bert-base --task text-classification --train-file train.csv --dev-file dev.csv \\
       --out models/intents                                                          # your own data
   compress teacher finetune --model models/pretrained --task rte --data-dir ~/glue_data --grid --out models/rte""",
-    "compress.teacher.finetune:FinetuneConfig", "compress.teacher.finetune:finetune",
+    "compress.teacher.config:FinetuneConfig", "compress.teacher.finetune:finetune",
     (Input("model", "--model", "model directory, alias (bert-base, bert-large, ...-cased) or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the best dev checkpoint)",
     switches=(Switch("--grid", "sweep batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; keep the best on dev",
@@ -286,7 +289,7 @@ register(Stage(
       --out models/intents-3L                     # your own task: the teacher's, read from its folder
   compress distill --teacher models/mrpc --task mrpc --student 4L-312 --init random \\
       --losses kd,hard,hidden,attention,embedding --two-stage --out models/tinybert-mrpc      # TinyBERT""",
-    "compress.distill.task:DistillConfig", "compress.distill.task:distill",
+    "compress.distill.config:DistillConfig", "compress.distill.task:distill",
     (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the best dev student)",
     report="compress.distill.task:summarize", early=(*OWN_DATA, "resume"),
@@ -320,7 +323,7 @@ register(Stage(
   compress distill-general --teacher models/pretrained-bert --corpus wiki/ --student 6L-768 \\
       --init teacher-layers --losses kd,mlm,cosine --out models/distilbert   # DistilBERT (needs MLM heads)
   compress distill --teacher models/sst2 --task sst2 --student 4L-312 --init models/general-4L --out models/sst2-4L""",
-    "compress.distill.general:GeneralDistillConfig", "compress.distill.general:distill_general",
+    "compress.distill.config:GeneralDistillConfig", "compress.distill.general:distill_general",
     (Input("teacher", "--teacher", "teacher encoder: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output encoder directory",
     said="wrote {out}; distil it on a task with: compress distill --init {out} ...", early=("resume",),
@@ -335,7 +338,7 @@ register(Stage(
   compress distill-embedding --teacher models/all-minilm --corpus hf:wikitext:wikitext-103-raw-v1 --max-sentences 200000 \\
       --losses mse,cosine --cosine-weight 2 --max-steps 3000 --out models/minilm-3L
   compress eval --model models/minilm-3L --task stsb --embedding --data-dir ~/glue_data   # cosine Spearman, no fine-tuning""",
-    "compress.distill.embedding:EmbeddingDistillConfig", "compress.distill.embedding:distill_embedding",
+    "compress.distill.config:EmbeddingDistillConfig", "compress.distill.embedding:distill_embedding",
     (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL", check=HUB),),
     out_help="output sentence-transformers folder (the student; SentenceTransformer(DIR) loads it)",
     report="compress.distill.embedding:summarize_embedding", early=("resume",),
@@ -349,7 +352,7 @@ register(Stage(
   compress distill-static --teacher models/all-minilm --pca-dims 128 --corpus wiki/ --sentences-from stsb,sst2 \\
       --data-dir ~/glue_data --epochs 3 --eval-tasks stsb --out models/minilm-static-refined   # refined on sentences
   compress latency --model models/all-minilm models/minilm-static   # eval --embedding and latency read it as any model""",
-    "compress.distill.static:StaticDistillConfig", "compress.distill.static:distill_static",
+    "compress.distill.config:StaticDistillConfig", "compress.distill.static:distill_static",
     (Input("teacher", "--teacher", "sentence-embedding teacher: a sentence-transformers folder, or any BERT encoder (mean pooling)", "MODEL", check=HUB),),
     out_help="output static folder (model2vec.StaticModel.from_pretrained(DIR) and SentenceTransformer(DIR) load it)",
     report="compress.distill.static:summarize_static",
@@ -362,7 +365,7 @@ register(Stage(
   compress prune --model models/sst2 --task sst2 --data-dir ~/glue_data --remove-heads 0.5 --out models/sst2-h50
   compress prune --model models/sst2 --task sst2 --remove-layers top:4 --remove-ffn 0.3 --recovery distill --out models/sst2-8L
   compress prune --model models/mnli --task mnli --until 0.99 --out models/mnli-michel      # Michel et al. threshold""",
-    "compress.prune:PruneConfig", "compress.prune:prune",
+    "compress.prune_config:PruneConfig", "compress.prune:prune",
     (Input("model", "--model", "fine-tuned model directory"),),
     out_help="output model directory",
     report="compress.prune:summarize", early=OWN_DATA,
@@ -376,7 +379,7 @@ register(Stage(
       --remove-heads 0.5 --remove-ffn 0.3 --eval-tasks stsb --recovery distill --out models/minilm-pruned
   compress prune-embedding --model models/all-minilm --corpus wiki/ --until 0.99 --out models/minilm-michel  # cosine check
   compress prune-embedding --model models/all-minilm --corpus wiki/ --remove-layers importance:2 --out models/minilm-4L""",
-    "compress.prune:EmbeddingPruneConfig", "compress.prune:prune_embedding",
+    "compress.prune_config:EmbeddingPruneConfig", "compress.prune:prune_embedding",
     (Input("model", "--model", "sentence-embedding model: a sentence-transformers folder, or any encoder (mean pooling)", "MODEL", check=HUB),),
     out_help="output sentence-transformers folder (SentenceTransformer(DIR) loads it)",
     report="compress.prune:summarize",
@@ -389,7 +392,7 @@ register(Stage(
   compress heads --model models/sst2 --task sst2 --data-dir ~/glue_data --out reports/heads-sst2
   compress heads --model models/encoder --text sentences.txt --max-length 256 --out reports/heads-encoder
   compress heads --model models/ner --train-file train.conll --dev-file dev.conll --out reports/heads-ner   # its own task""",
-    "compress.eval.heads:HeadsConfig", "compress.eval.heads:analyze_heads",
+    "compress.eval.config:HeadsConfig", "compress.eval.heads:analyze_heads",
     (Input("model", "--model", "model directory (a fine-tuned one with --task, or with its own task's --train-file)"),),
     out_help="output directory: PNG plots, heads.json, summary.md", produces_model=False,
     skip=("max_train_examples",),  # on the command line --importance-examples sizes the sample
@@ -413,14 +416,16 @@ register(Stage(
 
 register(Stage(
     "export", "export",
-    "write any model directory as ONNX or OpenVINO IR (pruned shapes and int8 where the format allows), checked",
+    "write any model directory as ONNX, OpenVINO IR or a CTranslate2 folder (pruned shapes and int8 where the format "
+    "allows), checked",
     """\
   compress export --model models/sst2-h50 --format onnx --out models/sst2-h50-onnx     # any pruned structure
   compress export --model models/sst2-h50 --format openvino --precision bf16 --out models/sst2-h50-bf16  # bf16 units
-  compress export --model models/sst2-int8 --format openvino --out models/sst2-int8-ov  # an ONNX Runtime int8 graph""",
-    "compress.export:ExportConfig", "compress.export:export",
+  compress export --model models/sst2-h50 --format ctranslate2 --quantization int8 --out models/sst2-h50-ct2  # uniform shapes""",
+    "compress.export_config:ExportConfig", "compress.export:export",
     (Input("model", "--model", "model directory (any format compress writes)"),),
-    out_help="output directory (model.onnx, or openvino_model.xml + .bin, with config, tokenizer and records)",
+    out_help="output directory (model.onnx, openvino_model.xml + .bin, or CTranslate2's model.bin + head.safetensors, "
+             "with config, tokenizer and records)",
     report="compress.export:summarize",
 ))
 
@@ -431,7 +436,7 @@ register(Stage(
   compress leaderboard --runs runs/sst2 --out reports/sst2                    # every model dir under runs/sst2
   compress leaderboard --runs runs/sst2 --compare-with parent --out report/    # vs each model's nearest ancestor
   compress leaderboard --runs runs/intents --split test --out report/   # test-file scores, published test results beside""",
-    "compress.eval.leaderboard:LeaderboardConfig", "compress.eval.report:leaderboard",
+    "compress.eval.config:LeaderboardConfig", "compress.eval.report:leaderboard",
     (Input("runs", "--runs", "model directories, or folders holding them", check=""),),
     out_help="report directory (report.md, report.html, plots, JSON)", produces_model=False,
     report="compress.eval.report:summarize", said="report: {out}/report.md and {out}/report.html",
@@ -480,7 +485,8 @@ def _demo_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="run directory (default: runs/demo)")
     p.add_argument("--data-dir", metavar="DIR", help="a real GLUE folder with SST-2/ (default: generate the data)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated task and corpus (default: 0; unused with --data-dir)")
+    p.add_argument("--seed", type=in_bounds(SEEDS), default=0,
+                   help="seed of the generated task and corpus (default: 0; unused with --data-dir)")
     p.add_argument("--pretrain", action="store_true",
                    help="start from a tiny BERT pretrained here from scratch (MLM + NSP on a generated corpus) instead of "
                         "the pretrained MiniLM-L6: nothing to install, but a 0.1M-parameter toy whose latency shows "

@@ -1,11 +1,11 @@
 """Evaluation: official GLUE/SQuAD metrics, the evaluate entry point (``evaluate.evaluate``), head analysis,
-leaderboards and reports (timing in ``latency/``)."""
+leaderboards and reports, their options (``config``; timing in ``latency/``)."""
 
 from compress.core.lazy import exports
 
 __getattr__, __all__ = exports(__name__, {
-    "EvalConfig": "evaluate",
+    "EvalConfig": "config",
     "analyze_heads": "heads",
-    "HeadsConfig": "heads",
-    "LeaderboardConfig": "leaderboard",
+    "HeadsConfig": "config",
+    "LeaderboardConfig": "config",
 })

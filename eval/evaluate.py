@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,9 +25,8 @@ from compress.core.formats.folder import ModelFolder, open_folder
 from compress.core.formats.layout import STATIC
 from compress.core.formats.records import append_metrics, utc_now
 from compress.core.formats.writes import atomic_path, check_writable, write_text_atomic
-from compress.core.config import flat_keywords, option
 from compress.core.data.features import check_max_length, collate, squad_eval_features, tokenize_classification
-from compress.core.data.sources import EVAL_BATCH_SIZE, DataSource, TaskOptions, load_split
+from compress.core.data.sources import EVAL_BATCH_SIZE, DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.formats.openvino import export_openvino
@@ -41,62 +40,12 @@ from compress.core.data.tasks import (
     Task,
     get_task,
     is_kind,
-    task_choices,
 )
 from compress.core.data.token_data import Lost, encode_words, first_pieces, word_predictions
+from compress.eval.config import EvalConfig
 from compress.eval.embeddings import check_embedding_task, embedding_record, embedding_scorer
 from compress.eval.metrics import task_metrics
 from compress.eval.squad import postprocess_predictions, squad_v1_scores, squad_v2_scores, write_null_odds, write_predictions
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class EvalConfig:
-    task: str = option("", "task to evaluate on (default: the model's own task, from its compression.json or config.json)",
-                       choices=task_choices)
-    embedding: bool = option(False, "score sentence embeddings (cosine, no fine-tuning; pooling as a sentence-transformers folder says): "
-                                    "stsb Pearson/Spearman, or retrieval on a pair task such as mrpc (recall@1, MRR)")
-    split: str = option("dev", "dev, test, train, or an exact split such as dev_mismatched (MNLI)")
-    data_dir: str | None = option(None, "local GLUE root / task folder / folder of SQuAD JSON files (default: the hub)", metavar="DIR")
-    data_file: str | None = option(None, "one csv/tsv/json/jsonl/parquet/CoNLL/SQuAD JSON file (or a datasets save_to_disk "
-                                   "folder) holding the split", metavar="FILE")
-    columns: tuple[str, ...] = option((), "FIELD=COLUMN pairs mapping --data-file columns to task fields, e.g. sentence=text,label=stars", metavar="FIELD=COL[,...]")
-    max_eval_examples: int | None = option(None, "evaluate on the first N examples only")
-    eval_batch_size: int = option(EVAL_BATCH_SIZE, "sequences per forward pass when evaluating")
-    max_length: int | None = option(None, "tokens per sequence (default: 128 for GLUE, 384 for SQuAD, the folder's max_seq_length with --embedding)")
-    doc_stride: int = option(128, "SQuAD: overlap between windows of a long context, in tokens")
-    n_best: int = option(20, "SQuAD: start/end candidates considered per window")
-    max_answer_length: int = option(30, "SQuAD: longest answer span, in tokens")
-    null_threshold: float = option(0.0, "SQuAD v2.0: predict no answer when null score - best span score exceeds this")
-    submission: str | None = option(None, "directory for GLUE server files (test split): TSVs + submission.zip", metavar="DIR")
-    predictions: str | None = option(None, "directory for prediction files (default: MODEL/predictions; none with --no-record)", metavar="DIR")
-    record: bool = option(True, "append the results to the model's metrics.json and write predictions to MODEL/predictions; "
-                                "--no-record writes nothing into the model directory")
-    device: str = option("auto", "auto, cpu, cuda, cuda:1, mps")
-    own: TaskOptions = field(default_factory=TaskOptions)
-    runtime: str = option("auto", "what runs the model: auto (the folder's own format: PyTorch for an fp32 folder), or "
-                          "openvino (an fp32 PyTorch or ONNX folder converted in a temporary folder and run by OpenVINO "
-                          "in f32 on the CPU, with the same outputs to float tolerance)",
-                          choices=("auto", "openvino"))
-
-    def validate(self) -> None:
-        if self.runtime not in ("auto", "openvino"):
-            raise CompressError(f"--runtime must be auto or openvino, got {self.runtime!r}")
-        if self.runtime == "openvino" and self.device not in ("auto", "cpu"):
-            raise CompressError(f"--runtime openvino runs on the CPU; drop --device {self.device} or --runtime")
-        if self.eval_batch_size < 1:
-            raise CompressError(f"--eval-batch-size must be at least 1, got {self.eval_batch_size}")
-        if self.max_eval_examples is not None and self.max_eval_examples < 1:
-            raise CompressError(f"--max-eval-examples must be at least 1, got {self.max_eval_examples}")
-        if self.max_length is not None:  # 0 is a length to refuse, not "the default"
-            check_max_length(self.max_length, None)
-        for pair in self.columns:
-            if "=" not in pair:
-                raise CompressError(f"--columns expects FIELD=COLUMN pairs, got {pair!r}")
-        if self.columns and not self.data_file:
-            raise CompressError("--columns maps the columns of --data-file; pass --data-file too")
-        if self.data_dir and self.data_file:
-            raise CompressError("pass either --data-dir or --data-file, not both")
 
 
 def resolve_device(name: str):

@@ -32,7 +32,7 @@ import math
 import random
 import string
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -46,7 +46,6 @@ from compress.core.formats.layout import TORCH
 from compress.core.formats.records import parent_path, read_compression, utc_now
 from compress.core.formats.writes import write_json_atomic
 from compress.core.preflight import check_output, require_model_dir
-from compress.core.config import flat_keywords, option
 from compress.core.data.features import check_max_length, collate, encode_examples
 from compress.core.data.sources import TaskData, load_split, load_task_data
 from compress.core.errors import CompressError
@@ -54,59 +53,13 @@ from compress.core.model.importance import head_importance_gradient, head_import
 from compress.core.logs import progress
 from compress.core.data.resolve import resolve_task
 from compress.core.formats.runtime import load_model, load_model_for_task
-from compress.core.data.tasks import Task, get_task, is_kind, task_choices
+from compress.core.data.tasks import Task
+from compress.eval.config import HeadsConfig
 from compress.eval.evaluate import dev_evaluator
 from compress.eval.plots import _pyplot, save_figure
 
 PUNCTUATION = frozenset(string.punctuation)
 DEFAULT_TEXT_LENGTH = 128  # tokens per input with --text when --max-length is not given
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class HeadsConfig:
-    task: str | None = option(None, "task whose dev inputs are analysed; adds gradient importance and the pruning curve "
-                              "(default with --train-file/--dev-file: the model's own task)", choices=task_choices)
-    text: str | None = option(None, "instead of --task: a text file, one input per line (a tab separates a sentence pair)", metavar="FILE")
-    attention_examples: int = option(256, "inputs used for the attention statistics")
-    js_examples: int = option(32, "of those, inputs used for the head-to-head Jensen-Shannon distances")
-    attention_batch_size: int = option(16, "sequences per forward pass for the attention statistics and the importance scores")
-    importance_examples: int = option(256, "with a task: training examples used to score head importance")
-    curve: bool = option(True, "with a task: dev metric as heads are masked by importance vs at random (Michel et al.)")
-    curve_steps: int = option(10, "pruning-curve points: fractions 0, 1/N, ..., (N-1)/N of the heads masked")
-    seed: int = option(0, "seed for the random masking order, the importance sample and the MDS layout")
-    # --max-length (default 128; 384 for SQuAD), --data-dir, --max-eval-examples (dev set of the curve), ...
-    data: TaskData = field(default_factory=TaskData)
-
-    def validate(self) -> None:
-        if self.task and self.text:
-            raise CompressError("pass either --task or --text, not both")
-        if not self.has_task and not self.text:
-            raise CompressError("nothing to analyse: pass --task TASK (with --data-dir), your task's --train-file and "
-                                "--dev-file, or --text FILE (one input per line)")
-        if self.task and not is_kind(self.task):
-            get_task(self.task)
-        if self.text:
-            path = Path(self.text)
-            if not path.exists():
-                raise CompressError(f"--text {self.text} does not exist; pass a text file with one input per line")
-            if not path.is_file():
-                raise CompressError(f"--text {self.text} is not a file; pass a text file with one input per line")
-            if self.data.data_dir or self.data.train_file or self.data.dev_file:
-                raise CompressError("--data-dir/--train-file/--dev-file read task data; with --text they are not used")
-        if self.data.max_train_examples is not None:
-            raise CompressError("use --importance-examples to choose how many training examples score the heads")
-        for name in ("attention_examples", "js_examples", "attention_batch_size", "importance_examples"):
-            if getattr(self, name) < 1:
-                raise CompressError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.curve_steps < 2:
-            raise CompressError(f"--curve-steps must be at least 2 (fraction 0 plus one masked point), got {self.curve_steps}")
-        self.data.validate()
-
-    @property
-    def has_task(self) -> bool:
-        """Whether a task's data is given: a task name, or a user's files (the task is then the model's own)."""
-        return bool(self.task or self.data.train_file)
 
 
 # ---------------------------------------------------------------------------- statistics (pure)

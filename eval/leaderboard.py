@@ -53,47 +53,18 @@ latency stage still gets one, listing its models and stages.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
-from compress.core.config import option
 from compress.core.data.tasks import GLUE_TASKS, TASKS, Task, get_task
 from compress.core.errors import CompressError
 from compress.core.formats.artifacts import is_model_dir
 from compress.core.formats.records import utc_now
 from compress.eval.latency.rows import display_names
 from compress.eval.leaderboard_render import measured_notes, other_split_notes, published_notes
-from compress.eval.leaderboard_rows import SPLITS, ModelRow, read_row
+from compress.eval.config import SPLITS, LeaderboardConfig
+from compress.eval.leaderboard_rows import ModelRow, read_row
 from compress.eval.references import ALL, Published
-
-
-@dataclass(frozen=True)
-class LeaderboardConfig:
-    baseline: str | None = option(None, "model directory every model is compared with (retention, speed-up) "
-                                  "instead of its teacher", metavar="DIR")
-    compare_with: Literal["teacher", "parent"] = option(
-        "teacher", "without --baseline, compare each model with the teacher of its chain (its oldest ancestor shown "
-        "that has a score) or with its parent (its nearest ancestor shown); a model with neither: the first row")
-    speed_reference: str | None = option(None, "model directory for an extra speed-up column, e.g. a BERT-base-shaped model",
-                                         flag="--reference-model", metavar="DIR")
-    batch: int = option(1, "batch size of the latency point shown in the table")
-    seq: int = option(128, "sequence length of the latency point shown in the table")
-    tasks: tuple[str, ...] = option((), "tasks to show: benchmark tasks or the names of your own tasks (default: every task "
-                                    "some model was evaluated on)", metavar="TASK[,...]")
-    published: bool = option(True, "add the published results of eval/references.py (flagged, never mixed with measured ones)")
-    split: Literal["dev", "test"] = option(
-        "dev", "which evaluation the table shows: each model's latest dev one (MNLI: matched), or its latest test one (your "
-        "own task scored on its --test-file, or by compress eval --split test); published rows of that split only")
-
-    def validate(self) -> None:
-        """Refuse a latency point below 1 and an unknown split (task names are checked against the models' tasks)."""
-        if self.batch < 1:
-            raise CompressError(f"--batch must be at least 1, got {self.batch}")
-        if self.seq < 1:
-            raise CompressError(f"--seq must be at least 1, got {self.seq}")
-        if self.split not in SPLITS:
-            raise CompressError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
 
 
 # ---------------------------------------------------------------------------- collecting

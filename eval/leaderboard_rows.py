@@ -17,11 +17,10 @@ from compress.core.data.resolve import task_of_model
 from compress.core.data.tasks import Task, get_task
 from compress.core.errors import CompressError
 from compress.core.formats.records import lineage, parent_path, read_compression, read_json, read_metrics
+from compress.eval.config import SPLITS
 from compress.eval.latency.row import Row
 from compress.eval.latency.rows import megabytes, size_on_disk
 
-# The records each table split reads: MNLI reports matched as its primary dev (and test) split.
-SPLITS = {"dev": ("dev", "dev_matched"), "test": ("test", "test_matched")}
 MAX_ANCESTORS = 64  # parent links followed before giving up (a guard against cycles)
 
 

@@ -23,12 +23,11 @@ from compress.core.registry import Registry
 from compress.core.formats.runtime import load_model
 from compress.core.model.families import class_names, head_of_class
 from compress.core.model.heads import HEADS
-from compress.core.model.shapes import Shape
+from compress.core.model.shapes import TEACHER_METHODS, Shape
 from compress.students.layer_map import every_kth
 from compress.students.slices import cut_from_teacher, cut_problems
 
 InitMethod = Callable[..., tuple[nn.Module, dict[str, Any]]]
-TEACHER_METHODS = ("teacher", "teacher-layers", "teacher-slices")  # the methods that take ``layers``
 INIT_METHODS: Registry[InitMethod] = Registry("student init method")
 
 

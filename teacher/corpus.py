@@ -31,6 +31,7 @@ import torch
 
 from compress.core.data.files import read_text_file
 from compress.core.errors import CompressError
+from compress.core.paths import check_input_file
 from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 from compress.teacher.tokenizer import CONTINUATION
 
@@ -139,10 +140,8 @@ def _text_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
             if not found:
                 raise CompressError(f"corpus directory {path} has no *.txt files; pass text files or a folder of them")
             files.extend(found)
-        elif path.is_file():
-            files.append(path)
         else:
-            raise CompressError(f"corpus file {path} does not exist; check the path")
+            files.append(check_input_file(path, "corpus file"))  # missing, a FIFO, a device, empty: said as such
     if not files:
         raise CompressError("no corpus files given; pass at least one text file or folder")
     return files

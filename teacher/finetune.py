@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,32 +23,22 @@ from compress.core.formats.artifacts import save_model_dir
 from compress.core.formats.records import append_metrics, compression_record, read_compression, read_metrics, utc_now
 from compress.core.formats.writes import publish, write_json_atomic
 from compress.core.preflight import check_output
-from compress.core.config import flat_keywords, option
-from compress.core.data.features import collate
-from compress.core.data.sources import TaskData, load_task_data, load_test_split
+from compress.core.data.features import collate, train_features
+from compress.core.data.sources import read_task_data
 from compress.core.errors import CompressError
 from compress.core.data.resolve import resolve_task, task_fields
 from compress.core.formats.runtime import load_folder_for_task
 from compress.core.model.structure import config_sizes, count_parameters, model_inputs
-from compress.core.data.tasks import Task, task_choices
+from compress.core.data.tasks import Task
 from compress.core.checkpoints import load_weights, prepare_work_dir, work_dir_for
 from compress.core.processes import is_main_process
-from compress.core.train import TrainConfig, train
+from compress.core.train import train
 from compress.eval.evaluate import dev_evaluator, format_table, split_records, test_records
+from compress.teacher.config import FinetuneConfig
 from compress.teacher.presets import open_model
 
 # The BERT paper's fine-tuning grid (appendix A.3).
 PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class FinetuneConfig:
-    task: str = option("", "task to fine-tune on: a benchmark name, or a kind of your own data with --train-file "
-                       "(default: the model's own task)", choices=task_choices)
-    resume: bool = option(False, "continue from the last checkpoint of an interrupted run into the same --out")
-    data: TaskData = field(default_factory=TaskData)
-    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwrite: bool = False,
@@ -63,11 +52,13 @@ def finetune(model: str | Path, out: str | Path, cfg: FinetuneConfig, *, overwri
     folder = open_model(model).check_torch("fine-tuning")
     source = folder.path
     task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=folder)
+    # Every split is read and checked before the tokenizer and the weights are loaded: a data error costs no model.
+    splits = read_task_data(task, cfg.data, seed=cfg.train.seed)
+    dev, test, n_train = splits.dev, splits.test, splits.n_train
     tokenizer = folder.tokenizer
     net = load_folder_for_task(folder, task, seed=cfg.train.seed)  # a bare encoder's new head: from --seed
     max_length = cfg.data.resolved_max_length(task, config_sizes(net.config).max_positions)
-    features, dev, n_train = load_task_data(task, tokenizer, cfg.data, max_length, seed=cfg.train.seed)
-    test = load_test_split(task, cfg.data)
+    features = train_features(splits.train, task, tokenizer, max_length, doc_stride=cfg.data.doc_stride)
     pad = collate(tokenizer, task)
 
     def collate_step(items, step):

@@ -16,6 +16,7 @@ from transformers import BertTokenizerFast
 
 from compress.core.data.files import read_text_file
 from compress.core.errors import CompressError
+from compress.core.paths import check_input_file
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)  # their ids are their positions: 0..4
@@ -78,9 +79,7 @@ def _check_files(files: Iterable[str | Path]) -> list[Path]:
     if not paths:
         raise CompressError("no training files given for the WordPiece vocabulary; pass at least one text file")
     for path in paths:
-        if not path.is_file():
-            what = "is a directory" if path.is_dir() else "does not exist"
-            raise CompressError(f"WordPiece training file {path} {what}; pass existing plain-text files")
+        check_input_file(path, "WordPiece training file")  # missing, a directory, a FIFO, a device: said as such
         if not read_text_file(path).strip():
             raise CompressError(f"WordPiece training file {path} is empty; pass files with text")
     return paths

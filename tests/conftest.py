@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(items):
 def _no_default_augmentation(monkeypatch):
     """Distillation augments small training sets by default, and every test set is small:
     tests about other things train on their rows alone (tests of the default set it back)."""
-    monkeypatch.setattr("compress.distill.augment.AUTO_MAX_EXAMPLES", 0)
+    monkeypatch.setattr("compress.distill.config.AUTO_MAX_EXAMPLES", 0)
 
 
 WORDS = (

@@ -1,29 +1,53 @@
 """``compress auto``'s options (:class:`AutoConfig`, flat on the command line) and their checks, made before any work.
 
 Whether the search is over a task model or a sentence-embedding one is the option ``--embedding``; the search itself
-never asks again: :func:`compress.auto.targets.target_kind` turns it into a target object once.
+never asks again: :func:`compress.auto.targets.target_kind` turns it into a target object once. The tables the
+options are checked against (the variants each backend makes, the embedding scores) live here too, and nothing heavy
+is imported: ``compress auto --help`` and a refused option cost no torch.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-from compress.auto.embedding import EmbeddingSearch, embedding_losses
 from compress.auto.engine import check_url
-from compress.auto.search import budget_option
-from compress.auto.variants import EMBEDDING_VARIANTS, TASK_VARIANTS, Variant
-from compress.core.config import flat_keywords, option
-from compress.core.data.sources import TaskData
-from compress.core.data.tasks import get_task, is_kind, task_choices
-from compress.core.checkpoints import work_dir_for
+from compress.core.budgets import budget_option
+from compress.core.config import check_name, flat_keywords, option
+from compress.core.data.config import TaskData
+from compress.core.data.tasks import GLUE_TASKS, get_task, is_kind, task_choices
 from compress.core.errors import CompressError
+from compress.core.paths import work_dir_for
 from compress.core.preflight import require_model_dir
-from compress.core.train import TrainConfig
-from compress.distill.augment import AugmentConfig
+from compress.core.train_config import TrainConfig
+from compress.distill.config import SENTENCE_TERMS, AugmentConfig, EmbeddingDistillConfig
 
 TASK_LOSSES = ("kd", "hard")  # the candidates' distillation terms unless --losses says otherwise
+STSB, COSINE = "stsb", "cosine"  # the two checks that score a model
+SCORES = ("auto", STSB, COSINE)
+
+Variant = tuple[str, Any]  # (name, how)
+
+# What each backend contributes to a task model: (variant name, how it is made from an fp32 student folder).
+TASK_VARIANTS: dict[str, tuple[Variant, ...]] = {
+    "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
+    "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "dynamic")),),
+    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
+                 ("openvino-int8", ("quantize", "openvino", "static"))),
+    "inc": (("inc-int8", ("quantize", "inc", "static")),),
+}
+# What each backend contributes to an embedding folder: ONNX Runtime's int8 is static (calibrated on the search's
+# training sentences); INC cannot calibrate an embedding folder.
+EMBEDDING_VARIANTS: dict[str, tuple[Variant, ...]] = {
+    "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
+    "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "static")),),
+    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
+                 ("openvino-int8", ("quantize", "openvino", "static"))),
+}
+# Variants that only a CPU with bf16 kernels (AVX512_BF16, AMX-BF16) runs as such: elsewhere they would be their fp32.
+BF16_VARIANTS = ("openvino-bf16",)
 
 
 def parse_minutes(text: str) -> float:
@@ -32,6 +56,60 @@ def parse_minutes(text: str) -> float:
     if not m or float(m.group(1)) <= 0:
         raise CompressError(f"--time-limit {text!r} is not a duration; write e.g. 90m, 1.5h or 600s")
     return float(m.group(1)) * {"h": 60.0, "s": 1 / 60, None: 1.0}.get(m.group(2), 1.0)
+
+
+@dataclass(frozen=True)
+class EmbeddingSearch:
+    """The options of an embedding search (``compress auto --embedding``); flat on the command line."""
+
+    embedding: bool = option(False, "search students of a sentence-embedding teacher (a sentence-transformers folder or a "
+                             "bare encoder) instead of a task model: distilled on unlabelled sentences (--corpus, "
+                             "--sentences-from), scored by the embedding check (--embedding-score), the chosen one "
+                             "written as a sentence-transformers folder")
+    corpus: tuple[str, ...] = option(
+        (), "with --embedding: unlabelled text the candidates are distilled (and int8 variants calibrated) on: text "
+        "files or folders of *.txt (split into sentences), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
+        metavar="PATH[,...]")
+    sentences_from: tuple[str, ...] = option(
+        (), "with --embedding: GLUE tasks whose training sentences are added to that text (both sides of a pair; labels "
+        "unused; from --data-dir or the hub)", metavar="TASK[,...]")
+    max_sentences: int | None = option(None, "with --embedding: distil on a seeded random sample of N sentences (say so "
+                                       "when reporting)")
+    check_sentences: int = option(256, "with --embedding: sentences held out before anything trains or calibrates on them "
+                                  "(at most half of them); the mean cosine to the teacher's embeddings is measured on them")
+    embedding_score: str = option("auto", "with --embedding, what scores every candidate and variant: stsb (STS-B dev "
+                                  "Spearman of the pairs' cosine, x100; from --data-dir or the hub), cosine (mean cosine "
+                                  "to the teacher's embeddings on the held-out sentences, x100), auto (stsb when "
+                                  "--data-dir holds STS-B, else cosine)", choices=SCORES)
+    static: bool = option(True, "with --embedding: also a static (model2vec) student, trained once beside the others "
+                          "(skipped, saying so, where model2vec is not installed)")
+
+    def validate(self) -> None:
+        if self.check_sentences < 1:
+            raise CompressError(f"--check-sentences must be at least 1, got {self.check_sentences}")
+        if self.max_sentences is not None and self.max_sentences < 2:
+            raise CompressError(f"--max-sentences must be at least 2, got {self.max_sentences}")
+        if self.embedding_score not in SCORES:
+            raise CompressError(f"--embedding-score is one of {', '.join(SCORES)}, got {self.embedding_score!r}")
+        for name in self.sentences_from:
+            if get_task(name).name not in GLUE_TASKS:
+                raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
+        if self.embedding and not (self.corpus or self.sentences_from):
+            raise CompressError("--embedding distils on unlabelled sentences: pass --corpus FILE_OR_DIR[,...] and/or "
+                                "--sentences-from TASK[,...]")
+        defaults = EmbeddingSearch()
+        given = [f"--{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != getattr(defaults, f.name)]
+        if not self.embedding and given:
+            raise CompressError(f"{given[0]} belongs to a search of sentence-embedding students: add --embedding (a task "
+                                "search trains on its task's data)")
+
+
+def embedding_losses(losses: tuple[str, ...], task_default: tuple[str, ...]) -> tuple[str, ...]:
+    """The candidates' distillation terms: ``losses``, or distill-embedding's own when it is the task search's default."""
+    chosen = EmbeddingDistillConfig().losses if tuple(losses) == tuple(task_default) else tuple(losses)
+    for term in chosen:
+        check_name("embedding distillation loss", term, SENTENCE_TERMS)  # an unknown term: one line naming the valid ones
+    return chosen
 
 
 def _auto_defaults() -> TrainConfig:

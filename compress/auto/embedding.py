@@ -28,84 +28,42 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+# The search's options (and the checks an embedding search's options take) live with the other options.
+from compress.auto.config import COSINE, STSB, EmbeddingSearch, embedding_losses  # noqa: F401
 from compress.core.formats.artifacts import load_config, load_tokenizer, model_format, saved_head
 from compress.core.formats.layout import STATIC
-from compress.core.formats.records import read_json
+from compress.core.formats.records import read_record
+from compress.core.formats.schemas import NUMBER, STR, Record, Schema, optional
 from compress.core.formats.writes import write_json_atomic, write_text_atomic
-from compress.core.config import option
 from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.formats.runtime import load_model
 from compress.core.formats.sentence import encode, read_spec
 from compress.core.model.shapes import Shape, resolve_shape
 from compress.core.model.structure import config_sizes
-from compress.core.data.tasks import GLUE_TASKS, get_task
+from compress.core.data.tasks import get_task
 from compress.core.train import TrainConfig
-from compress.distill.embedding import EMBEDDING_TERMS, EmbeddingDistillConfig, distill_embedding, embedding_sentences
+from compress.distill.embedding import EmbeddingDistillConfig, distill_embedding, embedding_sentences
 from compress.distill.static import StaticDistillConfig, distill_static, model2vec
 from compress.eval.embeddings import cosine_rows, embedding_scorer
 from compress.quantize.config import QuantizeConfig
 
 log = logging.getLogger(__name__)
 
-STSB, COSINE = "stsb", "cosine"  # the two checks that score a model
-SCORES = ("auto", STSB, COSINE)
 SENTENCES = "sentences"  # the work folder's subfolder holding the split sentences and the teacher's embeddings
 TARGET_FILE, CHECK_FILE, TRAIN_FILE, TEACHER_FILE = "target.json", "check.txt", "train.txt", "teacher.npy"
 STATIC_LABEL, STATIC_VARIANT = "static", "model2vec"  # the static student's label among the candidates, its variant
 STATIC_PCA = 256  # model2vec's own default dimension, for a static student scored on STS-B
 BATCH = 64  # sentences per forward pass when scoring
-
-
-@dataclass(frozen=True)
-class EmbeddingSearch:
-    """The options of an embedding search (``compress auto --embedding``); flat on the command line."""
-
-    embedding: bool = option(False, "search students of a sentence-embedding teacher (a sentence-transformers folder or a "
-                             "bare encoder) instead of a task model: distilled on unlabelled sentences (--corpus, "
-                             "--sentences-from), scored by the embedding check (--embedding-score), the chosen one "
-                             "written as a sentence-transformers folder")
-    corpus: tuple[str, ...] = option(
-        (), "with --embedding: unlabelled text the candidates are distilled (and int8 variants calibrated) on: text "
-        "files or folders of *.txt (split into sentences), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
-        metavar="PATH[,...]")
-    sentences_from: tuple[str, ...] = option(
-        (), "with --embedding: GLUE tasks whose training sentences are added to that text (both sides of a pair; labels "
-        "unused; from --data-dir or the hub)", metavar="TASK[,...]")
-    max_sentences: int | None = option(None, "with --embedding: distil on a seeded random sample of N sentences (say so "
-                                       "when reporting)")
-    check_sentences: int = option(256, "with --embedding: sentences held out before anything trains or calibrates on them "
-                                  "(at most half of them); the mean cosine to the teacher's embeddings is measured on them")
-    embedding_score: str = option("auto", "with --embedding, what scores every candidate and variant: stsb (STS-B dev "
-                                  "Spearman of the pairs' cosine, x100; from --data-dir or the hub), cosine (mean cosine "
-                                  "to the teacher's embeddings on the held-out sentences, x100), auto (stsb when "
-                                  "--data-dir holds STS-B, else cosine)", choices=SCORES)
-    static: bool = option(True, "with --embedding: also a static (model2vec) student, trained once beside the others "
-                          "(skipped, saying so, where model2vec is not installed)")
-
-    def validate(self) -> None:
-        if self.check_sentences < 1:
-            raise CompressError(f"--check-sentences must be at least 1, got {self.check_sentences}")
-        if self.max_sentences is not None and self.max_sentences < 2:
-            raise CompressError(f"--max-sentences must be at least 2, got {self.max_sentences}")
-        if self.embedding_score not in SCORES:
-            raise CompressError(f"--embedding-score is one of {', '.join(SCORES)}, got {self.embedding_score!r}")
-        for name in self.sentences_from:
-            if get_task(name).name not in GLUE_TASKS:
-                raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
-        if self.embedding and not (self.corpus or self.sentences_from):
-            raise CompressError("--embedding distils on unlabelled sentences: pass --corpus FILE_OR_DIR[,...] and/or "
-                                "--sentences-from TASK[,...]")
-        defaults = EmbeddingSearch()
-        given = [f"--{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != getattr(defaults, f.name)]
-        if not self.embedding and given:
-            raise CompressError(f"{given[0]} belongs to a search of sentence-embedding students: add --embedding (a task "
-                                "search trains on its task's data)")
+# target.json as prepare() writes it, the fields load_check reads back.
+TARGET = Schema(Record({"score": STR, "description": STR, "teacher": NUMBER, "data_dir": optional(STR)},
+                       required=("score", "description", "teacher")),
+                fix="remove that folder to prepare the sentences again (drop --resume)")
 
 
 @dataclass(frozen=True)
@@ -136,14 +94,6 @@ def check_teacher(teacher_dir: Path) -> None:
     if head != "base":
         raise CompressError(f"{teacher_dir} is a {head} model, not a sentence-embedding one: --embedding distils a "
                             "sentence-transformers folder (or a bare encoder); drop --embedding to search students of its task")
-
-
-def embedding_losses(losses: tuple[str, ...], task_default: tuple[str, ...]) -> tuple[str, ...]:
-    """The candidates' distillation terms: ``losses``, or distill-embedding's own when it is the task search's default."""
-    chosen = EmbeddingDistillConfig().losses if tuple(losses) == tuple(task_default) else tuple(losses)
-    for term in chosen:
-        EMBEDDING_TERMS.get(term)  # an unknown term: one line naming the valid ones
-    return chosen
 
 
 def candidate_shapes(teacher_config, names: tuple[str, ...] = ()) -> list[Shape]:
@@ -202,7 +152,7 @@ def load_check(work: Path) -> EmbeddingCheck:
     if not (root / TARGET_FILE).is_file():
         raise CompressError(f"{root} holds no prepared sentences ({TARGET_FILE}): the process that starts an --embedding "
                             "search prepares them before any candidate trains; start it first")
-    data = read_json(root / TARGET_FILE)
+    data = read_record(root / TARGET_FILE, TARGET)
     return EmbeddingCheck(root, data["score"], data["description"], float(data["teacher"]), data.get("data_dir"))
 
 

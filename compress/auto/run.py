@@ -92,7 +92,8 @@ def auto(teacher: str | Path, out: str | Path, cfg: AutoConfig, *, overwrite: bo
     cfg.validate()
     started = time.monotonic()
     deadline = started + parse_minutes(cfg.time_limit) * 60
-    out = check_output(Path(out), overwrite, inputs=(teacher, cfg), resume=cfg.resume)
+    # With --storage the --out is shared: the same command elsewhere joins the search under way, unlocked.
+    out = check_output(Path(out), overwrite, inputs=(teacher, cfg), resume=cfg.resume, shared=bool(cfg.storage))
     teacher_dir = require_torch_weights(resolve_model(teacher), "compress auto (the teacher)")
     target = target_kind(cfg).resolve(teacher_dir, cfg)
     budgets = parse_budgets(cfg.budget)

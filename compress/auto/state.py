@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import shutil
@@ -24,6 +23,8 @@ from compress.auto.search import Budget, Sample
 from compress.auto.targets import Target
 from compress.core.checkpoints import work_dir_for
 from compress.core.errors import CompressError
+from compress.core.formats.records import LATENCY_ROW, read_record
+from compress.core.formats.schemas import BOOL, NUMBER, STR, Inside, ListOf, MapOf, Record, Schema, Whole, optional
 from compress.core.formats.writes import write_json_atomic
 from compress.core.model.shapes import Shape
 from compress.eval.latency.row import Row
@@ -34,6 +35,23 @@ log = logging.getLogger(__name__)
 # (model, batch, seq, p50_ms, ..., throughput, speedup against the first model; with runs > 1
 # also runs_p50_ms, slowest_run and speedup_min).
 Timer = Callable[[list[Path], list[tuple[int, int]], int, int], list[Row]]
+
+# state.json, the fields read back (SearchState.open's, Probe.to_dict's, the trained entries'); a candidate's
+# folder lies in the work folder that holds the file.
+SIZES = ("layers", "hidden", "heads", "ffn")
+SHAPE = Record({**dict.fromkeys(SIZES, Whole(1)), "origin": STR}, required=SIZES, closed=True)  # Shape(**it)
+SAMPLE = Record({"variant": STR, "shape": SHAPE, "held_out": BOOL, "batch": Whole(1), "seq": Whole(1), "ms": NUMBER,
+                 "size_bytes": Whole(0), "params": optional(Whole(0))},
+                required=("variant", "shape", "held_out", "batch", "seq", "ms", "size_bytes"))
+PROBE = Record({"samples": ListOf(SAMPLE), "error": optional(Record()), "teacher": MapOf(NUMBER),
+                "teacher_timings": optional(MapOf(ListOf(NUMBER))), "teacher_size_bytes": optional(Whole(0)),
+                "rows": ListOf(LATENCY_ROW), "when": optional(STR), "reused_from": optional(STR)},
+               required=("samples", "error", "teacher"))
+TRAINED = Record({"label": STR, "round": Whole(0), "epochs": Whole(0), "score": NUMBER, "dir": Inside(),
+                  "teacher": optional(NUMBER), "seconds": NUMBER}, required=("label", "round", "epochs", "score", "dir"))
+STATE = Schema(Record({"key": STR, "probe_key": STR, "train_key": STR, "probe": optional(PROBE),
+                       "trained": MapOf(TRAINED), "finalists": optional(ListOf(Record()))}, required=("trained",)),
+               fix="drop --resume to start the search afresh")
 
 
 @dataclass
@@ -47,7 +65,7 @@ class SearchState:
     def open(cls, work: Path, resume: bool, key: str, probe_key: str, train_key: str) -> "SearchState":
         file = work / "state.json"
         if resume and file.is_file():
-            state = json.loads(file.read_text())
+            state = read_record(file, STATE)
             if state.get("key") != key:
                 raise CompressError(f"{work} holds a search for another teacher, task or budget; drop --resume or pick another --out")
             return cls(work, state)
@@ -131,7 +149,7 @@ class Earlier:
     def read(cls, folders: tuple[str, ...], probe_key: str, train_key: str) -> "Earlier":
         probe, trained = None, {}
         for folder in folders:
-            state = json.loads((work_dir_for(Path(folder)) / "state.json").read_text())
+            state = read_record(work_dir_for(Path(folder)) / "state.json", STATE, fix=f"leave {folder} out of --reuse")
             if probe is None and state.get("probe_key") == probe_key and state.get("probe"):
                 probe = dataclasses.replace(Probe.from_dict(state["probe"]), reused_from=str(folder))
             if state.get("train_key") == train_key:

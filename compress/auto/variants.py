@@ -1,35 +1,14 @@
-"""The variants each backend makes of a ``compress auto`` candidate, for a task model or a sentence-embedding folder.
+"""Which of the variants each backend makes of a ``compress auto`` candidate this CPU runs (:func:`usable`).
 
-A variant is ``(name, how)``: ``how`` is None (the fp32 folder itself), or ``(kind, backend, scheme)`` with kind
+The tables themselves (:data:`TASK_VARIANTS`, :data:`EMBEDDING_VARIANTS`) are what ``--backends`` is checked against,
+so they live with the options in :mod:`compress.auto.config`, apart from the runtimes. A variant is ``(name, how)``: ``how`` is None (the fp32 folder itself), or ``(kind, backend, scheme)`` with kind
 ``export`` (scheme: the runtime's floating-point precision, None for fp32) or ``quantize`` (scheme: dynamic or static).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from compress.auto.config import BF16_VARIANTS, EMBEDDING_VARIANTS, TASK_VARIANTS, Variant  # noqa: F401
 from compress.core.formats.openvino_runtime import openvino_bf16
-
-Variant = tuple[str, Any]  # (name, how)
-
-# What each backend contributes to a task model: (variant name, how it is made from an fp32 student folder).
-TASK_VARIANTS: dict[str, tuple[Variant, ...]] = {
-    "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
-    "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "dynamic")),),
-    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
-                 ("openvino-int8", ("quantize", "openvino", "static"))),
-    "inc": (("inc-int8", ("quantize", "inc", "static")),),
-}
-# What each backend contributes to an embedding folder: ONNX Runtime's int8 is static (calibrated on the search's
-# training sentences); INC cannot calibrate an embedding folder.
-EMBEDDING_VARIANTS: dict[str, tuple[Variant, ...]] = {
-    "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
-    "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "static")),),
-    "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
-                 ("openvino-int8", ("quantize", "openvino", "static"))),
-}
-# Variants that only a CPU with bf16 kernels (AVX512_BF16, AMX-BF16) runs as such: elsewhere they would be their fp32.
-BF16_VARIANTS = ("openvino-bf16",)
 
 
 def usable(table: dict[str, tuple[Variant, ...]], backends: tuple[str, ...]) -> list[Variant]:

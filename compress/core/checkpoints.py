@@ -26,7 +26,8 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from compress.core.errors import CompressError
-from compress.core.formats.writes import atomic_path
+from compress.core.formats.writes import atomic_path, writing
+from compress.core.paths import work_dir_for  # noqa: F401  (where a run's checkpoints live: a path rule)
 from compress.core.processes import is_main_process, main_process_first
 
 CHECKPOINTS = "checkpoints"
@@ -45,10 +46,12 @@ def _atomic_dir(final: Path) -> contextlib.AbstractContextManager[Path]:
     """A temporary directory beside ``final`` that replaces it once the block completes (and is removed if it fails)."""
     @contextlib.contextmanager
     def manager():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        with writing(final):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
-            yield tmp
+            with writing(final, staging=tmp):  # a full disk or a size limit named, whatever library wrote
+                yield tmp
             if final.exists():
                 old = final.parent / f".{final.name}.old"
                 shutil.rmtree(old, ignore_errors=True)
@@ -174,12 +177,6 @@ def discard_failed_run(work_dir: Path, created: bool) -> None:
         for name in (BEST, CHECKPOINTS):
             shutil.rmtree(work_dir / name, ignore_errors=True)
     discard_unused_work_dirs(around=work_dir.absolute())
-
-
-def work_dir_for(out: Path) -> Path:
-    """Checkpoints of a run live next to its output, so --resume finds them."""
-    out = Path(out).absolute()
-    return out.parent / f".{out.name}.work"
 
 
 def prepare_work_dir(work: Path, resume: bool) -> Path:

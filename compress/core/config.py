@@ -12,7 +12,8 @@ Values from a file or from flags are type-checked against the annotations (``int
 ``float``, ``str``, ``bool``, ``X | None``, ``tuple[int, ...]``, ``Literal[...]``) and
 unknown keys are rejected with the list of valid ones. A field whose values are a fixed
 set names them with ``choices=`` (usually a registry's names, read when the flag is
-built), and ``--help`` shows them.
+built), and ``--help`` shows them. A number with a range names it with ``bounds=`` (:data:`SEEDS`,
+:data:`THREADS`): a value outside it is refused where the value is read, before any work.
 
 A config that nests others (``data: TaskData``, ``train: TrainConfig``) is decorated with
 :func:`flat_keywords`, so that it is built with the same flat names as its flags and
@@ -35,8 +36,16 @@ from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar, get_args
 import yaml
 
 from compress.core.errors import CompressError
+from compress.core.registry import Registry
 
 C = TypeVar("C")
+
+# The range of every seed a config holds: what each generator the stages seed accepts (numpy's legacy RandomState, the
+# narrowest, takes 0 .. 2**32 - 1; torch.manual_seed overflows past 2**64 - 1, and a step seed is derived by arithmetic).
+SEEDS = (0, 2**32 - 1)
+# The range of a thread count: a pool of hundreds of thousands of threads crashes the runtime (a worker killed by a
+# signal) before any library refuses it; 1024 is above the cores of any machine this runs on.
+THREADS = (1, 1024)
 
 
 class Choices(list):
@@ -51,15 +60,17 @@ class Choices(list):
 
 
 def option(default: Any, help: str, *, flag: str | None = None, metavar: str | None = None,
-           choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, other: str | None = None) -> Any:
-    """A dataclass field with its help text (and optional flag name / metavar / choices) attached.
+           choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, other: str | None = None,
+           bounds: tuple[float, float] | None = None) -> Any:
+    """A dataclass field with its help text (and optional flag name / metavar / choices / bounds) attached.
 
     ``choices`` are the valid values (or a function returning them, called when the flag is
     built, so that a registry filled after the class is defined is its source); the command
     line refuses any other. With ``other`` (e.g. ``"LAYERSL-HIDDEN[-FFN]"``) the set is open:
-    the choices are shown next to that description and not enforced.
+    the choices are shown next to that description and not enforced. ``bounds`` is the
+    inclusive (low, high) range of a number (None passes: it means the default).
     """
-    meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "other": other}
+    meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "other": other, "bounds": bounds}
     if isinstance(default, (list, dict, set)):
         raise TypeError("use tuples for sequence defaults: configs are frozen")
     return dataclasses.field(default=default, metadata=meta)
@@ -71,6 +82,37 @@ def choices_of(f: dataclasses.Field) -> list[str] | None:
     if choices is None:
         return None
     return choices() if callable(choices) else list(choices)
+
+
+def check_bounds(f: dataclasses.Field, value: Any, where: str) -> None:
+    """Refuse a number outside its field's ``bounds``, naming its flag and the range (a seed of 2**70, 100000 threads)."""
+    bounds = f.metadata.get("bounds")
+    for item in (value if isinstance(value, tuple) else (value,)) if bounds is not None else ():
+        if item is not None and not bounds[0] <= item <= bounds[1]:
+            raise CompressError(f"{where}: {flag_name(f)} must be from {bounds[0]} to {bounds[1]}, got {item}")
+
+
+def in_bounds(bounds: tuple[int, int]) -> Callable[[str], int]:
+    """An argparse ``type`` for a plain flag (not a config field): a whole number within ``bounds``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not bounds[0] <= value <= bounds[1]:
+            raise argparse.ArgumentTypeError(f"must be from {bounds[0]} to {bounds[1]}, got {value}")
+        return value
+
+    return parse
+
+
+def check_name(kind: str, name: str, valid: Sequence[str]) -> None:
+    """Refuse a ``kind`` name (a loss term, a format) that is none of ``valid`` as a registry of them would: the valid
+    names listed, a close one suggested. A light config checks a registry's names so, without importing its entries."""
+    names: Registry[str] = Registry(kind)
+    for known in valid:
+        names.register(known, known)
+    names.get(name)
 
 
 def loads_json(text: str, where: Path | str) -> Any:
@@ -248,7 +290,8 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str = "config", validat
     """
     hints = _hints(cls)
     nested = _nested(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    names = list(by_name)
     values: dict[str, Any] = {}
     routed: dict[str, dict[str, Any]] = {name: {} for name in nested}
     for raw_key, value in data.items():
@@ -262,6 +305,7 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str = "config", validat
             continue
         if key in names:
             values[key] = coerce(value, hints[key], f"{where}: {raw_key}")
+            check_bounds(by_name[key], values[key], where)
             continue
         owner = [n for n, sub in nested.items() if key in field_names(sub)]
         if owner:
@@ -323,7 +367,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         default = getattr(defaults, f.name) if defaults is not None else f.default
         help_text = f.metadata.get("help", "")
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        help_text += f" (default: {shown})" if default not in (None, "", ()) else ""
+        said = [f"default: {shown}"] if default not in (None, "", ()) else []
+        bounds = f.metadata.get("bounds")
+        said += [f"from {bounds[0]} to {bounds[1]}"] if bounds is not None else []
+        help_text += f" ({'; '.join(said)})" if said else ""
         # argparse %-formats help strings: a literal "%" must be doubled.
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text.replace("%", "%%")}
         choices = choices_of(f)

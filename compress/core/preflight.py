@@ -27,6 +27,7 @@ from compress.core.budgets import budget_option
 from compress.core.config import load_file
 from compress.core.errors import CompressError
 from compress.core.data.tasks import get_task, is_kind
+from compress.core.paths import check_input_file, lock_output, output_path
 
 # How a model input is checked early (``Input.check`` in compress.stages).
 DIRECTORY = "dir"  # a model directory: refused when it is missing, a file, or holds no config.json
@@ -89,9 +90,10 @@ def check_task(name: str) -> None:
 
 
 def check_data_file(path: str | Path) -> None:
-    """A ``--train-file``, ``--dev-file`` or ``--data-file`` that does not exist (what one holds is the stage's to read)."""
-    if not Path(path).exists():
-        raise CompressError(f"data file {path} does not exist")
+    """A ``--train-file``, ``--dev-file`` or ``--data-file`` that is no regular file with something in it, said as what it
+    is (:func:`compress.core.paths.check_input_file`); what one holds is the stage's to read."""
+    if not Path(path).is_dir():  # a folder may be one datasets' save_to_disk wrote: the stage's reader knows
+        check_input_file(path, "data file")
 
 
 def check_model(check: str, value: str | Path) -> None:
@@ -137,7 +139,8 @@ def require_model_dir(path: Path | str) -> Path:
 # ---------------------------------------------------------------------------- output directories
 
 
-def check_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), resume: bool = False) -> Path:
+def check_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), resume: bool = False,
+                 shared: bool = False) -> Path:
     """Whether ``out`` may be written: the one decision every command, recipe stage and benchmark goes through.
 
     Refused, before any work and whatever ``overwrite`` says: an ``out`` that is one of the
@@ -145,16 +148,21 @@ def check_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), 
     symlinks followed), an existing file, a place that cannot be written. Refused unless
     ``overwrite``: a non-empty directory (``--resume`` included: a run continues from its
     own work directory beside ``out``, never over a folder that already holds something).
+    A symbolic link ``out`` is followed (:func:`compress.core.paths.output_path`: the folder it points to is returned
+    and checked). Inside a run (``paths.output_locks``, the ``compress`` command) this process then holds the lock of
+    ``out``, refused when another run holds it, unless ``shared`` (a search other workers join with the same ``out``).
     The temporary folders an earlier, killed run left beside ``out`` are removed.
     """
     out = refuse_output(out, overwrite, inputs=inputs, resume=resume)
-    _remove_leftovers(out)
+    if not shared:  # workers of one shared search leave each other's folders alone
+        lock_output(out)
+        _remove_leftovers(out)
     return out
 
 
 def refuse_output(out: Path | str, overwrite: bool = False, *, inputs: Any = (), resume: bool = False) -> Path:
     """:func:`check_output`'s checks alone, which change nothing on disk (the command line asks them before the stage)."""
-    out = Path(out).expanduser()
+    out = output_path(out)
     target = out.resolve()
     for source in input_paths(inputs):
         real = source.resolve()

@@ -39,7 +39,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -55,12 +55,12 @@ from compress.core.checkpoints import (
     save_checkpoint,
     save_weights,
 )
-from compress.core.config import option
 from compress.core.errors import CompressError
 from compress.core.formats.records import utc_now
 from compress.core.formats.writes import write_json_atomic
 from compress.core.logs import progress
 from compress.core.processes import is_main_process, make_accelerator
+from compress.core.train_config import TrainConfig
 
 PROGRESS_SHARE = 0.05  # rewriting PROGRESS_FILE may take at most this share of the training time (a long history is MBs)
 # Settings a --resume may change (e.g. a lower --lr after a NaN): neither the data order nor the
@@ -68,49 +68,6 @@ PROGRESS_SHARE = 0.05  # rewriting PROGRESS_FILE may take at most this share of 
 RESUMABLE_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "max_grad_norm")
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = option(3, "passes over the training data")
-    max_steps: int | None = option(None, "stop after this many optimizer steps (overrides --epochs)")
-    batch_size: int = option(32, "global batch: examples per optimizer step over all processes")
-    grad_accum: int = option(1, "split each process's share of a batch into this many micro-batches")
-    lr: float = option(2e-5, "peak learning rate (AdamW)")
-    weight_decay: float = option(0.01, "AdamW weight decay (not applied to biases and LayerNorm)")
-    adam_beta1: float = option(0.9, "AdamW beta1")
-    adam_beta2: float = option(0.999, "AdamW beta2")
-    adam_eps: float = option(1e-6, "AdamW epsilon")
-    warmup_ratio: float = option(0.1, "fraction of steps with linear warm-up (then linear decay to 0)")
-    warmup_steps: int | None = option(None, "warm-up steps (overrides --warmup-ratio)")
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this (0: no clipping)")
-    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "fp32, or bf16/fp16 mixed precision")
-    seed: int = option(42, "seed for initialisation, data order and dropout")
-    eval_every: int | None = option(None, "evaluate every N steps (default: at the end of each epoch)")
-    save_every: int | None = option(None, "checkpoint every N steps (default: at the end of each epoch)")
-    keep_checkpoints: int = option(2, "checkpoints kept for --resume (the newest ones)")
-    log_every: int = option(20, "record the running loss every N steps (a log line and the history in metrics.json)")
-    group_by_length: bool = option(True, "batch examples of similar length together (less padding; order still random)")
-    device: str = option("auto", "auto, cpu or cuda")
-
-    def validate(self) -> None:
-        for name in ("epochs", "batch_size", "grad_accum", "keep_checkpoints", "log_every"):
-            if getattr(self, name) < 1:
-                raise CompressError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise CompressError(f"--lr must be a positive number, got {self.lr}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise CompressError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
-        for name in ("max_steps", "eval_every", "save_every", "warmup_steps"):
-            value = getattr(self, name)
-            if value is not None and value < (0 if name == "warmup_steps" else 1):
-                raise CompressError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if self.batch_size % self.grad_accum:
-            raise CompressError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
-            raise CompressError(f"unknown --device {self.device!r}; use auto, cpu or cuda")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():  # as eval refuses it: never train elsewhere silently
-            raise CompressError(f"--device {self.device} requested but CUDA is not available; use --device cpu (or auto)")
 
 
 @dataclass

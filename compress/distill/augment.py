@@ -38,7 +38,6 @@ import hashlib
 import json
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -46,61 +45,12 @@ import torch
 from torch import nn
 
 from compress.core.formats.writes import atomic_path, build_lock
-from compress.core.config import option
-from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.model.structure import base_model, mlm_head
+# The options and the default number of copies live apart, with the stage's other options (no torch there).
+from compress.distill.config import AUTO_COPIES, AUTO_MAX_EXAMPLES, AugmentConfig  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-
-# The default, chosen by the retention benchmark (bench/results/2026-11-25/retention: MiniLM-L6 teachers,
-# 3L-384 students, 2.5k-4k training examples): 4 copies kept 98.1% of STS-B (defaults without: 90.8%),
-# 98.7% of SST-2 (95.7%), 96.2% of MRPC (94.4%), 96.3% of RTE (96.3%). Larger sets are left as they are:
-# their gain was not measured and the copies multiply the training time.
-AUTO_COPIES = 4
-AUTO_MAX_EXAMPLES = 10_000
-
-
-@dataclass(frozen=True)
-class AugmentConfig:
-    augment: int | None = option(None, "augmented copies per training example, labelled by the teacher only (TinyBERT: 20; "
-                                 f"0: none; default: {AUTO_COPIES} for a sentence task of at most {AUTO_MAX_EXAMPLES:,} "
-                                 "training examples, else 0)", metavar="N")
-    augment_prob: float = option(0.4, "probability that a word of an augmented copy is replaced (TinyBERT: p = 0.4)")
-    augment_candidates: int = option(15, "candidate words per word (TinyBERT: K = 15)")
-    augment_mlm: str | None = option(None, "masked-LM model DIR whose predictions are the candidates (default: the teacher's MLM "
-                                     "head when its folder has one, else nearest neighbours in its input embeddings)", metavar="DIR")
-    augment_intermediate: bool = option(False, "with --two-stage, also run the intermediate stage on the augmented rows "
-                                        "(TinyBERT does; the teacher runs alongside, so it costs N+1 times as much)")
-    transfer_text: tuple[str, ...] = option((), "unlabelled text the teacher scores: corpus files or folders, hf:NAME, a "
-                                            "save_to_disk folder, or task:NAME (another GLUE task's training texts)", metavar="SOURCE[,...]")
-    transfer_examples: int | None = option(None, "at most this many transfer examples (default: as many as the training set)")
-
-    def validate(self) -> None:
-        if self.augment is not None and self.augment < 0:
-            raise CompressError(f"--augment must be 0 (none) or a number of copies, got {self.augment}")
-        if not 0 <= self.augment_prob <= 1:
-            raise CompressError(f"--augment-prob must be in [0, 1], got {self.augment_prob}")
-        if self.augment_candidates < 1:
-            raise CompressError(f"--augment-candidates must be at least 1, got {self.augment_candidates}")
-        if self.transfer_examples is not None and self.transfer_examples < 1:
-            raise CompressError(f"--transfer-examples must be at least 1, got {self.transfer_examples}")
-
-    @property
-    def active(self) -> bool:
-        """Whether extra rows were asked for (the automatic default asks for nothing: it steps aside)."""
-        return bool(self.augment) or bool(self.transfer_text)
-
-    def copies(self, n_train: int, *, spans: bool, soft_targets: bool) -> int:
-        """Copies per example for a training set of ``n_train`` examples: ``--augment``, else the default.
-
-        The default augments only where it was measured to help and can: a sentence task
-        (``spans`` False), a loss that reads teacher targets, at most AUTO_MAX_EXAMPLES examples.
-        """
-        if self.augment is not None:
-            return self.augment
-        return AUTO_COPIES if not spans and soft_targets and n_train <= AUTO_MAX_EXAMPLES else 0
 
 
 class Candidates(Protocol):

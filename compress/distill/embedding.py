@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,12 +35,10 @@ from safetensors.torch import load_file, save_file
 from compress.distill import losses as L
 from compress.core.formats.records import read_compression, read_metrics, utc_now
 from compress.core.formats.writes import atomic_path
-from compress.core.config import flat_keywords, option
 from compress.core.data.features import check_max_length, collate
 from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.registry import Registry
-from compress.core.model.shapes import StudentShape
 from compress.core.formats.sentence import (
     SentenceSpec,
     pooled,
@@ -50,10 +48,10 @@ from compress.core.formats.sentence import (
     staged_sentence_files,
 )
 from compress.core.model.structure import config_sizes
-from compress.core.data.tasks import GLUE_TASKS, get_task
+from compress.core.data.tasks import get_task
 from compress.core.checkpoints import fingerprint, prepare_work_dir, work_dir_for
 from compress.core.processes import is_main_process, main_process_first
-from compress.core.train import Phase, TrainConfig
+from compress.core.train import Phase
 from compress.distill.steps import (
     Student,
     Teacher,
@@ -66,7 +64,8 @@ from compress.distill.steps import (
     train_keeping_best,
     write_student,
 )
-from compress.eval.embeddings import EMBEDDING_EVAL, check_embedding_task, embedding_record, embedding_scorer
+from compress.distill.config import EmbeddingDistillConfig
+from compress.eval.embeddings import EMBEDDING_EVAL, embedding_record, embedding_scorer
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import format_table
 from compress.teacher.corpus import read_documents
@@ -95,66 +94,6 @@ STUDENT_TERMS: Registry[StudentTerm] = Registry("embedding distillation loss")
 STUDENT_TERMS.register("mse", StudentTerm(EMBEDDING_TERMS.get("mse"), "mse_weight"))
 STUDENT_TERMS.register("cosine", StudentTerm(EMBEDDING_TERMS.get("cosine"), "cosine_weight"))
 STUDENT_TERMS.register("similarity", StudentTerm(L.sentence_similarity_mse, "similarity_weight", full_width=True))
-
-
-def _embedding_defaults() -> TrainConfig:
-    return TrainConfig(lr=1e-4, epochs=1, batch_size=64, warmup_ratio=0.05, log_every=20)
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class EmbeddingDistillConfig:
-    corpus: tuple[str, ...] = option(
-        (), "unlabelled text: text files or folders of *.txt (split into sentences), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
-        metavar="PATH[,...]")
-    sentences_from: tuple[str, ...] = option(
-        (), "GLUE tasks whose training sentences are added as unlabelled text (both sides of a pair; labels unused)",
-        metavar="TASK[,...]")
-    data_dir: str | None = option(None, "GLUE root or task folder for --sentences-from and --eval-tasks (default: the hub)", metavar="DIR")
-    max_sentences: int | None = option(None, "train on a seeded random sample of N sentences (say so when reporting)")
-    min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
-    heldout_sentences: int = option(500, "sentences held out (at most a tenth) to report, and keep the best checkpoint by, the loss")
-    # no wider than the teacher; a narrower one learns the teacher's embeddings reduced to its width by PCA
-    shape: StudentShape = field(default_factory=lambda: StudentShape(student="3L-384"))
-    losses: tuple[str, ...] = option(
-        ("mse", "cosine"), "terms: mse (pooled embeddings, before normalisation), cosine (1 - cos), both per sentence "
-        "(against the teacher's PCA-reduced embeddings for a narrower student); similarity (MSE between the in-batch "
-        "cosine-similarity matrices, the teacher's at its full width)", metavar="TERM[,...]")
-    mse_weight: float = option(1.0, "weight of the mse term")
-    cosine_weight: float = option(1.0, "weight of the cosine term")
-    similarity_weight: float = option(1.0, "weight of the similarity term")
-    max_length: int = option(128, "tokens per training sentence (longer ones are truncated; the folder keeps its max_seq_length)")
-    eval_tasks: tuple[str, ...] = option(
-        (), "pair tasks scored on the student's embeddings at each evaluation and at the end, with the teacher's score "
-        "for retention: stsb (cosine Spearman), mrpc, qqp, rte ... (retrieval MRR)", metavar="TASK[,...]")
-    teacher_batch_size: int = option(128, "sentences per teacher forward pass (its embeddings are computed once, before training)")
-    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
-    train: TrainConfig = field(default_factory=_embedding_defaults)
-
-    def validate(self) -> None:
-        if not self.corpus and not self.sentences_from:
-            raise CompressError("no sentences to distil on; pass --corpus FILE_OR_DIR[,...] and/or --sentences-from TASK[,...]")
-        check_sentence_options(self, STUDENT_TERMS)
-        if self.max_length < 8:
-            raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
-
-
-def check_sentence_options(cfg, terms: Registry = EMBEDDING_TERMS) -> None:
-    """The sentence sources, eval tasks, loss terms (of ``terms``) and counts an embedding distillation config holds
-    (the transformer student's here, the static student's in distill_static), each refused in one line."""
-    for name in cfg.sentences_from:
-        if get_task(name).name not in GLUE_TASKS:
-            raise CompressError(f"--sentences-from takes GLUE tasks ({', '.join(GLUE_TASKS)}), not {name!r}")
-    for name in cfg.eval_tasks:
-        check_embedding_task(get_task(name))
-    for term in cfg.losses:
-        terms.get(term)
-    if not cfg.losses:
-        raise CompressError("--losses is empty; pass e.g. --losses mse,cosine")
-    if cfg.min_words < 1 or cfg.heldout_sentences < 0 or cfg.teacher_batch_size < 1:
-        raise CompressError("--min-words and --teacher-batch-size must be at least 1, --heldout-sentences at least 0")
-    if cfg.max_sentences is not None and cfg.max_sentences < 1:
-        raise CompressError(f"--max-sentences must be at least 1, got {cfg.max_sentences}")
 
 
 def distill_embedding(teacher: str | Path, out: str | Path, cfg: EmbeddingDistillConfig, *, overwrite: bool = False) -> Path:

@@ -9,20 +9,17 @@ MLM heads. Its output is the ``--init`` of a task distillation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.records import utc_now
-from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
 from compress.core.model.heads import HEADS
-from compress.core.model.shapes import StudentShape
 from compress.core.checkpoints import prepare_work_dir, work_dir_for
 from compress.core.processes import is_main_process
-from compress.core.train import Phase, TrainConfig
+from compress.core.train import Phase
 from compress.distill.steps import (
     Distiller,
     build_student,
@@ -35,42 +32,10 @@ from compress.distill.steps import (
     train_keeping_best,
     write_student,
 )
-from compress.distill.terms import ENCODER, MLM, LossWeights, needs_of
+from compress.distill.config import GeneralDistillConfig
+from compress.distill.terms import ENCODER, MLM, needs_of
 from compress.teacher.corpus import PretrainCollator, build_instances, read_documents, tokenize_documents
 from compress.teacher.presets import open_model
-
-
-def _general_defaults() -> TrainConfig:
-    return TrainConfig(lr=5e-4, batch_size=64, max_steps=1000, warmup_ratio=0.05, log_every=10, save_every=200)
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class GeneralDistillConfig:
-    corpus: tuple[str, ...] = option(
-        (), "text files or folders of *.txt (documents separated by blank lines), datasets save_to_disk folders, or hf:NAME[:CONFIG]",
-        metavar="PATH[,...]")
-    shape: StudentShape = field(default_factory=lambda: StudentShape(student="4L-312"))
-    losses: tuple[str, ...] = option(
-        ("minilm",), "terms: minilm, hidden, attention, embedding, cosine; kd + mlm (DistilBERT) need MLM heads", metavar="TERM[,...]"
-    )
-    max_length: int = option(128, "tokens per training sequence (contiguous text)")
-    mlm_probability: float = option(0.15, "fraction of tokens masked for the mlm/kd terms")
-    loss: LossWeights = field(default_factory=LossWeights)
-    heldout_fraction: float = option(0.01, "sequences held out to report the distillation loss")
-    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
-    train: TrainConfig = field(default_factory=_general_defaults)
-
-    def validate(self) -> None:
-        if not self.corpus:
-            raise CompressError("no corpus given; pass --corpus FILE_OR_DIR[,...]")
-        for term in self.losses:
-            if term not in ("minilm", "hidden", "attention", "embedding", "cosine", "kd", "mlm"):
-                raise CompressError(
-                    f"unknown general distillation loss {term!r}; valid: minilm, hidden, attention, embedding, cosine, kd, mlm"
-                )
-        if self.max_length < 8:
-            raise CompressError(f"--max-length {self.max_length} is too short; use at least 8")
 
 
 def distill_general(teacher: str | Path, out: str | Path, cfg: GeneralDistillConfig, *, overwrite: bool = False) -> Path:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -33,7 +31,6 @@ from compress.core.formats.layout import COMPRESSION_FILE, METRICS_FILE, STATIC
 from compress.core.formats.records import compression_record, read_compression, read_metrics, utc_now
 from compress.core.formats.writes import write_json_atomic
 from compress.core.preflight import check_output
-from compress.core.config import flat_keywords, option
 from compress.core.errors import CompressError
 from compress.core.logs import errors_only, progress
 from compress.core.formats.runtime import load_model
@@ -42,14 +39,14 @@ from compress.core.formats.static import structure as static_structure
 from compress.core.model.structure import config_sizes
 from compress.core.checkpoints import prepare_work_dir, work_dir_for
 from compress.core.processes import is_main_process
-from compress.core.train import Phase, TrainConfig
+from compress.core.train import Phase
 from compress.distill.embedding import (
     EMBEDDING_TERMS,
-    check_sentence_options,
     embedding_scorers,
     embedding_sentences,
     teacher_embedding_score,
 )
+from compress.distill.config import StaticDistillConfig
 from compress.distill.steps import Teacher, device_for, open_teacher, train_keeping_best
 from compress.eval.embeddings import EMBEDDING_EVAL, embedding_record, embedding_scorer
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
@@ -59,76 +56,6 @@ from compress.teacher.presets import open_model
 log = logging.getLogger(__name__)
 
 EXTRA = "pip install 'compress[static]'"  # what installs model2vec (and skeletoken, its tokenizer surgery)
-
-
-def _static_defaults() -> TrainConfig:
-    # No weight decay: a token vector's length is its weight in the mean (what SIF set), which decay would wear down.
-    return TrainConfig(lr=5e-2, epochs=3, batch_size=64, weight_decay=0.0, warmup_ratio=0.0, log_every=20)
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class StaticDistillConfig:
-    pca_dims: int | None = option(256, "PCA components kept of each token vector (none: the teacher's width, no PCA); "
-                                  "at most the teacher's width")
-    sif_coefficient: float | None = option(1e-4, "SIF weight a/(a+p) of a token whose Zipf-estimated frequency is p, "
-                                           "from its rank in the vocabulary (none: no weighting)")
-    token_remove_pattern: str | None = option(r"\[unused\d+\]", "leave out the teacher's tokens this regex matches "
-                                              "(none: keep every token)", metavar="REGEX")
-    corpus: tuple[str, ...] = option(
-        (), "refine on unlabelled text: text files or folders of *.txt (split into sentences), datasets save_to_disk "
-        "folders, or hf:NAME[:CONFIG]", metavar="PATH[,...]")
-    sentences_from: tuple[str, ...] = option(
-        (), "GLUE tasks whose training sentences are added to the refinement text (both sides of a pair; labels unused)",
-        metavar="TASK[,...]")
-    data_dir: str | None = option(None, "GLUE root or task folder for --sentences-from and --eval-tasks (default: the hub)", metavar="DIR")
-    max_sentences: int | None = option(None, "refine on a seeded random sample of N sentences (say so when reporting)")
-    min_words: int = option(3, "drop sentences with fewer words (headings, list markers)")
-    heldout_sentences: int = option(500, "sentences held out (at most a tenth) to report, and keep the best epoch by, the loss")
-    losses: tuple[str, ...] = option(
-        ("mse", "cosine"), "refinement terms on a sentence's mean token vector against the teacher's embedding (in the "
-        "static space, normalised, at the mean's starting length): mse, cosine (1 - cos)", metavar="TERM[,...]")
-    mse_weight: float = option(1.0, "weight of the mse term")
-    cosine_weight: float = option(1.0, "weight of the cosine term")
-    eval_tasks: tuple[str, ...] = option(
-        (), "pair tasks scored on the static model's embeddings and the teacher's, for retention: stsb (cosine "
-        "Spearman), mrpc, qqp, rte ... (retrieval MRR)", metavar="TASK[,...]")
-    teacher_batch_size: int = option(128, "sentences per teacher forward pass (its embeddings are computed once)")
-    train: TrainConfig = field(default_factory=_static_defaults)
-
-    @property
-    def refining(self) -> bool:
-        return bool(self.corpus or self.sentences_from)
-
-    def validate(self) -> None:
-        if self.pca_dims is not None and self.pca_dims < 1:
-            raise CompressError(f"--pca-dims must be at least 1 (or none: no PCA), got {self.pca_dims}")
-        if self.sif_coefficient is not None and not 0 < self.sif_coefficient < 1:
-            raise CompressError(f"--sif-coefficient must be in (0, 1) (or none: no weighting), got {self.sif_coefficient}")
-        if self.token_remove_pattern is not None:
-            try:
-                re.compile(self.token_remove_pattern)
-            except re.error as err:
-                raise CompressError(f"--token-remove-pattern {self.token_remove_pattern!r} is not a regex: {err}") from None
-        check_sentence_options(self)
-        if not self.refining:
-            self._no_refinement_options()
-
-    def _no_refinement_options(self) -> None:
-        """Without sentences there is no refinement: an option that only tunes it is a mistake, said in one line."""
-        defaults = StaticDistillConfig()
-        unused = [f"--{f.name.replace('_', '-')}" for f in fields(self)
-                  if f.name in REFINEMENT_OPTIONS and getattr(self, f.name) != getattr(defaults, f.name)]
-        unused += [f"--{f.name.replace('_', '-')}" for f in fields(self.train)
-                   if f.name != "device" and getattr(self.train, f.name) != getattr(defaults.train, f.name)]
-        if unused:
-            raise CompressError(f"{unused[0]} tunes the refinement, which needs sentences: pass --corpus FILE_OR_DIR[,...] "
-                                "and/or --sentences-from TASK[,...], or leave it out")
-
-
-# Options that only tune the refinement (with the training options of ``train``, the device aside).
-REFINEMENT_OPTIONS = ("max_sentences", "min_words", "heldout_sentences", "losses", "mse_weight", "cosine_weight",
-                      "teacher_batch_size")
 
 
 def distill_static(teacher: str | Path, out: str | Path, cfg: StaticDistillConfig, *, overwrite: bool = False) -> Path:

@@ -30,8 +30,9 @@ with ``--augment-intermediate``).
 
 The student may have a tokenizer of its own (``--init DIR`` of another vocabulary: a MiniLM student with BERT's
 WordPiece under an MPNet teacher): each model then tokenises the text itself, the student is trained, evaluated and
-saved with its own, and the logit terms meet per example (per word for tags); the intermediate terms, and kd on
-SQuAD, are refused (:mod:`compress.distill.cross_tokenizer`).
+saved with its own, and the logit terms meet per example (per word for tags; on SQuAD at the start/end boundaries both
+tokenizations share, through character offsets); the intermediate terms are refused
+(:mod:`compress.distill.cross_tokenizer`).
 
 The loss terms are :mod:`compress.distill.terms`; the steps every distillation takes (open the
 teacher, build the student, train keeping the best evaluation, record and write) are
@@ -49,10 +50,9 @@ from typing import Any, Callable
 import datasets
 import torch
 
-from compress.distill.augment import AUTO_MAX_EXAMPLES, AugmentConfig, EmbeddingNeighbours, MaskedLMCandidates, augmented_rows, transfer_rows
+from compress.distill.augment import AugmentConfig, EmbeddingNeighbours, MaskedLMCandidates, augmented_rows, transfer_rows
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.records import read_metrics, utc_now
-from compress.core.config import flat_keywords, option
 from compress.core.data.features import collate, train_features
 from compress.core.data.sources import (
     DataSource,
@@ -66,9 +66,8 @@ from compress.core.errors import CompressError
 from compress.core.data.resolve import resolve_task, task_fields
 from compress.core.formats.runtime import load_folder_model
 from compress.core.model.heads import HEADS
-from compress.core.model.shapes import StudentShape
 from compress.core.model.structure import config_sizes
-from compress.core.data.tasks import GLUE_TASKS, Task, get_task, is_kind, task_choices
+from compress.core.data.tasks import GLUE_TASKS, Task, get_task
 from compress.core.checkpoints import prepare_work_dir, work_dir_for
 from compress.core.processes import is_main_process, main_process_first
 from compress.core.train import Phase, TrainConfig
@@ -88,78 +87,16 @@ from compress.distill.steps import (
     train_keeping_best,
     write_student,
 )
-from compress.distill.cross_tokenizer import POSITIONS, TeacherRows, check_terms, pad_positions
+from compress.distill.cross_tokenizer import MEETING_COLUMNS, TeacherRows, check_terms, meeting_batch
 from compress.eval.evaluate import dev_evaluator, format_table, output_to_task_labels, split_records, test_records
 from compress.eval.metrics import chance_check
-from compress.distill.terms import INTERMEDIATE_TERMS, PREDICTION_TERMS, TERMS, LossWeights, needs_of
-from compress.students.init import TEACHER_METHODS
+from compress.distill.config import AUTO_MAX_EXAMPLES, INTERMEDIATE_TERMS, PREDICTION_TERMS, DistillConfig, check_extra_data
+from compress.distill.terms import needs_of
 from compress.teacher.corpus import read_documents
 from compress.teacher.presets import open_model
 from compress.distill.teacher_cache import default_cache_dir, load_or_build
 
 log = logging.getLogger(__name__)
-
-
-def _distill_defaults() -> TrainConfig:
-    return TrainConfig(lr=1e-4, epochs=3, batch_size=32, warmup_ratio=0.1)
-
-
-@flat_keywords
-@dataclass(frozen=True)
-class DistillConfig:
-    task: str = option("", "task to distil on (default: the teacher's own task; a kind of your own data with "
-                       "--train-file for a teacher that records none)", choices=task_choices)
-    shape: StudentShape = field(default_factory=StudentShape)
-    init_from: str | None = option(None, "cut the student from this encoder DIR instead of the teacher (--init teacher, "
-                                   "teacher-layers or teacher-slices); its task head starts new", metavar="DIR")
-    losses: tuple[str, ...] = option(("kd", "hard"), "loss terms: the prediction terms kd, hard and the intermediate terms "
-                                     "hidden, embedding, attention, cosine, minilm (they match the teacher's hidden states, "
-                                     "attention or embeddings, at a cost in training time). A student with a tokenizer of its "
-                                     "own (--init DIR, e.g. a MiniLM under an MPNet teacher) tokenises the text itself and "
-                                     "takes kd (met per example, per word for tags) and hard only; SQuAD hard only",
-                                     metavar="TERM[,...]")
-    loss: LossWeights = field(default_factory=LossWeights)
-    two_stage: bool = option(False, "TinyBERT's order: train on the intermediate terms first (--intermediate-epochs), then on "
-                             "the prediction terms; --losses needs some of each")
-    intermediate_epochs: int | None = option(None, "epochs of the intermediate stage (default: --epochs)")
-    cache: bool = option(True, "cache teacher outputs on disk when the terms allow (teacher runs once)")
-    cache_hidden: bool = option(False, "also cache the mapped teacher hidden states (float16 on disk)")
-    cache_dir: str | None = option(None, "where teacher outputs are cached (default: $COMPRESS_CACHE or ~/.cache/compress)", metavar="DIR")
-    resume: bool = option(False, "continue an interrupted run from its last checkpoint into the same --out")
-    extra_data: AugmentConfig = field(default_factory=AugmentConfig)
-    data: TaskData = field(default_factory=TaskData)
-    train: TrainConfig = field(default_factory=_distill_defaults)
-
-    def validate(self) -> None:
-        if self.task and not is_kind(self.task):
-            check_extra_data(get_task(self.task), self)
-        if self.extra_data.active:
-            if "kd" not in self.losses and not set(self.losses) & set(INTERMEDIATE_TERMS):
-                raise CompressError("augmented and transfer examples have no gold labels, only teacher targets: "
-                                    "add kd (or an intermediate term) to --losses")
-        for term in self.losses:
-            TERMS.get(term)
-        if not self.losses:
-            raise CompressError("--losses is empty; pass e.g. --losses kd,hard")
-        if self.two_stage and not (set(self.losses) & set(INTERMEDIATE_TERMS) and set(self.losses) & set(PREDICTION_TERMS)):
-            raise CompressError("--two-stage needs intermediate terms (hidden, attention, ...) and prediction terms (kd, hard)")
-        if self.init_from and self.shape.init not in TEACHER_METHODS:
-            raise CompressError(f"--init-from cuts the student from another encoder: use it with --init {', '.join(TEACHER_METHODS)}, "
-                                f"not --init {self.shape.init}")
-
-
-def check_extra_data(task: Task, cfg: DistillConfig) -> None:
-    """Refuse augmented or transfer rows where they cannot be made: spans (SQuAD) and tagged words (NER).
-
-    TinyBERT's word replacement would change the words an entity tag belongs to (and transfer
-    text has no words aligned with tags), so a token-classification task is refused rather
-    than given rows whose teacher targets sit on other words.
-    """
-    what = task.behaviour.not_augmentable
-    if not cfg.extra_data.active or not what:
-        return
-    raise CompressError(f"--augment/--transfer-text make sentence-task examples; {task.display}'s {what}: "
-                        "pass --augment 0 and no --transfer-text")
 
 
 @dataclass
@@ -187,8 +124,8 @@ class _TaskData:
         """(features, collator) the teacher reads: the student's own, or its own tokenisation of the same rows."""
         if self.teacher_rows is None:
             return (self.gold_only() if gold_only else self.features), self.pad
-        own = self.teacher_rows.features
-        return (own.select(range(self.n_train)) if gold_only else own), self.teacher_rows.pad
+        own = self.teacher_rows
+        return (own.gold() if gold_only else own.features), own.pad
 
 
 def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwrite: bool = False,
@@ -375,7 +312,8 @@ def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> 
         def words():  # each row's words, as the features were made (word tasks: their rows only)
             return [list(w) for w in train_ds["tokens"]] + [list(r["tokens"]) for r in rows]
 
-        features = teacher_rows.student_features(features, words, student.tokenizer, max_length)
+        features = teacher_rows.student_features(features, student.tokenizer, max_length, words=words, examples=train_ds,
+                                                 doc_stride=cfg.data.doc_stride)
     return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(student.tokenizer, task), extra,
                      load_test_split(task, cfg.data), teacher_rows)
 
@@ -558,16 +496,16 @@ def _teacher_cache(run: _Run, terms, data: _TaskData, gold_only: bool, cfg: Dist
 
 def _collate_with_cache(pad):
     """``collate(items, step)``: a padded batch plus ``cache_index`` (batch,) and ``gold`` (batch,) bool; and, for a
-    student with its own tokenizer on a word task, the teacher's positions (batch, seq), padded with -1."""
+    student with its own tokenizer, where it meets the teacher (word tasks: the teacher's positions (batch, seq);
+    SQuAD: the teacher's row (batch,) and its start/end positions (batch, seq)), positions padded with -1."""
     def collate_step(items, step):
         index = [int(x["cache_index"]) for x in items]
         gold = [bool(x.get("gold", 1)) for x in items]
-        batch = pad([{k: v for k, v in x.items() if k not in ("cache_index", "gold", POSITIONS)} for x in items])
+        batch = pad([{k: v for k, v in x.items() if k not in ("cache_index", "gold", *MEETING_COLUMNS)} for x in items])
         batch["cache_index"] = torch.tensor(index)
         batch["gold"] = torch.tensor(gold)
-        if POSITIONS in items[0]:  # padded as the collator padded the ids
-            side = getattr(getattr(pad, "tokenizer", None), "padding_side", "right")
-            batch[POSITIONS] = pad_positions([x[POSITIONS] for x in items], batch["input_ids"].shape[1], side)
+        side = getattr(getattr(pad, "tokenizer", None), "padding_side", "right")  # positions padded as the ids
+        batch.update(meeting_batch(items, batch["input_ids"].shape[1], side))
         return batch
 
     return collate_step

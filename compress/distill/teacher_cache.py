@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from compress.core.formats.writes import apply_umask, build_lock
+from compress.core.formats.writes import apply_umask, build_lock, writing
 from compress.core.logs import progress
 from compress.core.model.structure import model_inputs
 
@@ -98,20 +98,23 @@ def load_or_build(
             return _read(path, outputs, layers)
         arrays, hidden, offsets = _compute(teacher, features, collator, outputs=outputs, layers=layers,
                                            batch_size=batch_size, device=device)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
+        with writing(path):
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
         try:
-            for name, array in arrays.items():
-                np.save(tmp / f"{name}.npy", array)
-            if hidden is not None:
-                np.save(tmp / "hidden.npy", hidden)
-                np.save(tmp / "offsets.npy", offsets)
-            meta = {"outputs": list(outputs), "layers": list(layers), "n": len(input_ids), "teacher": teacher_hash}
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            apply_umask(tmp)  # mkdtemp made it private
-            os.replace(tmp, path)
-        except OSError:
+            with writing(path, staging=tmp):  # a full disk or a size limit: one line naming the file
+                for name, array in arrays.items():
+                    np.save(tmp / f"{name}.npy", array)
+                if hidden is not None:
+                    np.save(tmp / "hidden.npy", hidden)
+                    np.save(tmp / "offsets.npy", offsets)
+                meta = {"outputs": list(outputs), "layers": list(layers), "n": len(input_ids), "teacher": teacher_hash}
+                (tmp / "meta.json").write_text(json.dumps(meta))
+                apply_umask(tmp)  # mkdtemp made it private
+                os.replace(tmp, path)
+        except BaseException as err:  # a signal too: no temporary folder is left behind
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (path / "meta.json").is_file():  # a process without the lock (no fcntl) may have won the race
+            # A process without the lock (no fcntl) may have won the race: its entry is as good as ours.
+            if not isinstance(err, OSError) or not (path / "meta.json").is_file():
                 raise
     cache = _read(path, outputs, layers)
     cache.hit = False

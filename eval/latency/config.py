@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from compress.core.config import option
+from compress.core.config import THREADS, option
 from compress.core.errors import CompressError
-from compress.eval.latency.backends import BACKENDS
+
+# Every latency backend, in the order --help lists them (the fp32 baseline first): the names the registry of
+# compress.eval.latency.backends implements (a test keeps the two equal), named here so that the flags cost no import.
+LATENCY_BACKENDS = ("torch", "auto", "static", "torch-int8", "torch-bf16", "onnxruntime", "inc", "openvino", "ctranslate2",
+                    "openvino-bf16")
 
 # The backends that run an fp32 folder in fp32: the candidates for the reference's fastest.
 FP32_BACKENDS = ("torch", "onnxruntime", "openvino")
@@ -43,9 +47,9 @@ class LatencyConfig:
     max_seconds: float = option(0.0, "stop timing a point once its passes add up to this long, even short of --repeats "
                                 f"(never fewer than {MIN_PASSES}), and start no pass over the --lengths set past it: "
                                 "a slow reference model (BERT-base at batch 32) needs fewer passes (0: no limit)")
-    threads: int | None = option(None, "intra-op threads (default: usable physical cores)")
+    threads: int | None = option(None, "intra-op threads, by default the usable physical cores", bounds=THREADS)
     backend: str = option("auto", "latency backend: auto (by the directory's format), torch (fp32), torch-int8, torch-bf16, onnxruntime, inc, openvino, openvino-bf16",
-                          choices=lambda: [name for name, _ in BACKENDS.items()])
+                          choices=LATENCY_BACKENDS)
     openvino_shapes: str = option("static", "OpenVINO rows: static compiles the model once more for each grid point's "
                                   "fixed [batch, seq] and, with --lengths, for each padded shape of the real inputs (see "
                                   "--lengths-multiple), as a deployment padding to a few lengths would; dynamic compiles "
@@ -101,14 +105,12 @@ class LatencyConfig:
         for name in self.reference_backends:
             if name not in FP32_BACKENDS:
                 raise CompressError(f"--reference-backends takes fp32 backends ({', '.join(FP32_BACKENDS)}); got {name!r}")
-        if self.threads is not None and self.threads < 1:
-            raise CompressError(f"--threads must be at least 1, got {self.threads}")
+        if self.threads is not None and not THREADS[0] <= self.threads <= THREADS[1]:
+            raise CompressError(f"--threads must be from {THREADS[0]} to {THREADS[1]}, got {self.threads}")
         if self.openvino_shapes not in OPENVINO_SHAPES:
             raise CompressError(f"--openvino-shapes is static or dynamic, got {self.openvino_shapes!r}")
-        if self.backend not in BACKENDS:
-            # Registration order (the fp32 baseline first), not the registry's alphabetical one.
-            valid = ", ".join(name for name, _ in BACKENDS.items())
-            raise CompressError(f"unknown latency backend {self.backend!r}; valid: {valid}")
+        if self.backend not in LATENCY_BACKENDS:
+            raise CompressError(f"unknown latency backend {self.backend!r}; valid: {', '.join(LATENCY_BACKENDS)}")
 
     def grid(self) -> list[tuple[int, int]]:
         """Every (batch, seq) to time, in a stable order."""

@@ -413,3 +413,22 @@ def test_prune_embedding_recovers_by_distillation_on_the_command_line(tmp_path, 
     assert main(["prune-embedding", "--model", str(folder), "--remove-heads", "2", "--out", str(tmp_path / "x")]) == 2
     assert "no sentences" in capsys.readouterr().err
     assert not (tmp_path / "other").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_length_sub_batches_change_no_embedding(tmp_path, tokenizer, pooling):
+    from compress.core.formats.sentence import sub_batches, tokenize
+
+    folder = st_folder(tmp_path, tokenizer, pooling=pooling, normalize=True)
+    model, spec = load_model(folder, head="base"), read_spec(folder)
+    whole = encode(model, tokenizer, TEXTS, spec, batch_size=len(TEXTS))
+    for call_tokens in (0.0, 3.0):  # a call per distinct length; a few sub-batches
+        cut = encode(model, tokenizer, TEXTS, spec, batch_size=len(TEXTS), call_tokens=call_tokens)
+        np.testing.assert_allclose(cut, whole, atol=1e-5)
+    batch = tokenize(tokenizer, TEXTS, spec, 64)
+    lengths = batch["attention_mask"].sum(dim=1)
+    pieces = list(sub_batches(batch, 0.0))
+    assert len(pieces) == len(set(lengths.tolist())) > 1
+    for rows, part in pieces:  # each piece cut to its own longest row, no padding column left over
+        assert part["input_ids"].shape[1] == int(lengths[rows].max()) and bool(part["attention_mask"][:, -1].any())
+    assert [len(r) for r, _ in sub_batches(batch, 0.0, padding_side="left")] == [len(TEXTS)]

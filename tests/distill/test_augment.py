@@ -106,7 +106,7 @@ def test_augmented_examples_carry_texts_and_source_but_no_label(tok):
 
 
 def test_default_copies_follow_the_measured_rule(monkeypatch):
-    monkeypatch.setattr("compress.distill.augment.AUTO_MAX_EXAMPLES", 10_000)
+    monkeypatch.setattr("compress.distill.config.AUTO_MAX_EXAMPLES", 10_000)
     auto = AugmentConfig()
     assert auto.copies(4000, spans=False, soft_targets=True) == 4
     assert auto.copies(10_000, spans=False, soft_targets=True) == 4 and auto.copies(10_001, spans=False, soft_targets=True) == 0

@@ -401,7 +401,7 @@ def test_augmented_rows_are_teacher_targets_only_and_cached(setting, tmp_path):
 
 @pytest.mark.e2e
 def test_small_training_sets_are_augmented_by_default(setting, tmp_path, monkeypatch):
-    monkeypatch.setattr("compress.distill.augment.AUTO_MAX_EXAMPLES", 10_000)  # the shipped default (tests set it to 0)
+    monkeypatch.setattr("compress.distill.config.AUTO_MAX_EXAMPLES", 10_000)  # the shipped default (tests set it to 0)
     _, _, teacher = setting
     cache = str(tmp_path / "cache")
     out = distill(teacher, tmp_path / "s", _cfg(setting, epochs=1, max_train_examples=40, cache_dir=cache))
@@ -412,7 +412,7 @@ def test_small_training_sets_are_augmented_by_default(setting, tmp_path, monkeyp
     assert "augment" not in (read_compression(off).get("extra_data") or {})
     hard_only = distill(teacher, tmp_path / "h", _cfg(setting, epochs=1, max_train_examples=40, losses=["hard"], cache_dir=cache))
     assert "augment" not in (read_compression(hard_only).get("extra_data") or {})  # no teacher targets to label copies
-    monkeypatch.setattr("compress.distill.augment.AUTO_MAX_EXAMPLES", 39)  # a set larger than the limit is left alone
+    monkeypatch.setattr("compress.distill.config.AUTO_MAX_EXAMPLES", 39)  # a set larger than the limit is left alone
     big = distill(teacher, tmp_path / "big", _cfg(setting, epochs=1, max_train_examples=40, cache_dir=cache))
     assert "augment" not in (read_compression(big).get("extra_data") or {})
 

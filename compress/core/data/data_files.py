@@ -8,11 +8,13 @@ preset's GLUE TSV and SQuAD's JSON or parquet files are read as ``--data-dir`` r
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
 from compress.core.errors import CompressError
-from compress.core.data.files import Record, is_conll, is_saved_dataset, read_conll, read_table, read_tsv_rows
+from compress.core.data.files import SAVED_DATASET, Record, is_conll, is_saved_dataset, read_conll, read_table, read_tsv_rows
+from compress.core.paths import check_input_file
 from compress.core.data.glue_squad import (
     INDEX_COLUMNS,
     check_squad_columns,
@@ -23,15 +25,16 @@ from compress.core.data.glue_squad import (
     read_parquet,
     read_squad_json,
 )
-from compress.core.data.labels import no_label, parse_label, parse_tag, unlabelled
+from compress.core.data.labels import no_label, parse_label, parse_tags, unlabelled
 from compress.core.data.tasks import LABEL, UNLABELLED, Split, Task
+
+log = logging.getLogger(__name__)
 
 
 def load_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
     """One file: csv/tsv/json/jsonl/parquet, a ``datasets`` save_to_disk folder, CoNLL (token tasks) or SQuAD JSON."""
-    if not (path.is_file() or is_saved_dataset(path)):
-        where = " (a folder, but not one datasets' save_to_disk wrote)" if path.is_dir() else ""
-        raise CompressError(f"data file {path} does not exist{where}")
+    if not is_saved_dataset(path):
+        check_input_file(path, "data file", folder=SAVED_DATASET)  # a FIFO, a device, an empty file: said as such
     return _READERS[task.behaviour.layout](task, split, path, columns)
 
 
@@ -120,7 +123,7 @@ def _sentence_file(task: Task, split: Split, path: Path, columns: dict[str, str]
                 raise CompressError(f"{where}: no label (column {mapping[LABEL]!r}); fill it in or remove the row")
             labels.append(unlabelled(task))
         else:
-            labels.append(parse_label(task, raw, where))
+            labels.append(parse_label(task, raw, where, column=mapping[LABEL]))
     return make_dataset(task, out, labels, index)
 
 
@@ -136,6 +139,7 @@ def _token_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
     labelled = _check_columns(task, split, records, mapping, path)
     words: list[list[str]] = []
     tags: list[list[int]] = []
+    iob1: list[str] = []  # where each sentence whose tags were IOB1 first had an entity start with I-
     for record in records:
         values, where = record.values, record.where
         sentence = values.get(words_col)
@@ -154,8 +158,14 @@ def _token_file(task: Task, split: Split, path: Path, columns: dict[str, str]):
             if not isinstance(raw, (list, tuple)) or len(raw) != len(sentence):
                 n = len(raw) if isinstance(raw, (list, tuple)) else "no list of"
                 raise CompressError(f"{where}: {len(sentence)} words but {n} tags; give each word one tag")
-            tags.append([parse_tag(task, t, record.token_where(i)) for i, t in enumerate(raw)])  # a bad tag: its own line
+            ids, first = parse_tags(task, raw, record.token_where)  # a bad tag: its own line
+            if first is not None:
+                iob1.append(record.token_where(first))
+            tags.append(ids)
         words.append(sentence)
+    if iob1:
+        log.warning("%s: %d sentence(s) start an entity with I- (first at %s), as IOB1 tags do: read as IOB1 and "
+                    "converted to BIO, where every entity starts with B-", path, len(iob1), iob1[0])
     return make_dataset(task, {"tokens": words}, tags, None)
 
 

@@ -14,21 +14,11 @@ from typing import Callable
 from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
 
 from compress.core.errors import CompressError
+from compress.core.data.config import check_max_length  # noqa: F401  (the stages read it from here)
 from compress.core.data.tasks import Task
 from compress.core.data.token_data import check_fast, token_features
 
 log = logging.getLogger(__name__)
-
-
-def check_max_length(max_length: int, model_max: int | None) -> None:
-    """Refuse a ``--max-length`` under 8 tokens, or above the model's ``model_max`` positions (None: unknown yet)."""
-    if max_length < 8:
-        raise CompressError(f"--max-length {max_length} is too short; use at least 8 tokens")
-    if model_max is not None and max_length > model_max:
-        raise CompressError(
-            f"--max-length {max_length} is above the model's maximum of {model_max} positions; "
-            f"use --max-length {model_max} or less"
-        )
 
 
 def tokenize_classification(ds, task: Task, tokenizer, max_length: int = 128):

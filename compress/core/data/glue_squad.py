@@ -32,6 +32,8 @@ def parse_index(raw: Any, where: str) -> int:
         value = math.nan
     if not value.is_integer():
         raise CompressError(f"{where}: index {raw!r} is not an integer; the index column numbers the examples")
+    if not -(2**63) <= value < 2**63:  # the dataset stores it as int64
+        raise CompressError(f"{where}: index {raw!r} is too large; the index column numbers the examples")
     return int(value)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,7 +26,7 @@ from compress.core.formats.layout import COMPRESSION_FILE, LEGACY_WEIGHTS, METRI
 from compress.core.formats.folder import ModelFolder, files_format, is_int8, open_folder
 from compress.core.formats.records import read_compression, read_json, write_model_card
 from compress.core.formats.weight_checks import check_shard_names, check_tensors
-from compress.core.formats.writes import publish, write_json_atomic
+from compress.core.formats.writes import staged_dir, write_json_atomic
 from compress.core.model import structure as st
 from compress.core.model.families import family_of
 from compress.core.model.heads import get_head
@@ -40,20 +39,14 @@ from compress.core.preflight import check_output
 
 @contextlib.contextmanager
 def output_dir(out: Path | str, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory next to ``out``; on success rename it to ``out``.
+    """Yield a temporary directory next to ``out``; on success rename it to ``out`` (``writes.staged_dir``).
 
     On any error the temporary directory is removed and an existing ``out`` is untouched.
     """
     out = check_output(out, overwrite).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_dir(out, overwrite) as tmp:  # a failed write named, the temporary directory removed on any failure
         yield tmp
         write_model_card(tmp, name=out.name)
-        publish(tmp, out, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_model_dir(

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, foreign
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.layout import ONNX, ONNX_FILE
 from compress.core.formats.load_checks import load_graph_runner
@@ -41,7 +41,8 @@ class OnnxRunner(NumpyRunner):
         try:
             session = ort.InferenceSession(str(self.path / ONNX_FILE), opts, providers=providers)
         except Exception as err:
-            raise CompressError(f"ONNX Runtime cannot load {self.path / ONNX_FILE}: {str(err).splitlines()[0]}") from None
+            raise CompressError(f"ONNX Runtime cannot load {self.path / ONNX_FILE}: {foreign(err) or type(err).__name__}; "
+                                "restore the folder's model.onnx, or export it again") from None
         # Hidden from nn.Module's registry: a session is not a submodule.
         object.__setattr__(self, "session", session)
         self.input_names = [i.name for i in session.get_inputs()]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, foreign
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.layout import OPENVINO, OPENVINO_FILE
 from compress.core.formats.load_checks import load_graph_runner
@@ -64,7 +64,8 @@ def compile_openvino(model, *, threads: int | None = None, precision: str | None
     except CompressError:
         raise
     except Exception as err:  # RuntimeError from the plugin: a corrupt IR, an unsupported precision
-        raise CompressError(f"OpenVINO cannot compile {what}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
+        fix = "; restore the folder's openvino_model.xml and .bin, or export it again" if what != "the model" else ""
+        raise CompressError(f"OpenVINO cannot compile {what}: {foreign(err) or type(err).__name__}{fix}") from None
 
 
 @functools.cache

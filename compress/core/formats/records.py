@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 import sys
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from compress.core.config import loads_json
 from compress.core.errors import CompressError
 from compress.core.formats import card
 from compress.core.formats.layout import CARD_FILE, COMPRESSION_FILE, METRICS_FILE, OPENVINO_FILE
+from compress.core.formats.schemas import BOOL, NUMBER, STR, ListOf, MapOf, Record, Schema, Whole, optional
 from compress.core.formats.writes import write_json_atomic, write_text_atomic
 from compress.core.hardware import git_revision, hardware, package_versions
 from compress.core.model.families import head_of_class
@@ -34,6 +34,8 @@ def read_json(path: Path) -> Any:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise CompressError(f"{path} does not exist") from None
+    except OSError as err:  # a directory, no permission
+        raise CompressError(f"cannot read {path}: {err.strerror or err}") from None
     return parse_json(data, path)
 
 
@@ -42,8 +44,58 @@ def parse_json(data: bytes, path: Path) -> Any:
     try:
         text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
         return loads_json(text, path)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except ValueError as err:  # bad syntax, not UTF-8, an integer of more digits than Python converts
         raise CompressError(f"{path} is not valid JSON ({err}); restore or re-create it") from None
+
+
+def read_record(path: Path, schema: Schema, fix: str | None = None) -> Any:
+    """The JSON in ``path`` checked against ``schema`` (see :mod:`compress.core.formats.schemas`; ``fix``: what to do
+    about a wrong field, when not the schema's own)."""
+    return schema.check(read_json(path), path, fix)
+
+
+# ---------------------------------------------------------------------------- the two records' schemas
+
+TEXT = optional(STR)
+# compression.json's fields this toolkit reads (written by compression_record and the stages' ``extra``); any other
+# field is kept for people and passes. Counts are whole numbers, never their text.
+STRUCTURE = Record({
+    "num_layers": Whole(0), "hidden_size": Whole(1), "head_size": Whole(1),
+    "heads": ListOf(Whole(0)), "ffn": ListOf(Whole(0)), "kept_layers": ListOf(Whole(0)),
+    "pruned_heads": MapOf(ListOf(Whole(0))),  # layer index (a JSON key) -> original head ids removed
+    "glu": BOOL, "first_token_last_layer": BOOL, "static": BOOL, "vocabulary": Whole(0),
+})
+TASK_SPEC = Record({  # a user's task (compress.core.data.tasks.Task.to_record)
+    "name": STR, "kind": STR, "text_fields": ListOf(STR), "labels": optional(ListOf(STR)),
+    "columns": optional(MapOf(STR)), "metric": TEXT, "metrics": optional(ListOf(STR)), "label_sep": TEXT,
+    "threshold": optional(NUMBER),
+}, required=("name", "kind", "text_fields"))
+COMPRESSION = Schema(Record({
+    "stage": TEXT, "method": TEXT, "format": TEXT, "precision": TEXT, "backend": TEXT, "scheme": TEXT, "head": TEXT,
+    "inference_precision_hint": TEXT, "task": TEXT, "task_spec": optional(TASK_SPEC),
+    "config": optional(Record({"task": TEXT, "inputs": optional(ListOf(STR))})),
+    "parent": optional(Record({"path": TEXT, "hash": TEXT, "stage": TEXT})),
+    "structure": optional(STRUCTURE), "outputs": optional(ListOf(STR)), "params": optional(Whole(0)),
+    "summary": optional(Record({"params_after": optional(Whole(0))})),
+    "provenance": optional(Record({"date": TEXT})),
+    "teacher_check": optional(Record({"problems": optional(ListOf(STR)), "at_chance": BOOL})),
+}), fix="restore the file, or re-create the folder with the stage that made it")
+
+# A latency row as metrics.json keeps it (compress.eval.latency.row.Row.to_dict), the fields read back.
+STAT_FIELDS = ("p50_ms", "p90_ms", "p99_ms", "mean_ms")
+STATS = Record(dict.fromkeys(STAT_FIELDS, NUMBER), required=STAT_FIELDS)
+LATENCY_ROW = Record({
+    "batch": Whole(1), "seq": Whole(1), "p50_ms": NUMBER, "backend": TEXT, "params": optional(Whole(0)),
+    "size_mb": optional(NUMBER), "slowest_run": optional(STATS),
+})
+RESULT = Record({  # one entry of metrics.json's results: an evaluation, a latency run, a retention, a training...
+    "kind": TEXT, "task": TEXT, "split": TEXT, "n": optional(Whole(0)), "when": TEXT, "backend": TEXT,
+    "metrics": MapOf(optional(NUMBER)),  # metric name -> value (NaN when undefined)
+    "rows": ListOf(LATENCY_ROW), "metric": TEXT,
+    "student": optional(NUMBER), "teacher": optional(NUMBER), "ratio": optional(NUMBER),  # a retention's scores
+})
+METRICS = Schema(Record({"results": ListOf(RESULT)}),
+                 fix="restore the file, or fix or remove that entry (a folder without metrics.json has no results)")
 
 
 # ---------------------------------------------------------------------------- provenance
@@ -92,6 +144,9 @@ def parent_path(record: dict[str, Any]) -> str | None:
     if not isinstance(parent, dict) or not isinstance(path, (str, type(None))):
         raise CompressError(f"a compression.json names its parent as {parent!r}, not as {{\"path\": DIR, ...}}; "
                             "restore the file or remove its \"parent\" entry")
+    if path and "\0" in path:  # no file system takes it: every use of the path would raise
+        raise CompressError(f"a compression.json names its parent as {path!r}, which holds a NUL character; "
+                            "restore the file or remove its \"parent\" entry")
     return path or None
 
 
@@ -106,7 +161,7 @@ def lineage(path: Path | str, limit: int = 64, *, record: dict[str, Any] | None 
     current, seen = Path(path).resolve(), []
     while len(seen) <= limit:
         if seen or record is None:
-            record = read_compression(current) if current.is_dir() else {}
+            record = read_compression(current) if _is_dir(current) else {}
         seen.append(current)
         yield current, record
         parent = parent_path(record)
@@ -117,6 +172,14 @@ def lineage(path: Path | str, limit: int = 64, *, record: dict[str, Any] | None 
             loop = " -> ".join(str(p) for p in [*seen[seen.index(current):], current])
             raise CompressError(f"the compression.json files form a loop ({loop}): a model cannot be its own ancestor; "
                                 f"fix \"parent\" in {seen[-1] / COMPRESSION_FILE}")
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory; False for a name no file system takes (too long), as for a missing one."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def read_compression(path: Path | str) -> dict[str, Any]:
@@ -131,6 +194,7 @@ def compression_in(record: Any, file: Path) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise CompressError(f"{file} holds {type(record).__name__}, not a record; restore the file or remove it")
     parent = parent_path(record)  # also refuses a parent that is not {"path": ...}
+    COMPRESSION.check(record, file)
     if parent and Path(parent).resolve() == file.parent.resolve():
         raise CompressError(f"{file} names its own folder as its parent: a model cannot be its own ancestor; "
                             "fix or remove \"parent\" in it")
@@ -187,8 +251,7 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
     file = Path(path) / METRICS_FILE
     if not file.exists():
         return []
-    data = read_json(file)
-    return list(data.get("results", [])) if isinstance(data, dict) else []
+    return list(read_record(file, METRICS).get("results", []))
 
 
 def append_metrics(path: Path | str, record: dict[str, Any]) -> dict[str, Any]:

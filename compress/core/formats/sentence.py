@@ -38,8 +38,10 @@ from torch import Tensor
 
 from compress.core.formats.artifacts import load_config, model_format
 from compress.core.formats.layout import SENTENCE_MODULES_FILE, STATIC
-from compress.core.formats.records import read_json
+from compress.core.formats.records import read_record
+from compress.core.formats.schemas import BOOL, STR, At, Inside, ListOf, OneOf, Record, Schema, Whole, inside, optional
 from compress.core.formats.writes import write_json_atomic
+from compress.core.data.batching import split_by_length
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.registry import Registry
@@ -67,6 +69,16 @@ MODULE_TYPES = {  # modules.json "type" (last dotted component) -> what it is
     "Normalize": "normalize",
     "StaticEmbedding": "static",
 }
+
+# The files this module reads, as sentence-transformers writes them (the fields read; others pass). Every module's
+# path stays inside the folder, whatever its type: a folder never reads a file outside itself.
+FIX = "restore the sentence-transformers files or save the model again with SentenceTransformer.save"
+MODULES = Schema(ListOf(Record({"type": STR, "path": optional(Inside())}, required=("type",))), fix=FIX)
+TRANSFORMER_SCHEMA = Schema(Record({"max_seq_length": optional(Whole(1)), "do_lower_case": BOOL}), fix=FIX)
+POOLING_SCHEMA = Schema(Record({
+    "word_embedding_dimension": optional(Whole(1)), "embedding_dimension": optional(Whole(1)),
+    "pooling_mode": OneOf((STR, ListOf(STR))), **{key: BOOL for key in LEGACY_MODE_KEYS.values()},
+}), fix=FIX)
 
 
 # ---------------------------------------------------------------------------- pooling
@@ -129,9 +141,7 @@ def read_spec(path: Path | str) -> SentenceSpec:
     path = Path(path)
     if not is_sentence_folder(path):  # a model2vec folder saved before it wrote modules.json still has its own reading
         return _static_spec(path, None) if model_format(path) == STATIC else SentenceSpec()
-    modules = read_json(path / MODULES_FILE)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise CompressError(f"{path}/{MODULES_FILE} must be a list of modules")
+    modules = read_record(path / MODULES_FILE, MODULES)
     kinds = [(MODULE_TYPES.get(str(m.get("type", "")).rpartition(".")[2]), m) for m in modules]
     unknown = [str(m.get("type")) for kind, m in kinds if kind is None]
     if unknown:
@@ -145,18 +155,23 @@ def read_spec(path: Path | str) -> SentenceSpec:
     if order not in (["transformer", "pooling"], ["transformer", "pooling", "normalize"]):
         raise CompressError(f"{path}/{MODULES_FILE} lists {order}; compress supports transformer, pooling[, normalize] in that order")
     transformer, pooling = kinds[0][1], kinds[1][1]
-    if str(transformer.get("path", "")).strip("./"):
+    if module_dir(path, 0, transformer) != path:
         raise CompressError(
             f"the transformer of {path} lives in {transformer['path']}/, not at the root; "
             "pass a folder whose root holds config.json and the weights (sentence-transformers 2.x+ layout)"
         )
     st_config = path / TRANSFORMER_CONFIG
-    tf = read_json(st_config) if st_config.is_file() else {}
-    mode, dimension = _pooling_mode(path / str(pooling.get("path") or POOLING_DIR))
+    tf = read_record(st_config, TRANSFORMER_SCHEMA) if st_config.is_file() else {}
+    mode, dimension = _pooling_mode(module_dir(path, 1, pooling, POOLING_DIR) / "config.json")
     return SentenceSpec(
         pooling=mode, normalize=order[-1] == "normalize", max_seq_length=tf.get("max_seq_length"),
         do_lower_case=bool(tf.get("do_lower_case", False)), dimension=dimension, sentence_transformers=True,
     )
+
+
+def module_dir(path: Path, index: int, module: dict, default: str = "") -> Path:
+    """The folder of modules.json's module ``index`` in ``path`` (its ``path``, else ``default``), inside ``path``."""
+    return inside(path, module.get("path") or default, At(path / MODULES_FILE, f"[{index}].path", FIX))
 
 
 def _static_spec(path: Path, kinds: list[tuple[str | None, dict]] | None) -> SentenceSpec:
@@ -165,7 +180,7 @@ def _static_spec(path: Path, kinds: list[tuple[str | None, dict]] | None) -> Sen
     normalize = bool(config.get("normalize", False))
     if kinds is not None:
         order = [kind for kind, _ in kinds]
-        if order not in (["static"], ["static", "normalize"]) or str(kinds[0][1].get("path", "")).strip("./"):
+        if order not in (["static"], ["static", "normalize"]) or module_dir(path, 0, kinds[0][1]) != path:
             raise CompressError(f"{path}/{MODULES_FILE} lists {order}; compress supports a StaticEmbedding at the root, "
                                 "optionally followed by Normalize")
         normalize = order[-1] == "normalize"
@@ -177,10 +192,14 @@ def _static_spec(path: Path, kinds: list[tuple[str | None, dict]] | None) -> Sen
                         dimension=config.get("hidden_dim"), sentence_transformers=kinds is not None, strip=False)
 
 
-def _pooling_mode(folder: Path) -> tuple[str, int | None]:
-    """(mode, dimension) from a Pooling module's config.json, either format (legacy switches or ``pooling_mode``)."""
-    file = folder / "config.json"
-    config = read_json(file) if file.is_file() else {}
+def _pooling_mode(file: Path) -> tuple[str, int | None]:
+    """(mode, dimension) from a Pooling module's config.json ``file``, either format (legacy switches or
+    ``pooling_mode``)."""
+    try:
+        present = file.is_file()
+    except OSError as err:  # a name longer than the file system takes
+        raise CompressError(f"cannot read {file}: {err.strerror}; {FIX}") from None
+    config = read_record(file, POOLING_SCHEMA) if present else {}
     dimension = config.get("embedding_dimension", config.get("word_embedding_dimension"))
     if "pooling_mode" in config:
         modes = config["pooling_mode"]
@@ -284,13 +303,16 @@ def pooled(
     max_length: int | None = None,
     device: torch.device | str | None = None,
     desc: str | None = None,
+    call_tokens: float = float("inf"),
 ) -> Tensor:
     """Pooled embeddings of ``texts`` before normalisation: ``(n, d)`` float32 on the CPU, in the order given.
 
     ``model`` is anything ``runtime.load_model(dir, head="base")`` returns (PyTorch fp32,
     torch int8, ONNX Runtime, ...): only its ``last_hidden_state`` is read. Texts are
-    batched longest first (less padding; the results do not depend on the order). With
-    ``desc``, a progress bar of that name.
+    batched longest first (less padding; the results do not depend on the order). With a
+    finite ``call_tokens``, each batch is cut further into the sub-batches of similar
+    lengths that cost the least padding plus calls (``compress.core.data.batching``): the
+    runtimes compute every padded position. With ``desc``, a progress bar of that name.
     """
     spec = spec or SentenceSpec()
     sizes = config_sizes(model.config)  # once: encode() is called per sentence when serving at batch 1
@@ -307,9 +329,27 @@ def pooled(
         for start in (starts if desc is None else progress(starts, desc=desc, unit="batch", leave=False)):
             index = order[start : start + batch_size]
             batch = tokenize(tokenizer, [texts[i] for i in index.tolist()], spec, max_length)
-            batch = {k: v.to(target) for k, v in batch.items()}
-            out[index] = pooled_embeddings(model, batch, spec.pooling).float().cpu()  # (batch, d)
+            for rows, part in sub_batches(batch, call_tokens, getattr(tokenizer, "padding_side", "right")):
+                part = {k: v.to(target) for k, v in part.items()}
+                out[index[rows]] = pooled_embeddings(model, part, spec.pooling).float().cpu()  # (rows, d)
     return out
+
+
+def sub_batches(batch: dict[str, Tensor], call_tokens: float, padding_side: str = "right"):
+    """``(rows, the batch's tensors for those rows cut to their longest)`` for each length sub-batch of ``batch``.
+
+    One piece, the whole batch, when ``call_tokens`` is infinite or the tokenizer pads on the left (a left-padded
+    row's real tokens do not start at position 0, so cutting columns would drop them).
+    """
+    everything = torch.arange(batch["attention_mask"].shape[0])
+    if not np.isfinite(call_tokens) or padding_side != "right":
+        yield everything, batch
+        return
+    lengths = batch["attention_mask"].sum(dim=1).tolist()  # (batch,) real tokens per row
+    for piece in split_by_length(lengths, call_tokens):
+        rows = torch.from_numpy(piece)
+        longest = max(lengths[i] for i in piece.tolist())
+        yield rows, {k: v[rows, :longest] for k, v in batch.items()}
 
 
 def encode(
@@ -321,6 +361,7 @@ def encode(
     batch_size: int = 32,
     max_length: int | None = None,
     device: torch.device | str | None = None,
+    call_tokens: float = float("inf"),
 ) -> np.ndarray:
     """Sentence embeddings of ``texts``, ``(n, d)`` float32, as ``SentenceTransformer(dir).encode`` gives them.
 
@@ -328,7 +369,8 @@ def encode(
     L2-normalised when the folder has a Normalize module.
     """
     spec = spec or SentenceSpec()
-    vectors = pooled(model, tokenizer, texts, spec, batch_size=batch_size, max_length=max_length, device=device)
+    vectors = pooled(model, tokenizer, texts, spec, batch_size=batch_size, max_length=max_length, device=device,
+                     call_tokens=call_tokens)
     return finish(vectors, spec).numpy()
 
 

@@ -27,6 +27,7 @@ from compress.core.formats.folder import ModelFolder
 from compress.core.formats.layout import INT8_WEIGHTS_FILE, TORCH_INT8, WEIGHTS_FILE
 from compress.core.formats.load_checks import check_options, with_info
 from compress.core.formats.weight_checks import check_tensors
+from compress.core.formats.writes import writing
 from compress.core.model.structure import describe
 
 # Suffixes of the int8 Linear tensors in the torch-int8 safetensors file.
@@ -95,7 +96,8 @@ def write_torch_int8(model, directory: Path) -> Path:
     """Write ``model.int8.safetensors`` in the torch-int8 layout; the file."""
 
     file = Path(directory) / INT8_WEIGHTS_FILE
-    save_file(int8_state_dict(model), str(file), metadata={"format": "pt", "compress_format": TORCH_INT8})
+    with writing(file):  # safetensors removes a file it failed to write and names none: said here
+        save_file(int8_state_dict(model), str(file), metadata={"format": "pt", "compress_format": TORCH_INT8})
     return file
 
 

@@ -110,6 +110,7 @@ def _named_shape(name: str) -> Shape:
 # ---------------------------------------------------------------------------- the option blocks
 
 OTHER = "LAYERSL-HIDDEN[-FFN]"  # an explicit shape, beside the presets a flag lists
+TEACHER_METHODS = ("teacher", "teacher-layers", "teacher-slices")  # the methods that take ``layers``
 INIT_HELP = ("how the student starts: teacher (its layers, cut to a narrower student's width), teacher-layers (the "
              "teacher's layers, same width only), teacher-slices (the teacher's most important slices), random (for a "
              "student wider than its teacher), or a pretrained model DIR (a distill-general student of the same shape: "
