@@ -44,3 +44,17 @@ def test_every_row_once_and_nothing_from_nothing():
     pieces = split_by_length([5, 5, 3, 8, 1, 13], call_tokens=4)
     assert sorted(np.concatenate(pieces).tolist()) == list(range(6))
     assert split_by_length([]) == []
+
+
+def test_each_runtime_gets_its_measured_price_and_an_unknown_one_the_default():
+    from compress.core.data.batching import CALL_TOKENS, CALL_TOKENS_BY_FORMAT, call_tokens_for
+
+    class Runner:
+        format = "onnx"
+
+    assert call_tokens_for(Runner()) == CALL_TOKENS_BY_FORMAT["onnx"] == 0.0
+    assert call_tokens_for(object()) == CALL_TOKENS_BY_FORMAT["pytorch"]
+    Runner.format = "pt2"
+    assert call_tokens_for(Runner()) == CALL_TOKENS
+    Runner.format = "ctranslate2"
+    assert call_tokens_for(Runner()) == float("inf")

@@ -20,6 +20,15 @@ from collections.abc import Sequence
 import numpy as np
 
 CALL_TOKENS = 64  # the default price of one more call, in token positions (bench/batching.py)
+# Per runtime, the price that served it best at batch 32 on all-MiniLM-L6-v2 (bench/results/2026-12-07/batching, two
+# runs on a 2-core Zen 4: PyTorch 206-211 -> 292-304 sentences/s at 64, ONNX Runtime 203-209 -> 252-318 at 0, OpenVINO
+# 249-250 -> 351-361 at 64). CTranslate2 strips padding itself: nothing to cut. Keyed by the runner's ``format``.
+CALL_TOKENS_BY_FORMAT = {"pytorch": 64.0, "onnx": 0.0, "openvino": 64.0, "ctranslate2": float("inf")}
+
+
+def call_tokens_for(model) -> float:
+    """The measured price of one more call for the runtime running ``model`` (a runner's ``format``; else PyTorch)."""
+    return CALL_TOKENS_BY_FORMAT.get(getattr(model, "format", "pytorch"), float(CALL_TOKENS))
 
 
 def longest_first(lengths: Sequence[int]) -> np.ndarray:

@@ -41,7 +41,7 @@ from compress.core.formats.layout import SENTENCE_MODULES_FILE, STATIC
 from compress.core.formats.records import read_record
 from compress.core.formats.schemas import BOOL, STR, At, Inside, ListOf, OneOf, Record, Schema, Whole, inside, optional
 from compress.core.formats.writes import write_json_atomic
-from compress.core.data.batching import split_by_length
+from compress.core.data.batching import call_tokens_for, split_by_length
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.registry import Registry
@@ -303,15 +303,16 @@ def pooled(
     max_length: int | None = None,
     device: torch.device | str | None = None,
     desc: str | None = None,
-    call_tokens: float = float("inf"),
+    call_tokens: float | None = None,
 ) -> Tensor:
     """Pooled embeddings of ``texts`` before normalisation: ``(n, d)`` float32 on the CPU, in the order given.
 
     ``model`` is anything ``runtime.load_model(dir, head="base")`` returns (PyTorch fp32,
     torch int8, ONNX Runtime, ...): only its ``last_hidden_state`` is read. Texts are
-    batched longest first (less padding; the results do not depend on the order). With a
-    finite ``call_tokens``, each batch is cut further into the sub-batches of similar
-    lengths that cost the least padding plus calls (``compress.core.data.batching``): the
+    batched longest first (less padding; the results do not depend on the order), and each
+    batch is cut further into the sub-batches of similar lengths that cost the least padding
+    plus calls (``compress.core.data.batching``; ``call_tokens`` is the price of a call, by
+    default the one measured for the model's runtime, ``inf`` keeps whole batches): the
     runtimes compute every padded position. With ``desc``, a progress bar of that name.
     """
     spec = spec or SentenceSpec()
@@ -322,6 +323,8 @@ def pooled(
         model.to(device)
     target = device if device is not None else model_device(model)
     model.eval()
+    if call_tokens is None:
+        call_tokens = call_tokens_for(model)
     order = torch.tensor(np.argsort([-len(str(t)) for t in texts], kind="stable"), dtype=torch.long)
     out = torch.zeros(len(texts), sizes.hidden)
     starts = range(0, len(texts), batch_size)
@@ -361,7 +364,7 @@ def encode(
     batch_size: int = 32,
     max_length: int | None = None,
     device: torch.device | str | None = None,
-    call_tokens: float = float("inf"),
+    call_tokens: float | None = None,
 ) -> np.ndarray:
     """Sentence embeddings of ``texts``, ``(n, d)`` float32, as ``SentenceTransformer(dir).encode`` gives them.
 
