@@ -100,8 +100,13 @@ def needs(kind: str) -> None:
 
 
 def toolkit(folder: Path, batch_size: int = 32) -> np.ndarray:
-    """The folder's embeddings as ``compress eval --embedding`` computes them: (texts, d)."""
-    return encode(load_model(folder, head="base"), load_tokenizer(folder), TEXTS, read_spec(folder), batch_size=batch_size)
+    """The folder's embeddings as ``compress eval --embedding`` computes them, in SentenceTransformer's batches: (texts, d).
+
+    Whole batches (``call_tokens=inf``), as SentenceTransformer makes them: a dynamic int8 graph quantizes each
+    activation with its batch's range, so an embedding moves (by ~5e-5 here) with its batch-mates.
+    """
+    return encode(load_model(folder, head="base"), load_tokenizer(folder), TEXTS, read_spec(folder), batch_size=batch_size,
+                  call_tokens=float("inf"))
 
 
 def card_call(folder: Path) -> tuple[str, dict]:
