@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compress.core.config import flat_keywords, option
-from compress.core.data.sources import TaskData
+from compress.core.config import SEEDS, flat_keywords, option
+from compress.core.data.config import TaskData
 from compress.core.data.tasks import get_task, is_kind, task_choices
 from compress.core.errors import CompressError
 from compress.core.formats.layout import OPENVINO
 from compress.core.model.heads import EXPORTABLE_HEADS
 from compress.core.registry import Registry
-from compress.distill.embedding import EmbeddingDistillConfig
+from compress.distill.config import EmbeddingDistillConfig
 
 SCHEMES = ("dynamic", "static", "qat")
 PRESETS = ("auto", "avx512_vnni", "avx2", "arm64")
@@ -60,7 +60,7 @@ class QuantizeConfig:
     eval_tasks: tuple[str, ...] = option(
         (), "with --corpus/--sentences-from: pair tasks whose dev split scores the fp32 and int8 embeddings: stsb (cosine "
         "Spearman), mrpc, qqp, rte ... (retrieval MRR)", metavar="TASK[,...]")
-    seed: int = option(0, "seed for choosing the calibration examples (and the held-out check sentences)")
+    seed: int = option(0, "seed for choosing the calibration examples (and the held-out check sentences)", bounds=SEEDS)
     qat_steps: int = option(200, "qat: optimizer steps of quantization-aware training (batches of 8 calibration examples)")
     qat_lr: float = option(1e-6, "qat: AdamW learning rate (small: int8 grid steps are ~1e-3 of the weights)")
     data: TaskData = field(default_factory=TaskData)
