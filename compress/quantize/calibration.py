@@ -46,6 +46,17 @@ class Calibration:
         inputs = next(self.tensors(names))
         return tuple(torch.cat([t, t]) if t.shape[0] < 2 else t for t in inputs)
 
+    def rows(self, names: tuple[str, ...] = INPUTS) -> list[dict[str, np.ndarray]]:
+        """Every example alone at its own length, each input (1, length): padding positions stay out of the ranges
+        (a task's rows are padded to --max-length, most of each row for short texts)."""
+        rows = []
+        for batch in self.batches:
+            for row, mask in enumerate(batch["attention_mask"]):
+                length = int(mask.sum())
+                end = length if length and mask[:length].all() else len(mask)  # padded on the right, else kept whole
+                rows.append({name: batch[name][row : row + 1, :end] for name in names})
+        return rows
+
     def check_batches(self) -> list[dict[str, Any]]:
         """The first CHECK_EXAMPLES rows, in calibration-sized batches."""
         batches, left = [], CHECK_EXAMPLES

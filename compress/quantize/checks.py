@@ -22,6 +22,7 @@ from compress.eval.embeddings import embedding_record
 from compress.eval.embeddings import primary_metric as embedding_primary_metric
 from compress.eval.evaluate import dev_evaluator, split_records
 from compress.quantize.calibration import Calibration, SentenceCheck
+from compress.quantize.config import QuantizeConfig
 from compress.quantize.job import Job
 
 CHECK_POSITIONS = 4  # per-token outputs (MLM logits) are compared on the first positions only
@@ -112,8 +113,18 @@ def accuracy_guard(job: Job, quantized, record: dict[str, Any]) -> str | None:
         return None
     return (
         f"int8 {task.display} dev {metric} dropped {drop:.2f} points ({before[metric]:.2f} -> {after[metric]:.2f}), "
-        f"more than --max-drop {cfg.max_drop:g}"
+        f"more than --max-drop {cfg.max_drop:g}: {advice(cfg)}"
     )
+
+
+def advice(cfg: QuantizeConfig) -> str:
+    """What to try after the guard refused this backend's int8 (one clause, for the refusal's line)."""
+    if cfg.backend == "openvino":
+        return "calibrate on more examples (--calibration-examples) or allow a larger --max-drop"
+    if cfg.backend == "onnxruntime" and cfg.scheme == "static":
+        return ("try --backend openvino (NNCF, whose accuracy control keeps the layers that cost accuracy in fp32) "
+                "or --scheme dynamic")
+    return "try --backend openvino --scheme static (NNCF, whose accuracy control keeps the layers that cost accuracy in fp32)"
 
 
 def embedding_guard(job: Job, quantized, check: SentenceCheck, record: dict[str, Any]) -> str | None:
@@ -139,7 +150,7 @@ def embedding_guard(job: Job, quantized, check: SentenceCheck, record: dict[str,
     summary = {k: v for k, v in accuracy.items() if k != "check"}
     append_metrics(job.out, {"kind": "quantize", "embedding": True, "measure": COSINE_CHECK, **summary,
                              "metrics": {"mean_cosine": mean, "min_cosine": low}, "check": record.get("check")})
-    return "; ".join(reasons) or None
+    return f"{'; '.join(reasons)}: {advice(cfg)}" if reasons else None
 
 
 def _embedding_task_scores(job: Job, quantized, check: SentenceCheck) -> tuple[dict, str | None]:

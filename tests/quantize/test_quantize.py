@@ -568,7 +568,8 @@ def test_latency_backend_must_fit_the_format(env):
 def test_onnxruntime_backend_matches_optimums_quantizer(env, scheme, tmp_path):
     # The backend calls onnxruntime.quantization itself (Optimum's ONNX Runtime integration
     # exists for transformers 4.x only); where Optimum is installed, its ORTQuantizer with the
-    # same preset and calibration batches must give the same int8 graph's outputs.
+    # same preset and calibration batches must give the same int8 graph's outputs (static: in
+    # the plain recipe, Optimum's settings).
     ort_quantizer = pytest.importorskip("optimum.onnxruntime", reason="Optimum's ONNX Runtime integration is absent")
     import datasets
     import onnxruntime as ort
@@ -577,7 +578,13 @@ def test_onnxruntime_backend_matches_optimums_quantizer(env, scheme, tmp_path):
     from compress.core.data.tasks import get_task
     from compress.quantize.calibration import CALIBRATION_BATCH, task_calibration
 
-    ours = quantized_dir(env, "onnxruntime", scheme)
+    if scheme == "static":  # Optimum's settings are the plain recipe (the default, measured one keeps fewer nodes int8)
+        from compress.quantize.onnxruntime import PLAIN, static_recipe
+
+        with static_recipe(PLAIN):
+            ours = quantize(env.parent, tmp_path / "plain", config(env, "onnxruntime", scheme))
+    else:
+        ours = quantized_dir(env, "onnxruntime", scheme)
     record = read_compression(ours)
     fp32 = export_onnx(env.parent, tmp_path / "fp32")
     quantizer = ort_quantizer.ORTQuantizer.from_pretrained(fp32, file_name="model.onnx")
