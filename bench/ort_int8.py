@@ -8,13 +8,16 @@ the cosine), and MiniLM-L6 fine-tuned with ``compress.teacher.finetune`` on Bank
 (77 intents) and WNUT-17 (named entities) on a reduced budget (stated in the results).
 Each is quantized by ``compress quantize`` with ONNX Runtime static int8 in the ``plain``
 recipe (every operator the QDQ quantizer takes, min-max ranges, nothing kept fp32: the
-backend's settings before this benchmark), in the ``measured`` recipe (the default), in
-variants of it (calibration method, symmetric activations, reduced range, no exclusion
-search), and with OpenVINO + NNCF for reference. Every model is scored on the task's test
+backend's settings before the measured recipe, still selectable with
+``compress.quantize.onnxruntime.static_recipe``), in the ``measured`` recipe (the default),
+in variants of it (calibration method, symmetric activations, reduced range, no exclusion
+search, every operator with the search), and with OpenVINO + NNCF for reference; the plain
+recipe once more under ``--max-drop 1``, to record the guard's refusal. Every model is scored on the task's test
 file (STS-B: its dev set), and its outputs are compared with the fp32 ones by cosine
 (per example; per token for WNUT-17). Accuracy only, no timing: it may run beside other work.
 
-Stages whose output exists are skipped, so an interrupted run resumes.
+``--sources`` picks some of minilm-embeddings, banking77, wnut17 (each adds its rows to
+results.json); models whose folder exists are reused, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -268,10 +271,16 @@ def render(state: dict) -> str:
              f"- date: {head['date']}; hardware: {head.get('cpu')} ({head.get('cores')} cores; flags: "
              f"{', '.join(head.get('flags', []))}); torch threads: {head['threads']}",
              "- versions: " + ", ".join(f"{k} {v}" for k, v in head["packages"].items()),
-             f"- command: `{head['command']}` (accuracy only: nothing here is timed)", "",
+             "- commands (in order; each added its sources): " + "; ".join(f"`{c}`" for c in head["commands"])
+             + " (accuracy only: nothing here is timed)", "",
              "Each cell: the score (its change from fp32); the mean / lowest cosine of the int8 outputs to the fp32 ones "
              f"(embeddings: {COSINE_EXAMPLES} STS-B dev sentences; Banking77: logits of the first {COSINE_EXAMPLES} test "
              "examples; WNUT-17: the logits of every token of them).", "",
+             "Before: the plain recipe (every operator ONNX Runtime's QDQ quantizer takes, LayerNorm inputs and MatMul "
+             "outputs included, min-max ranges on the padded batches, every reader of a quantized tensor reading it "
+             "quantized). After: the measured recipe (MatMul/Gemm/Gather inputs only, weights per output channel, "
+             "min-max ranges on each example at its own length, unquantized nodes reading fp32, the exclusion search); "
+             "`compress.quantize.onnxruntime` says why each choice.", "",
              "| model / task | fp32 | ORT static int8 before | after | OpenVINO int8 (reference) |", "|---|--:|--:|--:|--:|"]
     for name, source in state["sources"].items():
         metric, rows = source["metric"], source["rows"]
@@ -287,8 +296,58 @@ def render(state: dict) -> str:
             metric, rows = source["metric"], source["rows"]
             cells.append(_cell(rows[variant.name], metric, rows["fp32"]["scores"][metric]))
         lines.append(f"| {variant.name}: {variant.what} | " + " | ".join(cells) + " |")
-    lines += ["", *_excluded(state), "", *_setting(state)]
+    lines += ["", *_choices(state), "", *_guard(state), "", *_excluded(state), "", *_setting(state)]
     return "\n".join(lines) + "\n"
+
+
+def _spread(source: dict) -> float:
+    """The range of the measured recipe's variants' scores on one source (the plain recipe and OpenVINO left out)."""
+    scores = [source["rows"][v.name]["scores"][source["metric"]] for v in VARIANTS if v.name not in ("ort-before", "ov")]
+    return max(scores) - min(scores)
+
+
+CHOICES = ("ort-entropy", "ort-percentile", "ort-symmetric", "ort-reduce-range", "ort-no-search")
+
+
+def _choices(state: dict) -> list[str]:
+    """Each alternative against the measured recipe, source by source: better mean cosine, better score."""
+    lines = ["Each alternative against the measured recipe (`ort-after`), counted over the sources (one calibration "
+             "sample each: the spread of a score over samples was not measured):", ""]
+    sources = state["sources"]
+
+    def better(name: str, value) -> int:
+        return sum(value(s["rows"][name], s) > value(s["rows"]["ort-after"], s) for s in sources.values())
+
+    for name in CHOICES:
+        mean, low = better(name, lambda r, s: r["mean_cosine"]), better(name, lambda r, s: r["min_cosine"])
+        score = better(name, lambda r, s: r["scores"][s["metric"]])
+        lines.append(f"- {name}: higher mean cosine on {mean} of {len(sources)}, higher lowest cosine on {low}, higher "
+                     f"score on {score}")
+    from compress.quantize.onnxruntime import MEASURED
+
+    lines += ["", f"The default ({MEASURED.calibration} ranges, "
+              f"{'symmetric' if MEASURED.symmetric_activations else 'asymmetric'} activations, reduce_range "
+              f"{'on' if MEASURED.reduce_range else 'the preset' + chr(39) + 's (off)'}, the search "
+              f"{'on' if MEASURED.search else 'off'}) is chosen by the cosines, which measure the int8 error itself: the "
+              "scores of the recipe's variants spread over " + ", ".join(f"{_spread(s):.2f} ({n})" for n, s in sources.items())
+              + " points."]
+    return lines
+
+
+def _guard(state: dict) -> list[str]:
+    """What the quantize stage's own guard recorded (dev split; embeddings: held-out STS-B training sentences)."""
+    lines = ["## The stage's own check", "", "| model / task | before | after | OpenVINO |", "|---|--:|--:|--:|"]
+    for name, source in state["sources"].items():
+        cells = []
+        for variant in ("ort-before", "ort-after", "ov"):
+            accuracy = source["rows"][variant]["accuracy"] or {}
+            if "drop" in accuracy:
+                cells.append(f"dev {accuracy['metric']} {accuracy['parent']:.2f} -> {accuracy['quantized']:.2f}")
+            else:
+                cells.append(f"mean cosine {accuracy.get('mean_cosine', float('nan')):.4f} on {accuracy.get('sentences')} "
+                             "held-out sentences")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _excluded(state: dict) -> list[str]:
@@ -310,8 +369,8 @@ def _setting(state: dict) -> list[str]:
     for name, teacher_record in state.get("teachers", {}).items():
         budget = teacher_record["budget"]
         lines.append(f"- {name} teacher: all-MiniLM-L6-v2 fine-tuned with compress.teacher.finetune, reduced budget: "
-                     f"{budget['epochs']} epoch(s) on {budget['max_train_examples']} seeded training examples of "
-                     f"{teacher_record['n_train']}, max length {budget['max_length']}, lr {budget['lr']:g}, batch "
+                     f"{budget['epochs']} epoch(s) on a seeded sample of {teacher_record['n_train']} training examples, "
+                     f"max length {budget['max_length']}, lr {budget['lr']:g}, batch "
                      f"{budget['batch_size']}, seed {teacher_record['seed']} ({teacher_record['seconds']:.0f} s); "
                      "scored on the published test file.")
     lines.append(f"- calibration: {INT8_EXAMPLES} seeded training examples (embeddings: STS-B training sentences), "
@@ -324,10 +383,12 @@ def _setting(state: dict) -> list[str]:
     return lines
 
 
-def header(argv: list[str] | None) -> dict:
+def header(argv: list[str] | None, before: dict) -> dict:
+    """The run's header; ``commands`` keeps every invocation that wrote the state (one per source, or a resumed run)."""
     command = "nice -n 10 python -m bench.ort_int8 " + " ".join(sys.argv[1:] if argv is None else argv)
+    commands = [c for c in before.get("commands", []) if c != command]
     return {"date": utc_now(), **cpu_summary(), "threads": torch.get_num_threads(), "packages": package_versions(),
-            "command": command}
+            "commands": [*commands, command]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,10 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             source = args.work / name / "teacher"
             state.setdefault("sources", {})[name] = source_rows(name, source, files, args)
             state.setdefault("guard", {})[name] = guard_refusal(source, files, args, name)
-        state["header"] = header(argv)
+        state["header"] = header(argv, state.get("header", {}))
         write_json_atomic(state_file, state)
-    state["header"] = header(argv)
-    write_json_atomic(state_file, state)
     (args.out / "results.md").write_text(render(state), encoding="utf-8")
     print((args.out / "results.md").read_text())
     return 0
