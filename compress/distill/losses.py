@@ -228,20 +228,10 @@ def span_kd(
 
     Start/end logits are ``(batch, seq)``; positions where ``mask`` is 0 are removed from
     both softmaxes. Returns the mean of the start and end terms, each T² · KL averaged over
-    rows that have at least one valid position.
+    rows that have at least one valid position: :func:`partial_span_kd` with a teacher that
+    scores every position.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
-    batch, seq = student_start.shape
-    keep = _token_mask(mask, batch, seq, student_start)
-    rows = keep.any(dim=-1)  # (batch,) rows with something to predict
-    t = temperature
-
-    def term(student: Tensor, teacher: Tensor) -> Tensor:
-        kl = _kl_rows(student / t, teacher.detach() / t, keep)  # (batch,)
-        return _masked_mean(kl, rows) * t**2
-
-    return 0.5 * (term(student_start, teacher_start) + term(student_end, teacher_end))
+    return partial_span_kd(student_start, student_end, teacher_start, teacher_end, mask, temperature)
 
 
 def partial_span_kd(
@@ -259,7 +249,7 @@ def partial_span_kd(
     so the teacher's distribution is renormalised over the positions it scores and the student's over the same ones.
     Positions where ``mask`` is 0 leave both too. Each boundary's term is T² · KL averaged over the rows with at least
     one kept position (a row with none adds nothing: its loss is the hard one alone); the result is the mean of the
-    start and end terms. With every teacher logit finite it equals :func:`span_kd`.
+    start and end terms. With every teacher logit finite it is :func:`span_kd`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
