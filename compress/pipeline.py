@@ -45,7 +45,7 @@ from compress.core.formats.schemas import STR, Inside, MapOf, Record, Schema, op
 from compress.core.formats.writes import check_writable, write_json_atomic, write_text_atomic
 from compress.core.preflight import check_output
 from compress.core.config import field_names, from_dict, load_file
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, foreign
 from compress.core.checkpoints import fingerprint
 from compress.core.paths import output_lock
 from compress.core.signals import Terminated
@@ -361,8 +361,8 @@ def failure(err: BaseException) -> str:
         return "interrupted (Ctrl-C)"
     if isinstance(err, CompressError):
         return str(err)
-    lines = str(err).strip().splitlines()
-    return type(err).__name__ + (f": {lines[0]}" if lines else "")
+    message = foreign(err)  # a runtime's whole message: its first line may only say where it rethrew
+    return type(err).__name__ + (f": {message}" if message else "")
 
 
 def stage_list(recipe: Recipe, outcome: dict[str, str]) -> str:

@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 import torch
 
 from compress.core.data.files import read_text_file
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.paths import check_input_file
 from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 from compress.teacher.tokenizer import CONTINUATION
@@ -96,8 +96,7 @@ def load_dataset_text(source: str | Path) -> str:
             with offline_as_set_now():
                 ds = datasets.load_dataset(name, config or None, split="train")
         except Exception as err:  # datasets raises many types; the user needs one line
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise CompressError(f"cannot load corpus {name} from the Hugging Face hub: {reason}; {hint}") from None
+            raise CompressError(f"cannot load corpus {name} from the Hugging Face hub: {reason(err)}; {hint}") from None
     else:
         ds = datasets.load_from_disk(text)
         if isinstance(ds, datasets.DatasetDict):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +107,9 @@ def check_url(url: str) -> None:
     try:
         sqlalchemy.engine.make_url(url).get_dialect()
     except Exception as err:  # ArgumentError (syntax), NoSuchModuleError (dialect): both a bad option
-        raise CompressError(f"--storage {url!r} is not a database URL SQLAlchemy can open ({_first_line(err)}); "
+        raise CompressError(f"--storage {url!r} is not a database URL SQLAlchemy can open ({reason(err)}); "
                             "write e.g. sqlite:////shared/search.db or postgresql://user:pass@host/db") from None
 
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _storage(place: Place):
@@ -131,7 +128,7 @@ def _storage(place: Place):
         return optuna.storages.RDBStorage(place.url, engine_kwargs=engine, heartbeat_interval=place.heartbeat,
                                           grace_period=place.grace, **{kwarg: retry})
     except Exception as err:  # a driver not installed, a server not reachable, a file not writable
-        raise CompressError(f"--storage {place.url!r}: cannot open it ({_first_line(err)})") from None
+        raise CompressError(f"--storage {place.url!r}: cannot open it ({reason(err)})") from None
 
 
 def _retry_callback(place: Place):

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar, get_args
 
 import yaml
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.registry import Registry
 
 C = TypeVar("C")
@@ -137,7 +137,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
     try:
         data = loads_json(text, path) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise CompressError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {str(err).splitlines()[0]}") from None
+        raise CompressError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {reason(err)}") from None
     except RecursionError:  # YAML's composer recurses once per level, as json's parser does
         raise CompressError(f"{path} nests deeper than Python can read (over {sys.getrecursionlimit()} levels); "
                             "an options file needs a few levels, fix the file") from None

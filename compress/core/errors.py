@@ -31,3 +31,8 @@ def foreign(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     text = " ".join(line for line in lines if not _LOCATION_ONLY.match(line)) or " ".join(lines)
     return text if len(text) <= FOREIGN_CHARS else text[:FOREIGN_CHARS] + " ..."
+
+
+def reason(err: BaseException) -> str:
+    """:func:`foreign`, or the exception's type name when it says nothing: what goes after "because" in a message."""
+    return foreign(err) or type(err).__name__

@@ -17,7 +17,7 @@ from typing import Iterator
 import huggingface_hub.constants
 from huggingface_hub import snapshot_download
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 
 PROBE_TIMEOUT_S = 4.0
 
@@ -93,8 +93,8 @@ def download_model(repo_id: str, revision: str | None = None) -> Path:
                 f"cannot download model {repo_id!r}: the Hugging Face hub is unreachable (or HF_HUB_OFFLINE is set) "
                 "and it is not in the local cache; pass a local model directory instead"
             ) from None
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CompressError(f"cannot download model {repo_id!r} from the Hugging Face hub: {reason}") from None
+        why = reason(err)
+        raise CompressError(f"cannot download model {repo_id!r} from the Hugging Face hub: {why}") from None
     if not (path / "config.json").is_file():
         raise CompressError(f"hub repository {repo_id!r} has no config.json; is it a model repository?")
     if not any(path.glob("*.safetensors")):

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch.export import Dim
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.onnx import _Positional, copy_sidecars
 from compress.core.formats.pt2 import PT2_FILE
 from compress.core.logs import errors_only
@@ -54,7 +54,7 @@ def quantize_inc(job: Job) -> dict[str, Any]:
         try:
             exported = export(wrapper, example, dynamic_shapes=dynamic)
         except RuntimeError as err:
-            raise CompressError(f"Neural Compressor could not export the model to a PT2E graph: {str(err).splitlines()[0]}") from None
+            raise CompressError(f"Neural Compressor could not export the model to a PT2E graph: {reason(err)}") from None
         if job.cfg.scheme == "qat":
             converted, extra = _qat_pt2e(exported, wrapper, job)
         else:

@@ -44,7 +44,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from compress.core import hardware
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.artifacts import artifact_format, load_config
 from compress.core.formats.layout import ONNX_FILE
 from compress.core.formats.records import read_compression
@@ -301,5 +301,5 @@ def _infer_shapes(path: Path) -> None:
         inferred = SymbolicShapeInference.infer_shapes(onnx.load(path), auto_merge=True)
     except Exception as err:  # bare Exception ("Incomplete symbolic shape inference"), ValueError, TypeError
         raise CompressError(f"ONNX Runtime's symbolic shape inference failed on the fused graph, which its quantizer "
-                            f"needs: {str(err).splitlines()[0]}; quantize without --fuse") from None
+                            f"needs: {reason(err)}; quantize without --fuse") from None
     onnx.save(inferred, path)

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from compress.core.data.features import encode_examples
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.onnx import copy_sidecars
 from compress.core.formats.layout import OPENVINO_FILE
 from compress.core.formats.openvino import INT8_TYPES, convert, int8_weights, matmuls_outside, no_telemetry, save_ir
@@ -135,9 +135,9 @@ def _openvino_accuracy_control(nncf, job: Job, converted, calibration, settings:
             **settings,
         )
     except Exception as err:  # the API refused this model or task: the guard still applies
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        why = reason(err)
         model = nncf.quantize(converted.model, calibration, advanced_parameters=weights, **settings)
-        return model, {**record, "used": False, "reason": f"{type(err).__name__}: {reason}"}
+        return model, {**record, "used": False, "why": f"{type(err).__name__}: {why}"}
     return model, {**record, "used": True}
 
 

@@ -32,6 +32,7 @@ import torch
 
 from compress.core.cpu_peaks import cpu_peaks
 from compress.core.hardware import cpu_info, precisions
+from compress.core.errors import foreign
 from compress.core.formats import openvino_runtime
 from compress.core.formats.openvino_runtime import compile_openvino, inference_precision, layer_precisions
 from compress.eval.latency.kernels import kernels_used
@@ -354,9 +355,9 @@ def best_rate(run: Callable[[], Any], ops: float, min_seconds: float) -> float:
 
 
 def one_line(err: BaseException) -> str:
-    """``Type: first line of the message`` (runtimes raise multi-line C++ traces)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    """``Type: message``, the message whole on one line (runtimes raise multi-line C++ traces)."""
+    message = foreign(err)
+    return f"{type(err).__name__}: {message}" if message else type(err).__name__
 
 
 # ---------------------------------------------------------------------------- on paper (compress.core.cpu_peaks)

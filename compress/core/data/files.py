@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.paths import check_input_file
 
 # A text field of any length is read (a 40,000-word sentence is truncated later, with a count).
@@ -325,7 +325,7 @@ def read_parquet(path: Path) -> list[Record]:
         twice = repeated_names(names)
         rows = [] if twice else pq.read_table(path).to_pylist()
     except Exception as err:  # pyarrow raises many types; the user needs one line
-        first = str(err).splitlines()[0] if str(err) else err  # pyarrow's messages run over several lines
+        first = reason(err)
         raise CompressError(f"cannot read parquet file {path}: {first}") from None
     if twice:
         raise CompressError(f"{path}: the table names a column more than once: {twice}; rows are read by column "
@@ -345,7 +345,7 @@ def read_saved_dataset(path: Path, split: str = "train") -> list[Record]:
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as err:  # datasets raises many types; the user needs one line
-        raise CompressError(f"cannot read the datasets folder {path}: {str(err).splitlines()[0] if str(err) else err}") from None
+        raise CompressError(f"cannot read the datasets folder {path}: {reason(err)}") from None
     if isinstance(loaded, datasets.DatasetDict):
         names = [n for n in SPLIT_NAMES.get(split, (split,)) if n in loaded]
         if not names:

@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from compress.core.config import loads_json
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.layout import COMPRESSION_FILE, LEGACY_WEIGHTS, METRICS_FILE, ONNX_FILE, WEIGHTS_FILE, WEIGHTS_INDEX
 from compress.core.formats.folder import ModelFolder, files_format, is_int8, open_folder
 from compress.core.formats.records import read_compression, read_json, write_model_card
@@ -191,14 +191,14 @@ def _read_weights(path: Path) -> dict:
             return state
     except (SafetensorError, OSError, ValueError, KeyError) as err:
         raise CompressError(
-            f"{file} is corrupt or truncated ({str(err).splitlines()[0]}); re-create the model directory"
+            f"{file} is corrupt or truncated ({reason(err)}); re-create the model directory"
         ) from None
     if (path / LEGACY_WEIGHTS).is_file():
         try:
             # weights_only: a checkpoint must never be able to run code on load.
             state = torch.load(path / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
         except Exception as err:
-            raise CompressError(f"cannot read {path}/{LEGACY_WEIGHTS} safely: {str(err).splitlines()[0]}") from None
+            raise CompressError(f"cannot read {path}/{LEGACY_WEIGHTS} safely: {reason(err)}") from None
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise CompressError(f"{path}/{LEGACY_WEIGHTS} is not a state dict of tensors; re-save the model with save_pretrained")
         check_tensors(state, path / LEGACY_WEIGHTS)

@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.artifacts import output_dir, save_tokenizer
 from compress.core.formats.folder import ModelFolder, open_folder
 from compress.core.formats.layout import CTRANSLATE2, CTRANSLATE2_FILE, HEAD_FILE, QUANTIZATIONS, TORCH, check_quantization
@@ -185,8 +185,8 @@ def _convert(folder: ModelFolder, base: nn.Module, out: Path, quantization: str,
         with torch.no_grad():
             Converter(str(folder.path)).convert(str(out), quantization=quantization, force=True)
     except (ValueError, KeyError, AssertionError, AttributeError, NotImplementedError, RuntimeError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise CompressError(f"CTranslate2 could not convert {folder.path}: {type(err).__name__}: {reason}") from None
+        why = reason(err)
+        raise CompressError(f"CTranslate2 could not convert {folder.path}: {type(err).__name__}: {why}") from None
 
 
 def set_head_layout(spec, heads: int, head_size: int, *, width: int) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.layout import CTRANSLATE2, CTRANSLATE2_FILE, HEAD_FILE
 from compress.core.formats.load_checks import load_graph_runner
@@ -61,8 +61,8 @@ class CTranslate2Runner(NumpyRunner):
             encoder = ctranslate2.Encoder(str(self.path), device="cpu", compute_type="default",
                                           intra_threads=threads or torch.get_num_threads(), inter_threads=1)
         except (RuntimeError, ValueError, OSError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise CompressError(f"CTranslate2 cannot load {self.path}: {reason}") from None
+            why = reason(err)
+            raise CompressError(f"CTranslate2 cannot load {self.path}: {why}") from None
         object.__setattr__(self, "encoder", encoder)  # hidden from nn.Module's registry: not a submodule
         self.compute_type = encoder.compute_type
         self.token_types = bool(spec.get("token_type_ids"))

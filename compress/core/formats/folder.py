@@ -28,7 +28,7 @@ import transformers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerFast
 from transformers.activations import ACT2FN
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.layout import (
     COMPRESSION_FILE, INT8_FORMATS, ONNX_FILE, OPENVINO, OPENVINO_FILE, SENTENCE_MODULES_FILE, STATIC, TORCH, WEIGHTS_FILE,
 )
@@ -191,7 +191,7 @@ def _load_tokenizer(folder: ModelFolder):
         try:
             tok = BertTokenizerFast.from_pretrained(path, local_files_only=True)
         except Exception:
-            raise CompressError(f"cannot load the tokenizer in {path}: {str(err).splitlines()[0]}") from None
+            raise CompressError(f"cannot load the tokenizer in {path}: {reason(err)}") from None
     if not getattr(tok, "is_fast", False):
         raise CompressError(f"the tokenizer in {path} is not a fast tokenizer; save it with tokenizers' tokenizer.json")
     _check_ids_fit(tok, folder)

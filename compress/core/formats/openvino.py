@@ -52,7 +52,7 @@ from compress.core.formats.layout import (  # noqa: F401  (OPENVINO, OPENVINO_FI
 from compress.core.formats.records import compression_record, parent_path, read_compression
 from compress.core.formats.writes import write_json_atomic
 from compress.core.preflight import check_output, require_model_dir
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.onnx import _Positional
 from compress.core.formats.architecture import structure_of
 from compress.core.formats.openvino_runtime import (
@@ -147,7 +147,7 @@ def _convert_torch(model_dir: Path, head: str) -> Converted:
         try:
             ov_model = ov.convert_model(positional.module, example_input=inputs)
         except Exception as err:
-            raise CompressError(f"OpenVINO could not convert {model_dir}: {_first_line(err)}") from None
+            raise CompressError(f"OpenVINO could not convert {model_dir}: {reason(err)}") from None
     for port, name in zip(ov_model.inputs, positional.inputs):
         if name not in port.get_names():
             raise CompressError(f"OpenVINO converted {model_dir} with inputs {[sorted(p.get_names()) for p in ov_model.inputs]}, "
@@ -169,7 +169,7 @@ def _convert_onnx(model_dir: Path, head: str) -> Converted:
         try:
             ov_model = ov.convert_model(str(file))
         except Exception as err:
-            raise CompressError(f"OpenVINO could not read {file}: {_first_line(err)}") from None
+            raise CompressError(f"OpenVINO could not read {file}: {reason(err)}") from None
     names = tuple(port.get_any_name() for port in ov_model.outputs)  # the ONNX graph's output names
     converted = Converted(ov_model, model_dir, ONNX, head, names, structure_of(model_dir))
     if is_quantized(model_dir) or int8_weights(ov_model):
@@ -260,7 +260,3 @@ def _instead(model_dir: Path) -> str:
     parent = parent_path(read_compression(model_dir)) or "its fp32 parent"
     return f"quantize {parent} for OpenVINO instead: {QUANTIZE_HINT}"
 
-
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.architecture import structure_of
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.layout import INC_PT2E
@@ -183,4 +183,4 @@ def load_exported_program(file: Path):
     try:
         return torch.export.load(str(file))
     except Exception as err:
-        raise CompressError(f"cannot load {file}: {str(err).splitlines()[0]}; re-create it with this torch version") from None
+        raise CompressError(f"cannot load {file}: {reason(err)}; re-create it with this torch version") from None

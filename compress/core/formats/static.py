@@ -37,7 +37,7 @@ from compress.core.formats.folder import ModelFolder
 from compress.core.formats.layout import STATIC, WEIGHTS_FILE
 from compress.core.formats.records import read_json
 from compress.core.preflight import require_model_dir
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.weight_checks import check_tensors
 
 MODEL_TYPE = "model2vec"  # config.json's model_type in a static folder
@@ -75,7 +75,7 @@ def read_table(path: Path) -> torch.Tensor:
     try:
         state = load_file(str(file))
     except (SafetensorError, OSError, ValueError) as err:
-        raise CompressError(f"{file} is missing or corrupt ({str(err).splitlines()[0]}); re-create the static folder") from None
+        raise CompressError(f"{file} is missing or corrupt ({reason(err)}); re-create the static folder") from None
     # model2vec stores its vocabulary-quantization rows as integers, and int8 vectors when quantized to int8.
     check_tensors(state, file, integer={"mapping": (torch.int64, torch.int32), "embeddings": (torch.int8,)})
     name = next((k for k in ("embeddings", "embedding.weight") if k in state), None)

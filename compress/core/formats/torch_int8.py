@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.formats.architecture import build_architecture
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.layout import INT8_WEIGHTS_FILE, TORCH_INT8, WEIGHTS_FILE
@@ -112,7 +112,7 @@ def load_torch_int8(folder: ModelFolder, options: dict[str, Any]):
     try:
         state = load_file(str(file))
     except (SafetensorError, OSError, ValueError) as err:
-        raise CompressError(f"{file} is missing or corrupt ({str(err).splitlines()[0]}); re-create the model directory") from None
+        raise CompressError(f"{file} is missing or corrupt ({reason(err)}); re-create the model directory") from None
     check_tensors(state, file, integer={INT8_WEIGHT: (torch.int8,), INT8_ZERO: (torch.int64,)})
     names = sorted(k[: -len(INT8_WEIGHT)] for k in state if k.endswith(INT8_WEIGHT))
     int8_keys = {n + s for n in names for s in (INT8_WEIGHT, INT8_SCALE, INT8_ZERO)}
@@ -121,7 +121,7 @@ def load_torch_int8(folder: ModelFolder, options: dict[str, Any]):
     try:
         result = model.load_state_dict({k: v for k, v in state.items() if k not in int8_keys}, strict=False)
     except RuntimeError as err:  # size mismatches
-        raise CompressError(f"{file} does not match its config.json/compression.json ({str(err).splitlines()[-1].strip()})") from None
+        raise CompressError(f"{file} does not match its config.json/compression.json ({reason(err)})") from None
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     quantized_weights = {n + ".weight" for n in names}
     missing = [k for k in result.missing_keys if k not in quantized_weights and k not in tied and not k.endswith("position_ids")]

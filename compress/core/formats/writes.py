@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.paths import output_path
 from compress.core.preflight import _nearest_existing, _writable
 
@@ -254,7 +254,7 @@ def write_error(err: BaseException, target: Path, staging: Path | None = None) -
 
 def _unnamed(err: BaseException, target: Path) -> CompressError:
     """A failed write whose cause nothing tells."""
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    first = reason(err)
     return CompressError(f"cannot write {target}: the write failed ({first}); check the disk's free space "
                          f"(df -h {_nearest_existing(Path(os.path.abspath(target)).parent)}) and the file-size limit "
                          "(ulimit -f), then try again")
