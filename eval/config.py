@@ -15,6 +15,7 @@ from compress.core.config import SEEDS, flat_keywords, option
 from compress.core.data.config import EVAL_BATCH_SIZE, TaskData, TaskOptions, check_max_length
 from compress.core.data.tasks import get_task, is_kind, task_choices
 from compress.core.errors import CompressError
+from compress.core.paths import check_input_file
 
 # The records each table split reads: MNLI reports matched as its primary dev (and test) split.
 SPLITS = {"dev": ("dev", "dev_matched"), "test": ("test", "test_matched")}
@@ -96,11 +97,7 @@ class HeadsConfig:
         if self.task and not is_kind(self.task):
             get_task(self.task)
         if self.text:
-            path = Path(self.text)
-            if not path.exists():
-                raise CompressError(f"--text {self.text} does not exist; pass a text file with one input per line")
-            if not path.is_file():
-                raise CompressError(f"--text {self.text} is not a file; pass a text file with one input per line")
+            check_input_file(self.text, "--text")  # a FIFO, a device, a directory, an empty file: named as such
             if self.data.data_dir or self.data.train_file or self.data.dev_file:
                 raise CompressError("--data-dir/--train-file/--dev-file read task data; with --text they are not used")
         if self.data.max_train_examples is not None:

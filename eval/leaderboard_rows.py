@@ -16,6 +16,7 @@ from typing import Any
 from compress.core.data.resolve import task_of_model
 from compress.core.data.tasks import Task, get_task
 from compress.core.errors import CompressError
+from compress.core.formats.folder import check_config_values
 from compress.core.formats.records import lineage, parent_path, read_compression, read_json, read_metrics
 from compress.eval.config import SPLITS
 from compress.eval.latency.row import Row
@@ -173,12 +174,16 @@ def model_params(path: Path, records: list[dict[str, Any]], comp: dict[str, Any]
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    """config.json as a dict ({} when unreadable: the estimate is then skipped)."""
+    """config.json as a dict ({} when unreadable: the estimate is then skipped); sizes of the wrong type or out of
+    range are refused in one line, as every stage refuses them."""
     try:
         config = read_json(path / "config.json")
     except CompressError:
         return {}
-    return config if isinstance(config, dict) else {}
+    if not isinstance(config, dict):
+        return {}
+    check_config_values(config, str(path / "config.json"))
+    return config
 
 
 def estimate_params(structure: dict[str, Any] | None, config: dict[str, Any]) -> int | None:

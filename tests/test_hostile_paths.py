@@ -129,6 +129,26 @@ def test_a_corpus_file_that_is_no_file_is_named_as_what_it_is(tmp_path):
     assert check_input_file(tmp_path / "text.txt") == tmp_path / "text.txt"  # a plain file passes
 
 
+def test_a_text_file_that_is_no_file_is_named_by_heads_and_latency(tiny, tmp_path):
+    """heads --text said "does not exist" of a FIFO and read /dev/null as no lines; latency --lengths did the same."""
+    from eval.config import HeadsConfig
+    from eval.latency.lengths import real_inputs
+
+    paths = odd_paths(tmp_path)
+    for kind in ("fifo", "device", "empty", "missing", "dangling", "loop"):
+        path, said = paths[kind]
+        with pytest.raises(CompressError) as caught:
+            HeadsConfig(text=str(path)).validate()
+        assert str(caught.value) == f"--text {path} {said}", kind
+        if kind != "missing":  # a missing file may have been meant as a task name: latency says so (tests/eval)
+            with pytest.raises(CompressError) as caught:
+                real_inputs(str(path), tokenizer=None)
+            assert str(caught.value) == f"--lengths file {path} {said}", kind
+    folder, _ = paths["folder"]
+    with pytest.raises(CompressError, match=rf"^--text {folder} is a directory; pass a file$"):
+        HeadsConfig(text=str(folder)).validate()
+
+
 # ---------------------------------------------------------------------------- --out as a link
 
 

@@ -32,6 +32,7 @@ from compress.core.data.features import check_max_length, encode_examples
 from compress.core.data.sources import DataSource, load_split
 from compress.core.errors import CompressError
 from compress.core.data.files import read_json_records, read_text_file, read_tsv_rows
+from compress.core.paths import check_input_file
 from compress.core.data.resolve import task_of_model
 from compress.core.data.tasks import TASKS, Task, get_task
 
@@ -192,8 +193,9 @@ def _task(name: str) -> Task:
 def _read_file(path: Path) -> tuple[list[str], ...]:
     """The texts of a file as columns: (texts,) or (first texts, second texts) for pairs."""
     suffix = path.suffix.lower()
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise CompressError(f"input file {path} does not exist; pass an existing {'/'.join(FILE_SUFFIXES)} file or a task name")
+    check_input_file(path, "--lengths file")  # a FIFO, a device, a directory, an empty file, a broken link: named as such
     if suffix == ".txt":
         return ([line.strip() for line in read_text_file(path).splitlines() if line.strip()],)
     if suffix == ".tsv":

@@ -127,6 +127,23 @@ def test_metrics_of_the_wrong_type_are_named(change, field, found, ws, tmp_path,
     assert not out.exists()
 
 
+@pytest.mark.parametrize("value, shown", [("big", "'big'"), (3.5, "3.5"), (-1, "-1")])
+def test_a_config_size_of_the_wrong_type_is_named_by_the_leaderboard_as_by_every_stage(value, shown, ws, tmp_path,
+                                                                                          capsys):
+    """The leaderboard's parameter estimate added "big" to an int (TypeError, an internal error)."""
+    folder = copy(ws, tmp_path, "good")
+    edit(folder / "compression.json", lambda r: r.pop("params", None))
+    edit(folder / "config.json", lambda c: c.update(vocab_size=value))
+    expected = (f"{folder}/config.json: vocab_size is {shown}; it must be a whole number from 1 to 4,000,000. "
+                "Fix or re-create the file")
+    out = tmp_path / "board"
+    code, err = run(["leaderboard", "--runs", str(folder), "--out", str(out)], capsys)
+    assert one_line(code, err) == f"compress leaderboard: error: {expected}"
+    assert not out.exists()
+    code, err = run(["latency", "--model", str(folder)], capsys)
+    assert one_line(code, err) == f"compress latency: error: {expected}"
+
+
 def test_a_manifest_of_the_wrong_shape_is_named(ws, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     recipe = tmp_path / "recipe.json"
