@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.peers.contenders import STEP_BY_NAME
+from bench.peers.contenders import STEP_BY_NAME, step_contenders
 
 # GLUE training files whose sentences (labels unused) join the corpora as "the user's sentences": distillation,
 # static refinement and static int8 calibration read the same pool (no dev sentence is in it).
@@ -43,6 +43,7 @@ class Ctx:
     teacher: Path  # the packaged all-MiniLM-L6-v2 sentence-transformers folder (read only)
     settings: dict[str, Any]  # PeersConfig as a dict
     int8_preset: str  # ONNX Runtime's int8 preset for this CPU: compress.core.hardware.precisions().int8_preset
+    wanted: tuple[str, ...] = ()  # the step's contenders the run selected (empty: all); the toolkit's steps make only these
 
     @property
     def peers(self) -> Path:
@@ -209,47 +210,85 @@ def _sentences(ctx: Ctx) -> dict[str, Any]:
     return {"corpus": corpus_paths(ctx.data), "sentences_from": list(GLUE_SENTENCES), "data_dir": str(ctx.data / "glue")}
 
 
-def _toolkit_variants(ctx: Ctx, source: Path, prefix: str, variants: tuple[str, ...]) -> dict[str, dict]:
-    """Exports and int8 of ``source`` via ``compress.export.export`` / ``compress.quantize.run.quantize``, each skipped when made."""
+def _export(source: Path, out: Path, **options: Any) -> None:
+    from compress.export import ExportConfig, export  # deferred: the toolkit
+
+    export(source, out, ExportConfig(**options), overwrite=True)
+
+
+def _quantize(source: Path, out: Path, options: dict[str, Any]) -> None:
     from compress.core.config import from_dict  # deferred: the toolkit
-    from compress.export import ExportConfig, export
     from compress.quantize.config import QuantizeConfig
     from compress.quantize.run import quantize
 
-    calibration = {**_sentences(ctx), "calibration_examples": int(ctx.settings["calibration_examples"])}
-    recipes: dict[str, tuple[str, Callable[[Path], Any]]] = {
-        "onnx": ("compress export --format onnx", lambda out: export(source, out, ExportConfig(format="onnx"), overwrite=True)),
-        "fused": ("compress export --format onnx --fuse",
-                  lambda out: export(source, out, ExportConfig(format="onnx", fuse=True), overwrite=True)),
-        "openvino": ("compress export --format openvino",
-                     lambda out: export(source, out, ExportConfig(format="openvino"), overwrite=True)),
+    quantize(source, out, from_dict(QuantizeConfig, options), overwrite=True)
+
+
+# compress export --format ctranslate2's variants: the folder suffix and its --quantization.
+CT2_VARIANTS = {"ct2": "float32", "ct2-int8": "int8"}
+
+
+def export_command(source: Path, out: Path, quantization: str) -> list[str]:
+    """The ``compress`` arguments that write ``source`` as a CTranslate2 folder ``out`` with ``quantization`` weights."""
+    return ["export", "--model", str(source), "--out", str(out), "--format", "ctranslate2",
+            "--quantization", quantization, "--overwrite"]
+
+
+def run_cli(argv: list[str]) -> None:
+    """``compress ARGV`` in this process, as a user types it; a failure stops the step with its exit status."""
+    from compress.cli import main  # deferred: the toolkit
+
+    status = main(argv)
+    if status != 0:
+        raise SystemExit(f"compress {' '.join(argv)} failed (exit {status}); its message is above")
+
+
+def recipes(ctx: Ctx, source: Path) -> dict[str, tuple[str, Callable[[Path], Any]]]:
+    """Each variant's (what was run, in the CLI's words; the call that makes it into a folder), nothing run yet."""
+    examples = int(ctx.settings["calibration_examples"])
+    corpus = f"--corpus ... --sentences-from {','.join(GLUE_SENTENCES)} --calibration-examples {examples}"
+
+    def static(backend: str) -> Callable[[Path], Any]:
+        return lambda out: _quantize(source, out, {"backend": backend, "scheme": "static", **_sentences(ctx),
+                                                   "calibration_examples": examples})
+
+    out: dict[str, tuple[str, Callable[[Path], Any]]] = {
+        "onnx": ("compress export --format onnx", lambda out: _export(source, out, format="onnx")),
+        "fused": ("compress export --format onnx --fuse", lambda out: _export(source, out, format="onnx", fuse=True)),
+        "openvino": ("compress export --format openvino", lambda out: _export(source, out, format="openvino")),
         "int8": ("compress quantize --backend onnxruntime --scheme dynamic",
-                 lambda out: quantize(source, out, QuantizeConfig(backend="onnxruntime", scheme="dynamic"), overwrite=True)),
+                 lambda out: _quantize(source, out, {"backend": "onnxruntime", "scheme": "dynamic"})),
         "fused-int8": ("compress quantize --backend onnxruntime --scheme dynamic --fuse",
-                       lambda out: quantize(source, out, QuantizeConfig(backend="onnxruntime", scheme="dynamic", fuse=True),
-                                            overwrite=True)),
-        "static-int8": (f"compress quantize --backend onnxruntime --scheme static --corpus ... --sentences-from "
-                        f"{','.join(GLUE_SENTENCES)} --calibration-examples {calibration['calibration_examples']}",
-                        lambda out: quantize(source, out, from_dict(QuantizeConfig, {
-                            "backend": "onnxruntime", "scheme": "static", **calibration}), overwrite=True)),
-        "ov-int8": (f"compress quantize --backend openvino --scheme static --corpus ... --sentences-from "
-                    f"{','.join(GLUE_SENTENCES)} --calibration-examples {calibration['calibration_examples']}",
-                    lambda out: quantize(source, out, from_dict(QuantizeConfig, {
-                        "backend": "openvino", "scheme": "static", **calibration}), overwrite=True)),
+                       lambda out: _quantize(source, out, {"backend": "onnxruntime", "scheme": "dynamic", "fuse": True})),
+        "static-int8": (f"compress quantize --backend onnxruntime --scheme static {corpus}", static("onnxruntime")),
+        "ov-int8": (f"compress quantize --backend openvino --scheme static {corpus}", static("openvino")),
     }
+    for variant, quantization in CT2_VARIANTS.items():
+        out[variant] = (f"compress export --format ctranslate2 --quantization {quantization}",
+                        lambda folder, q=quantization: run_cli(export_command(source, folder, q)))
+    return out
+
+
+def _toolkit_variants(ctx: Ctx, source: Path, prefix: str, variants: tuple[str, ...]) -> dict[str, dict]:
+    """The ``variants`` of ``source`` the run selected (:func:`recipes`), each skipped when made; their records."""
+    made = recipes(ctx, source)
     out = {}
     for variant in variants:
-        made_with, make = recipes[variant]
+        name = f"tk-{prefix}-{variant}"
+        if ctx.wanted and name not in ctx.wanted:
+            continue
+        made_with, make = made[variant]
         folder = ctx.toolkit / f"{prefix}-{variant}"
         if not (folder / "compression.json").is_file():
             print(f"== {prefix}-{variant}: {made_with}", flush=True)
             make(folder)
-        out[f"tk-{prefix}-{variant}"] = record(folder, made_with)
+        out[name] = record(folder, made_with)
     return out
 
 
-TEACHER_VARIANTS = ("onnx", "fused", "openvino", "int8", "fused-int8", "static-int8", "ov-int8")
-STUDENT_VARIANTS = ("fused", "openvino", "int8", "fused-int8", "ov-int8")
+TEACHER_VARIANTS = ("onnx", "fused", "openvino", "int8", "fused-int8", "static-int8", "ov-int8", *CT2_VARIANTS)
+STUDENT_VARIANTS = {"3L": ("fused", "openvino", "int8", "fused-int8", "ov-int8", *CT2_VARIANTS),
+                    "2L": ("fused", "openvino", "int8", "fused-int8", "ov-int8")}
 
 
 def tk_teacher(ctx: Ctx) -> dict[str, dict]:
@@ -276,7 +315,7 @@ def tk_student(ctx: Ctx, size: str) -> dict[str, dict]:
             "eval_every": 250, "save_every": 250, "seed": s["seed"]})
         print(f"== distilling the {size}-384 student on {s['distill_sentences']} sentences", flush=True)
         distill_embedding(teacher_folder(ctx.toolkit), folder, cfg, overwrite=True)
-    return _toolkit_variants(ctx, folder, size, STUDENT_VARIANTS)
+    return _toolkit_variants(ctx, folder, size, STUDENT_VARIANTS[size])
 
 
 def tk_static(ctx: Ctx, refined: bool) -> dict[str, dict]:
@@ -313,13 +352,17 @@ def outputs(step: str) -> list[str]:
     return {
         "st-openvino": [f"{int8}.xml", f"{int8}.bin"],
         "tk-teacher": [f"toolkit/teacher-{v}" for v in TEACHER_VARIANTS],
-        "tk-3L": ["toolkit/student-3L-384", *(f"toolkit/3L-{v}" for v in STUDENT_VARIANTS)],
-        "tk-2L": ["toolkit/student-2L-384", *(f"toolkit/2L-{v}" for v in STUDENT_VARIANTS)],
+        "tk-3L": ["toolkit/student-3L-384", *(f"toolkit/3L-{v}" for v in STUDENT_VARIANTS["3L"])],
+        "tk-2L": ["toolkit/student-2L-384", *(f"toolkit/2L-{v}" for v in STUDENT_VARIANTS["2L"])],
         "tk-static-refined": ["toolkit/static-refined"],
     }.get(step, [])
 
 
 def remove_outputs(work: Path, step: str) -> None:
+    """The step's settings-dependent files, and every record of its contenders: one the run did not select would
+    otherwise name a folder removed here."""
+    for contender in step_contenders(step):
+        (work / "builds" / f"{contender.name}.json").unlink(missing_ok=True)
     for name in outputs(step):
         path = work / name
         if path.is_dir():
@@ -343,9 +386,12 @@ def main(argv=None) -> int:
     parser.add_argument("--int8-preset", default="avx2", choices=sorted(ST_PRESETS),
                         help="ONNX Runtime's int8 preset for this CPU (the coordinator's compress.core.hardware.precisions())")
     parser.add_argument("--rebuild", action="store_true", help="remove the step's settings-dependent files first")
+    parser.add_argument("--contenders", default="",
+                        help="comma-separated contenders of the step the run selected (default: all of them)")
     args = parser.parse_args(argv)
     settings = json.loads(args.settings)
-    ctx = Ctx(args.work.resolve(), args.data.resolve(), args.teacher.resolve(), settings, args.int8_preset)
+    ctx = Ctx(args.work.resolve(), args.data.resolve(), args.teacher.resolve(), settings, args.int8_preset,
+              tuple(filter(None, args.contenders.split(","))))
     if args.rebuild:
         remove_outputs(ctx.work, args.step)
     began = time.monotonic()

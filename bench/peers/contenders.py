@@ -31,7 +31,7 @@ class Contender:
     step: str  # the Step that makes it
     venv: str  # the environment its worker runs in
     loader: str  # bench.peers.worker.LOADERS key
-    precision: str  # fp32 or int8 (of the matrix multiplications' weights)
+    precision: str  # fp32, fp16 or int8 (of the matrix multiplications' weights): int8 rows are judged against int8
     label: str  # what it is, for the report
 
     @property
@@ -58,7 +58,17 @@ STEPS = (
 )
 
 
-def _student(size: str, layers: str) -> tuple[Contender, ...]:
+def _ct2(prefix: str, step: str, what: str) -> tuple[Contender, ...]:
+    """``compress export --format ctranslate2`` of a toolkit folder, float32 and int8 weights, run by the toolkit."""
+    return (
+        Contender(f"tk-{prefix}-ct2", TOOLKIT, step, MAIN, "toolkit", "fp32",
+                  f"{what}; compress export --format ctranslate2 --quantization float32"),
+        Contender(f"tk-{prefix}-ct2-int8", TOOLKIT, step, MAIN, "toolkit", "int8",
+                  f"{what}; compress export --format ctranslate2 --quantization int8"),
+    )
+
+
+def _student(size: str, layers: str, ct2: bool = False) -> tuple[Contender, ...]:
     step = f"tk-{size}"
     what = f"student {size}-384 ({layers}), distilled by compress distill-embedding"
     return (
@@ -69,6 +79,7 @@ def _student(size: str, layers: str) -> tuple[Contender, ...]:
                   f"{what}; compress quantize --backend onnxruntime --fuse (dynamic)"),
         Contender(f"tk-{size}-ov-int8", TOOLKIT, step, MAIN, "toolkit", "int8",
                   f"{what}; compress quantize --backend openvino --scheme static --corpus"),
+        *(_ct2(size, step, what) if ct2 else ()),
     )
 
 
@@ -98,7 +109,8 @@ CONTENDERS = (
               "teacher; compress quantize --backend onnxruntime --scheme static --corpus"),
     Contender("tk-teacher-ov-int8", TOOLKIT, "tk-teacher", MAIN, "toolkit", "int8",
               "teacher; compress quantize --backend openvino --scheme static --corpus"),
-    *_student("3L", "teacher layers 1,3,5"),
+    *_ct2("teacher", "tk-teacher", "teacher"),
+    *_student("3L", "teacher layers 1,3,5", ct2=True),
     *_student("2L", "teacher layers the toolkit spaces evenly, 12 heads"),
     Contender("tk-static", TOOLKIT, "tk-static", MAIN, "toolkit", "fp32", "compress distill-static (PCA 256), not refined"),
     Contender("tk-static-refined", TOOLKIT, "tk-static-refined", MAIN, "toolkit", "fp32",

@@ -19,6 +19,14 @@ def _verdict(met) -> str:
     return "not measured" if met is None else ("met" if met else "NOT met")
 
 
+def precision_line(p: dict[str, Any]) -> str:
+    """What the CPU's flags give (``compress.core.hardware.Precisions``), each said yes or no: absent is stated too."""
+    said = {True: "yes", False: "no"}
+    return (f"- native precisions (compress.core.hardware, from {p['source']}): int8 dot products (AVX512-VNNI or "
+            f"AVX-VNNI) {said[p['vnni']]}, bf16 (AVX512_BF16 or AMX-BF16) {said[p['bf16']]}, AMX-BF16 "
+            f"{said[p['amx_bf16']]}, AMX-INT8 {said[p['amx_int8']]}; ONNX Runtime's int8 preset {p['int8_preset']}")
+
+
 def header_lines(h: dict[str, Any]) -> list[str]:
     d, cfg = h["data"], h["config"]
     tokens = d["timing_tokens"]
@@ -29,6 +37,8 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         f"({h['minutes']['build']:.0f} building)",
         f"- command: `{h['command']}`" + (f" — {h['note']}" if h.get("note") else ""),
     ]
+    if h.get("precisions"):
+        lines.insert(1, precision_line(h["precisions"]))
     for venv, env in h["environments"].items():
         packages = env["packages"]
         shown = ", ".join(f"{k} {packages[k]}" for k in PACKAGES_SHOWN if isinstance(packages, dict) and k in packages)
@@ -63,30 +73,40 @@ def header_lines(h: dict[str, Any]) -> list[str]:
 
 
 def table(rows: list[dict[str, Any]], front: dict[str, list[str]]) -> list[str]:
-    lines = ["| contender | side | STS-B Spearman | MRPC R@1 | MRPC MRR | MB | b1 sent/s | b1 ms | b32 sent/s | front | "
-             "cos to ST (mean / min) |", "|---|---|--:|--:|--:|--:|--:|--:|--:|---|--:|"]
+    lines = ["| contender | side | precision | STS-B Spearman | MRPC R@1 | MRPC MRR | MB | b1 sent/s | b1 ms | b32 sent/s | front | "
+             "cos to ST (mean / min) |", "|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|--:|"]
     for r in rows:
         marks = "/".join(k for k in ("b1", "b32") if r["name"] in front.get(k, []))
         agree = r.get("agreement")
         cos = f"{agree['mean']:.4f} / {agree['min']:.4f}" if agree else "—"
         name = r["name"] if r["status"] == "ok" else f"{r['name']} (failed)"
-        lines.append(f"| {name} | {r['side']} | {_f(r.get('spearman'))} | {_f(r.get('recall_at_1'))} | {_f(r.get('mrr'))} | "
+        lines.append(f"| {name} | {r['side']} | {r['precision']} | {_f(r.get('spearman'))} | {_f(r.get('recall_at_1'))} | {_f(r.get('mrr'))} | "
                      f"{_f(r.get('mb'), 1)} | {_f(r.get('b1'), 0)} | {_f(r.get('b1_ms'), 2)} | {_f(r.get('b32'), 0)} | "
                      f"{marks} | {cos} |")
     return lines
 
 
+def _at(verdict: dict[str, Any], speed: str) -> str:
+    """One batch size's verdict: matched or not, by the fastest toolkit model of the class at least as accurate."""
+    best = verdict[speed]
+    if best["best"] is None:
+        return f"{speed} NOT matched (no toolkit {verdict['class']} model as accurate)"
+    return f"{speed} {'matched' if best['met'] else 'NOT matched'} (best as accurate: {best['best']}, {best['ratio']:.2f}x)"
+
+
 def goal_lines(goal: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     by = {r["name"]: r for r in rows}
     peers = goal["peers"]
-    lines = [f"**Every peer has a toolkit model at least as accurate and at least as fast at batch 1 and batch 32: "
+    lines = [f"**Every peer has a toolkit model of its precision class (int8 against int8, fp32 and fp16 against "
+             f"fp32 and fp16) at least as accurate and at least as fast at batch 1 and batch 32: "
              f"{_verdict(peers['met'] if peers['each'] or peers['missing'] else None)}.**", ""]
     for v in peers["each"]:
         p = by[v["peer"]]
-        text = f"- {v['peer']} ({_f(p['spearman'])}, {_f(p['b1'], 0)} / {_f(p['b32'], 0)} sent/s): "
+        text = (f"- {v['peer']} ({p['precision']}; {_f(p['spearman'])}, {_f(p['b1'], 0)} / {_f(p['b32'], 0)} sent/s): "
+                f"{_at(v, 'b1')}; {_at(v, 'b32')}; ")
         if v["met"]:
             t = by[v["by"][0]]
-            text += (f"matched by {', '.join(v['by'][:3])}{' ...' if len(v['by']) > 3 else ''} (best: {t['name']} "
+            text += (f"matched at both by {', '.join(v['by'][:3])}{' ...' if len(v['by']) > 3 else ''} (best: {t['name']} "
                      f"{_f(t['spearman'])}, {t['b1'] / p['b1']:.2f}x b1, {t['b32'] / p['b32']:.2f}x b32)")
         else:
             parts = []
@@ -96,7 +116,7 @@ def goal_lines(goal: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
                              f"speed at b1 and {a['b32_ratio']:.2f}x at b32")
             if "as_fast" in v:
                 parts.append(f"the most accurate at least as fast, {v['as_fast']['name']}, is {v['as_fast']['points']:+.2f} points")
-            text += "NOT matched: " + ("; ".join(parts) or "no toolkit model is as accurate or as fast")
+            text += "NOT matched at both: " + ("; ".join(parts) or f"no toolkit {v['class']} model is as accurate or as fast")
         lines.append(text)
     for name in peers["missing"]:
         lines.append(f"- {name}: not measured ({by[name]['status']})")

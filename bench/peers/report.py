@@ -4,7 +4,7 @@ Nothing here loads a model or times anything: every function takes numbers (embe
 numpy arrays, rows as dicts) and returns numbers or text, so ``tests/bench/test_peers.py``
 checks them on hand-made inputs. A row is one contender::
 
-    {"name": "st-onnx", "side": "peer" | "toolkit", "label": "...", "precision": "fp32" | "int8",
+    {"name": "st-onnx", "side": "peer" | "toolkit", "label": "...", "precision": "fp32" | "fp16" | "int8",
      "spearman": 86.72, "pearson": ..., "recall_at_1": ..., "mrr": ...,   # x100, None if not scored
      "mb": 90.4, "b1": 250.0, "b32": 900.0, "b1_ms": 3.9,               # sentences/s, median over rounds
      "status": "ok" | "failed: why"}
@@ -132,18 +132,32 @@ def dominates(tool: dict[str, Any], peer: dict[str, Any]) -> bool:
     return _acc(tool) >= _acc(peer) and tool["b1"] >= peer["b1"] and tool["b32"] >= peer["b32"]
 
 
-def peer_verdict(peer: dict[str, Any], toolkit: list[dict[str, Any]]) -> dict[str, Any]:
-    """For one peer: the toolkit models that match it (fastest at batch 1 first), or the two nearest misses.
+def precision_class(row: dict[str, Any]) -> str:
+    """``int8`` or ``float`` (fp32, fp16): a peer is judged against the toolkit's models of its own class."""
+    return "int8" if row.get("precision") == "int8" else "float"
 
-    ``as_accurate``: the fastest (batch 1) toolkit model at least as accurate, with its speed ratios;
-    ``as_fast``: the most accurate toolkit model at least as fast at both batch sizes, with its gap in points.
+
+def peer_verdict(peer: dict[str, Any], toolkit: list[dict[str, Any]]) -> dict[str, Any]:
+    """For one peer, against the toolkit models of its precision class: who matches it, and the best at each batch size.
+
+    ``met``/``by``: the toolkit models at least as accurate and at least as fast at batch 1 and at batch 32
+    (fastest at batch 1 first); ``b1``/``b32``: the fastest toolkit model at that batch size among those at least as
+    accurate (``best``, None when none is), its speed over the peer's (``ratio``) and whether it is at least as fast
+    (``met``); the nearest misses: ``as_accurate``, the fastest (batch 1) at least as accurate, with its speed ratios,
+    and ``as_fast``, the most accurate at least as fast at both batch sizes, with its gap in points.
     """
+    toolkit = [t for t in toolkit if precision_class(t) == precision_class(peer)]
     matches = sorted((t for t in toolkit if dominates(t, peer)), key=lambda t: -t["b1"])
-    accurate = sorted((t for t in toolkit if _acc(t) >= _acc(peer)), key=lambda t: -t["b1"])
+    accurate = [t for t in toolkit if _acc(t) >= _acc(peer)]
     fast = sorted((t for t in toolkit if t["b1"] >= peer["b1"] and t["b32"] >= peer["b32"]), key=lambda t: -_acc(t))
-    out: dict[str, Any] = {"peer": peer["name"], "met": bool(matches), "by": [t["name"] for t in matches]}
+    out: dict[str, Any] = {"peer": peer["name"], "class": precision_class(peer), "met": bool(matches),
+                           "by": [t["name"] for t in matches]}
+    for speed in ("b1", "b32"):
+        best = max(accurate, key=lambda t: t[speed], default=None)
+        out[speed] = ({"met": False, "best": None} if best is None else
+                      {"met": best[speed] >= peer[speed], "best": best["name"], "ratio": best[speed] / peer[speed]})
     if accurate:
-        t = accurate[0]
+        t = max(accurate, key=lambda t: t["b1"])
         out["as_accurate"] = {"name": t["name"], "b1_ratio": t["b1"] / peer["b1"], "b32_ratio": t["b32"] / peer["b32"]}
     if fast:
         t = fast[0]
@@ -155,9 +169,9 @@ def verdicts(rows: list[dict[str, Any]], static: str = "tk-static", refined: str
              model2vec: str = "model2vec") -> dict[str, Any]:
     """The issue's goal, judged on the table of one run.
 
-    * ``peers``: every peer contender has a toolkit model at least as accurate and at least as fast at batch 1 and
-      at batch 32 (:func:`peer_verdict` per peer; a peer that failed or was not timed is listed in ``missing``
-      and makes the goal unmet, as does a peer with no toolkit model at all);
+    * ``peers``: every peer contender has a toolkit model of its precision class at least as accurate and at least as
+      fast at batch 1 and at batch 32 (:func:`peer_verdict` per peer; a peer that failed or was not timed is listed in
+      ``missing`` and makes the goal unmet, as does a peer with no toolkit model of its class);
     * ``static``: the toolkit's static student (unrefined, like for like: model2vec's own distillation is unrefined
       too) is at least as accurate as model2vec's; ``refine``: refining it adds >= REFINE_GAIN points.
     Each is ``{"met": bool | None, ...numbers}``; None where a side is missing.

@@ -8,9 +8,10 @@ under ``--python-t4`` (``.venv-transformers4``). Three stages, each cached in ``
 1. build (``bench.peers.build``, one process per step, in the step's environment): the peers'
    artefacts made with the peers' own tools (sentence-transformers' ONNX / OpenVINO exports and
    int8 helpers, ONNX Runtime's transformer optimizer + quantizer, CTranslate2's converter,
-   model2vec's ``distill``) and the toolkit's (``export``, ``quantize`` dynamic and static,
-   ``distill_embedding`` 3L-384 and 2L-384 with their exports and int8, ``distill_static`` plain
-   and refined). A finished artefact is reused; one whose settings changed is rebuilt.
+   model2vec's ``distill``) and the toolkit's (``export`` to ONNX, OpenVINO and CTranslate2 float32
+   and int8, ``quantize`` dynamic and static, ``distill_embedding`` 3L-384 and 2L-384 with their
+   exports and int8, ``distill_static`` plain and refined; only the contenders the run selected).
+   A finished artefact is reused; one whose settings changed is rebuilt.
 2. score (``bench.peers.timing``): each contender, in its own process, embeds the STS-B dev and
    MRPC dev sentences; one scorer here (``bench.peers.report.score``) gives every contender's
    STS-B Spearman x100 of the cosine and MRPC recall@1 / MRR, and the cosine of its embeddings
@@ -19,8 +20,9 @@ under ``--python-t4`` (``.venv-transformers4``). Three stages, each cached in ``
    a seeded sample of real STS-B dev sentences one at a time (batch 1, each at its own length)
    and in chunks of 32; medians over rounds.
 
-Writes ``peers.md`` (header: date, CPU, both environments' versions, the command, the reduced
-settings), ``peers.json`` and ``pareto.png`` to ``--out``, with the goal's verdicts.
+Writes ``peers.md`` (header: date, CPU with its int8/bf16/AMX flags and the precisions they give,
+both environments' versions, the command, the reduced settings), ``peers.json`` and ``pareto.png``
+to ``--out``, with the goal's verdicts.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def build_all(cfg: PeersConfig, contenders: list[Contender], teacher: Path, pyth
             log = work / "logs" / f"build-{step.name}.log"
             command = [pythons[step.venv], "-m", "bench.peers.build", step.name, "--work", str(work),
                        "--data", str(Path(cfg.data).resolve()), "--teacher", str(teacher),
-                       "--settings", json.dumps(settings), "--int8-preset", int8_preset]
+                       "--settings", json.dumps(settings), "--int8-preset", int8_preset,
+                       "--contenders", ",".join(c.name for c in mine)]
             if any(o is not None and o.get("key") != key for o in old):
                 command.append("--rebuild")  # made under other settings
             with open(log, "w", encoding="utf-8") as f:
@@ -242,7 +245,8 @@ def run(cfg: PeersConfig, command: str) -> Path:
     def report(landed: int | None) -> None:
         """peers.json, pareto.png and peers.md from what has been measured; ``landed``: rounds so far (None: all)."""
         rows = make_rows(contenders, builds, workers, plan, work, len(timing))
-        header = {"date": utc_now(), **cpu_summary(), "threads": cfg.threads, "command": command, "note": cfg.note,
+        header = {"date": utc_now(), **cpu_summary(), "precisions": asdict(precisions()), "threads": cfg.threads,
+                  "command": command, "note": cfg.note,
                   "config": asdict(cfg), "full": asdict(FULL), "reduced": {k: getattr(cfg, k) for k in REDUCIBLE
                                                                           if getattr(cfg, k) != getattr(FULL, k)},
                   "environments": environments,

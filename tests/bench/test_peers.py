@@ -10,9 +10,10 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 
 from bench.peers.run import FULL, PeersConfig, parse, timing_sample
-from bench.peers.build import outputs, step_key
-from bench.peers.contenders import CONTENDERS, PEER, STEPS, TOOLKIT, select
-from bench.peers.render import render
+from bench.peers import build
+from bench.peers.build import STUDENT_VARIANTS, TEACHER_VARIANTS, Ctx, export_command, outputs, step_key
+from bench.peers.contenders import BY_NAME, CONTENDERS, PEER, STEPS, TOOLKIT, select
+from bench.peers.render import precision_line, render
 from bench.peers.report import agreement, make_plan, pareto_front, peer_verdict, score, verdicts
 from bench.peers.worker import _mean_normalise, embed_file, time_calls
 
@@ -107,6 +108,48 @@ def test_a_peer_is_matched_only_by_a_toolkit_model_as_accurate_and_as_fast_at_bo
     assert miss["as_fast"] == {"name": "less-accurate", "points": pytest.approx(-0.1)}
 
 
+def test_each_peer_is_judged_against_the_toolkits_best_of_its_precision_class_at_each_batch_size():
+    ct2_fp32 = {**row("ct2-fp32", PEER, 86.72, 109, 166)}
+    ct2_int8 = {**row("ct2-int8", PEER, 86.48, 108, 159), "precision": "int8"}
+    toolkit = [row("tk-teacher-fused", TOOLKIT, 86.72, 118, 81), row("tk-teacher-ct2", TOOLKIT, 86.72, 120, 170),
+               row("tk-3L-ct2", TOOLKIT, 85.54, 300, 400),
+               {**row("tk-teacher-fused-int8", TOOLKIT, 86.60, 144, 85), "precision": "int8"},
+               {**row("tk-teacher-ct2-int8", TOOLKIT, 86.50, 125, 175), "precision": "int8"},
+               {**row("tk-int8-faster-than-all", TOOLKIT, 86.90, 500, 900), "precision": "int8"}]
+    fp32 = peer_verdict(ct2_fp32, toolkit[:5])
+    assert fp32["class"] == "float" and fp32["met"] and fp32["by"] == ["tk-teacher-ct2"]
+    assert fp32["b1"] == {"met": True, "best": "tk-teacher-ct2", "ratio": pytest.approx(120 / 109)}
+    assert fp32["b32"] == {"met": True, "best": "tk-teacher-ct2", "ratio": pytest.approx(170 / 166)}
+    # An int8 model faster and more accurate than every float one does not match a float peer.
+    assert peer_verdict(ct2_fp32, toolkit)["by"] == ["tk-teacher-ct2"]
+    int8 = peer_verdict(ct2_int8, toolkit[:5])
+    assert int8["class"] == "int8" and int8["by"] == ["tk-teacher-ct2-int8"]  # the fp32 tk-teacher-ct2 takes no part
+    assert int8["b1"] == {"met": True, "best": "tk-teacher-fused-int8", "ratio": pytest.approx(144 / 108)}
+    assert int8["b32"] == {"met": True, "best": "tk-teacher-ct2-int8", "ratio": pytest.approx(175 / 159)}
+    slower = peer_verdict({**ct2_int8, "b32": 180}, toolkit[:5])
+    assert not slower["met"] and slower["b1"]["met"]
+    assert slower["b32"] == {"met": False, "best": "tk-teacher-ct2-int8", "ratio": pytest.approx(175 / 180)}
+    alone = peer_verdict(ct2_int8, toolkit[:3])  # no int8 toolkit model: unmatched though the fp32 ones beat it
+    assert not alone["met"] and alone["b1"] == alone["b32"] == {"met": False, "best": None}
+    assert "as_accurate" not in alone and "as_fast" not in alone
+    goal = verdicts([ct2_fp32, ct2_int8, *toolkit[:5]])
+    assert goal["peers"]["met"] and [v["by"] for v in goal["peers"]["each"]] == [["tk-teacher-ct2"], ["tk-teacher-ct2-int8"]]
+    from bench.peers.render import goal_lines
+
+    text = "\n".join(goal_lines(goal, [ct2_fp32, ct2_int8, *toolkit[:5]]))
+    assert ("- ct2-int8 (int8; 86.48, 108 / 159 sent/s): b1 matched (best as accurate: tk-teacher-fused-int8, 1.33x); "
+            "b32 matched (best as accurate: tk-teacher-ct2-int8, 1.10x); matched at both by tk-teacher-ct2-int8") in text
+
+
+def test_the_header_says_which_precisions_the_cpu_runs_natively_present_or_not():
+    zen4 = {"bf16": True, "amx_bf16": False, "amx_int8": False, "vnni": True, "int8_preset": "avx512_vnni",
+            "arch": "x86_64", "source": "/proc/cpuinfo flags"}
+    assert precision_line(zen4) == (
+        "- native precisions (compress.core.hardware, from /proc/cpuinfo flags): int8 dot products (AVX512-VNNI or "
+        "AVX-VNNI) yes, bf16 (AVX512_BF16 or AMX-BF16) yes, AMX-BF16 no, AMX-INT8 no; ONNX Runtime's int8 preset "
+        "avx512_vnni")
+
+
 def test_the_goal_needs_every_peer_matched_and_the_static_student_judged_on_its_own_numbers():
     rows = [row("st-onnx", PEER, 86.7, 100, 400), row("model2vec", PEER, 70.0, 20000, 90000),
             row("tk-teacher-int8", TOOLKIT, 86.7, 150, 500),
@@ -148,6 +191,92 @@ def test_contenders_steps_and_selection():
     assert "toolkit/student-3L-384" in outputs("tk-3L") and outputs("st-torch") == []
 
 
+def test_the_toolkits_ctranslate2_exports_are_selected_by_their_step_and_their_names():
+    teacher = [c.name for c in select(only=("tk-teacher",))]
+    assert teacher[-2:] == ["tk-teacher-ct2", "tk-teacher-ct2-int8"] and len(teacher) == 9
+    cfg = parse(["--out", "x", "--only", "tk-teacher-ct2,tk-teacher-ct2-int8,tk-3L-ct2,tk-3L-ct2-int8"])
+    chosen = select(cfg.only)
+    assert [(c.name, c.step, c.precision, c.model, c.loader, c.side) for c in chosen] == [
+        ("tk-teacher-ct2", "tk-teacher", "fp32", "teacher", "toolkit", TOOLKIT),
+        ("tk-teacher-ct2-int8", "tk-teacher", "int8", "teacher", "toolkit", TOOLKIT),
+        ("tk-3L-ct2", "tk-3L", "fp32", "3L", "toolkit", TOOLKIT),
+        ("tk-3L-ct2-int8", "tk-3L", "int8", "3L", "toolkit", TOOLKIT)]
+    assert "tk-3L-ct2-int8" in [c.name for c in select(only=("tk-3L",))]
+    assert not any("ct2" in c.name for c in select(only=("tk-2L",)))
+    assert "tk-teacher-ct2" not in [c.name for c in select(only=("tk-teacher",), skip=("tk-teacher-ct2",))]
+    assert BY_NAME["tk-3L-ct2-int8"].label.endswith("compress export --format ctranslate2 --quantization int8")
+    assert {"toolkit/teacher-ct2", "toolkit/teacher-ct2-int8"} <= set(outputs("tk-teacher"))
+    assert {"toolkit/3L-ct2", "toolkit/3L-ct2-int8"} <= set(outputs("tk-3L"))
+    assert not any("ct2" in path for path in outputs("tk-2L"))
+
+
+def test_the_ctranslate2_contenders_are_made_by_compress_export_with_their_quantization(tmp_path, monkeypatch):
+    from compress.cli import build_parser
+    from compress.core.config import from_args
+    from compress.export_config import ExportConfig
+
+    calls = []
+    monkeypatch.setattr(build, "run_cli", calls.append)
+    wanted = ("tk-teacher-ct2", "tk-teacher-ct2-int8", "tk-3L-ct2-int8")
+    ctx = Ctx(tmp_path, tmp_path / "data", tmp_path / "st", {"calibration_examples": 8}, "avx512_vnni", wanted)
+    teacher, student = tmp_path / "toolkit" / "teacher-all-minilm-l6-v2", tmp_path / "toolkit" / "student-3L-384"
+    records = build._toolkit_variants(ctx, teacher, "teacher", TEACHER_VARIANTS)
+    assert list(records) == ["tk-teacher-ct2", "tk-teacher-ct2-int8"]  # the step makes only what the run selected
+    records.update(build._toolkit_variants(ctx, student, "3L", STUDENT_VARIANTS["3L"]))
+    out = tmp_path / "toolkit"
+    assert calls == [
+        ["export", "--model", str(teacher), "--out", str(out / "teacher-ct2"), "--format", "ctranslate2",
+         "--quantization", "float32", "--overwrite"],
+        ["export", "--model", str(teacher), "--out", str(out / "teacher-ct2-int8"), "--format", "ctranslate2",
+         "--quantization", "int8", "--overwrite"],
+        ["export", "--model", str(student), "--out", str(out / "3L-ct2-int8"), "--format", "ctranslate2",
+         "--quantization", "int8", "--overwrite"]]
+    assert records["tk-teacher-ct2-int8"]["made_with"] == "compress export --format ctranslate2 --quantization int8"
+    assert records["tk-3L-ct2-int8"]["folder"] == str((out / "3L-ct2-int8").resolve())
+    # The command is one the toolkit's own command line reads as it is.
+    args = build_parser("export").parse_args(export_command(teacher, out / "x", "int8"))
+    cfg = from_args(ExportConfig, args, None)
+    assert (cfg.format, cfg.quantization, args.model, args.overwrite) == ("ctranslate2", "int8", str(teacher), True)
+    # A folder already made is kept: no second export.
+    (out / "teacher-ct2").mkdir(parents=True)
+    (out / "teacher-ct2" / "compression.json").write_text("{}")
+    calls.clear()
+    build._toolkit_variants(ctx, teacher, "teacher", TEACHER_VARIANTS)
+    assert [c[4] for c in calls] == [str(out / "teacher-ct2-int8")]
+
+
+def test_the_coordinator_asks_a_step_for_the_selected_contenders_alone(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from bench.peers import run as peers_run
+
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        names = command[command.index("--contenders") + 1].split(",")
+        settings = json.loads(command[command.index("--settings") + 1])
+        (tmp_path / "builds").mkdir(exist_ok=True)
+        for name in names:
+            (tmp_path / "builds" / f"{name}.json").write_text(json.dumps(
+                {"folder": str(tmp_path / name), "key": step_key("tk-teacher", settings), "step_seconds": 1.0}))
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(peers_run.subprocess, "run", fake_run)
+    cfg = PeersConfig(work=str(tmp_path), only=("tk-teacher-ct2", "tk-teacher-ct2-int8"))
+    builds, steps = peers_run.build_all(cfg, select(cfg.only), tmp_path / "st", {"main": "py"}, "avx512_vnni")
+    assert len(commands) == 1 and commands[0][:4] == ["py", "-m", "bench.peers.build", "tk-teacher"]
+    assert commands[0][commands[0].index("--contenders") + 1] == "tk-teacher-ct2,tk-teacher-ct2-int8"
+    assert set(builds) == {"tk-teacher-ct2", "tk-teacher-ct2-int8"} and steps["tk-teacher"]["cached"] is False
+    peers_run.build_all(cfg, select(cfg.only), tmp_path / "st", {"main": "py"}, "avx512_vnni")
+    assert len(commands) == 1  # the records are there with the same settings: nothing rebuilt
+    # A rebuild removes every record of the step: one the run did not select would name a removed folder.
+    (tmp_path / "builds" / "tk-teacher-onnx.json").write_text("{}")
+    (tmp_path / "toolkit" / "teacher-ct2").mkdir(parents=True)
+    build.remove_outputs(tmp_path, "tk-teacher")
+    assert not (tmp_path / "toolkit" / "teacher-ct2").exists() and list((tmp_path / "builds").iterdir()) == []
+
+
 def test_the_timing_sample_is_seeded_distinct_and_capped():
     stsb = [(f"s{i}", f"t{i}", 1.0) for i in range(30)] + [("s0", "t0", 2.0)]
     first = timing_sample(stsb, 10)
@@ -167,7 +296,10 @@ def test_the_report_renders_the_table_and_the_verdicts(tmp_path):
             row("tk-static-refined", TOOLKIT, 71.0, 25000, 95000),
             {**row("ct2-int8", PEER, None, None, None), "status": "failed: build step ctranslate2 failed"}]
     cfg = {**FULL.__dict__, "out": "x"}
-    header = {"date": "today", "cpu": "AMD EPYC", "cores": 2, "flags": ["avx2"], "threads": 2, "command": "python -m bench.peers",
+    precisions = {"bf16": False, "amx_bf16": False, "amx_int8": False, "vnni": False, "int8_preset": "avx2",
+                  "arch": "x86_64", "source": "/proc/cpuinfo flags"}
+    header = {"date": "today", "cpu": "AMD EPYC", "cores": 2, "flags": ["avx2"], "precisions": precisions, "threads": 2,
+              "command": "python -m bench.peers",
               "note": "", "config": cfg, "full": cfg, "reduced": {"rounds": 1},
               "environments": {"main": {"python": "py", "packages": {"torch": "2.13"}}},
               "data": {"stsb_pairs": 1500, "mrpc_pairs": 408, "scored_sentences": 3, "mrpc_queries": 1, "mrpc_candidates": 1,
@@ -176,8 +308,9 @@ def test_the_report_renders_the_table_and_the_verdicts(tmp_path):
               "steps": {"model2vec": {"seconds": 60, "cached": False, "error": None, "venv": "main"}}}
     result = {"header": header, "rows": rows, "front": {"b1": ["tk-static"], "b32": []}, "goal": verdicts(rows)}
     text = render(json.loads(json.dumps(result)))
-    assert "| tk-static | toolkit | 70.10 |" in text and "ct2-int8 (failed)" in text
+    assert "| tk-static | toolkit | fp32 | 70.10 |" in text and "ct2-int8 (failed)" in text
     assert "NOT met" in text and "REDUCED run" in text
+    assert text.splitlines()[3] == precision_line(precisions)  # beside the CPU's flags
     assert "(the gap: 1.10 points short)" in text
 
 
