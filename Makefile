@@ -24,6 +24,10 @@ RETENTION ?=
 BASE_WORK ?= runs/base
 BASE_OUT  ?= bench/results/$(shell date -u +%F)/base
 BASE_ARGS ?=
+# make bench-base-speed: the goals' speed-ups, one latency call over SPEED_TASK's folders in BASE_WORK (exports kept in
+# BASE_WORK/<task>/speed); speed.json and speed.md in BASE_OUT, whose base.md is judged again; SPEED_ARGS="--bursts 5"
+SPEED_TASK ?= wnli
+SPEED_ARGS ?=
 GLUE_WORK ?= runs/glue
 GLUE_OUT  ?= bench/results/$(shell date -u +%F)/glue
 # make bench-peers: all-MiniLM-L6-v2 against sentence-transformers, ONNX Runtime, CTranslate2 and model2vec
@@ -32,7 +36,7 @@ PEERS_WORK ?= runs/peers
 PEERS_OUT  ?= bench/results/$(shell date -u +%F)/peers
 GLUE_ARGS ?=
 
-.PHONY: help venv test test-e2e test-versions test-transformers4 test-all demo bench bench-glue bench-base base-teacher bench-peers clean
+.PHONY: help venv test test-e2e test-versions test-transformers4 test-all demo bench bench-glue bench-base bench-base-speed base-teacher bench-peers clean
 
 help:
 	@echo "make demo                run the main job (offline, a few minutes on 2 CPU cores)"
@@ -50,6 +54,8 @@ help:
 	@echo "make bench-base          the base-size teacher through every stage (GLUE, Banking77, WNUT-17), bf16 where the"
 	@echo "                         CPU has it; models in BASE_WORK=$(BASE_WORK) (a re-run resumes), results in BASE_OUT,"
 	@echo "                         each finished result committed; BASE_ARGS=\"--tasks sst2 --max-train-examples 1000\""
+	@echo "make bench-base-speed    the base benchmark's speed goals: SPEED_TASK=$(SPEED_TASK)'s models and their exports timed"
+	@echo "                         in one latency call (a quiet machine), judged in BASE_OUT's speed.md and base.md"
 	@echo "make bench-peers         all-MiniLM-L6-v2 against the tools users compare with, in one run (both environments);"
 	@echo "                         builds in PEERS_WORK=$(PEERS_WORK) (reused), report in PEERS_OUT"
 
@@ -91,6 +97,9 @@ base-teacher: venv
 
 bench-base: venv
 	$(BIN)/python -m bench.base --data $(DATA) --work $(BASE_WORK) --out $(BASE_OUT) --commit $(BASE_ARGS)
+
+bench-base-speed: venv
+	$(BIN)/python -m bench.base.speed --work $(BASE_WORK) --task $(SPEED_TASK) --data-dir $(DATA)/glue --out $(BASE_OUT) $(SPEED_ARGS)
 
 bench-peers: venv
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_ARGS) -c $(CONSTRAINTS) -e '.[peers]'

@@ -221,7 +221,7 @@ def commit(out: Path, message: str) -> None:
 
 def run_base(data: Path, work: Path, out: Path, settings: BaseSettings, *, command: str, commit_results: bool) -> Path:
     """Every stage of every task not yet done; base.json and base.md rewritten after each; ``out``."""
-    from bench.base.report import render  # deferred: the report reads the finished rows only
+    from bench.base.report import read_speed, render  # deferred: the report reads the finished rows only
     from bench.own_data import prepare
 
     teacher = install(MPNET_BASE)
@@ -251,7 +251,7 @@ def run_base(data: Path, work: Path, out: Path, settings: BaseSettings, *, comma
             if ran or key not in state["rows"]:
                 state["rows"][key] = {**model_row(folder, task, role), "ran": ran, "run": run_summary(run)}
             write_json_atomic(out / "base.json", state)
-            (out / "base.md").write_text(render(state), encoding="utf-8")
+            (out / "base.md").write_text(render(state, read_speed(out)), encoding="utf-8")
             if ran and commit_results:
                 commit(out, f"bench-base: {key} ({settings.precision}, {settings.max_train_examples} examples)")
     return out
