@@ -30,6 +30,10 @@ SCORES = ("auto", STSB, COSINE)
 
 Variant = tuple[str, Any]  # (name, how)
 
+# CTranslate2's Encoder folders, float32 and int8 (its converter's own int8 weights): a task's or an embedding's alike,
+# made only of the families its export converts (see compress.auto.variants.skipped).
+CTRANSLATE2_VARIANTS: tuple[Variant, ...] = (("ctranslate2-fp32", ("export", "ctranslate2", None)),
+                                             ("ctranslate2-int8", ("export", "ctranslate2", "int8")))
 # What each backend contributes to a task model: (variant name, how it is made from an fp32 student folder).
 TASK_VARIANTS: dict[str, tuple[Variant, ...]] = {
     "torch": (("torch-fp32", None), ("torch-int8", ("quantize", "torch", "dynamic"))),
@@ -37,6 +41,7 @@ TASK_VARIANTS: dict[str, tuple[Variant, ...]] = {
     "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
                  ("openvino-int8", ("quantize", "openvino", "static"))),
     "inc": (("inc-int8", ("quantize", "inc", "static")),),
+    "ctranslate2": CTRANSLATE2_VARIANTS,
 }
 # What each backend contributes to an embedding folder: ONNX Runtime's int8 is static (calibrated on the search's
 # training sentences); INC cannot calibrate an embedding folder.
@@ -45,6 +50,7 @@ EMBEDDING_VARIANTS: dict[str, tuple[Variant, ...]] = {
     "onnxruntime": (("onnxruntime-int8", ("quantize", "onnxruntime", "static")),),
     "openvino": (("openvino-fp32", ("export", "openvino", None)), ("openvino-bf16", ("export", "openvino", "bf16")),
                  ("openvino-int8", ("quantize", "openvino", "static"))),
+    "ctranslate2": CTRANSLATE2_VARIANTS,
 }
 # Variants that only a CPU with bf16 kernels (AVX512_BF16, AMX-BF16) runs as such: elsewhere they would be their fp32.
 BF16_VARIANTS = ("openvino-bf16",)
@@ -127,9 +133,11 @@ class AutoConfig:
     budget: str = option("", "what the model must meet, all of them, separated by ';': p50<=6ms@b1,s128 (also p90, p99, "
                          "mean), throughput>=500/s@b32,s128, size<=20MB, speedup>=10x (over the teacher, measured here)",
                          metavar="BUDGET[;...]")
-    backends: tuple[str, ...] = option(("torch", "onnxruntime", "openvino"), "backends to consider: torch (fp32, dynamic int8), "
-                                       "onnxruntime (int8), openvino (fp32, bf16 on a CPU with AVX512_BF16 or AMX-BF16, NNCF int8), "
-                                       "inc (static int8)", metavar="NAME[,...]")
+    backends: tuple[str, ...] = option(("torch", "onnxruntime", "openvino", "ctranslate2"), "backends to consider: torch "
+                                       "(fp32, dynamic int8), onnxruntime (int8), openvino (fp32, bf16 on a CPU with AVX512_BF16 "
+                                       "or AMX-BF16, NNCF int8), inc (static int8), ctranslate2 (float32, its own int8; skipped, "
+                                       "saying why, where CTranslate2 cannot convert the teacher or is not installed)",
+                                       metavar="NAME[,...]")
     time_limit: str = option("90m", "wall-clock limit of the whole search (90m, 1.5h); 15% of it is kept for the last step")
     shapes: tuple[str, ...] = option((), "candidate student shapes (default: depths 1-6 x widths down to a third of the teacher's x "
                                      "the teacher's FFN ratio or half of it; with --embedding: the teacher's width at depths "

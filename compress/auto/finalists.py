@@ -16,6 +16,7 @@ from compress.auto.probe import make_variant, variants
 from compress.auto.search import measurement
 from compress.auto.state import SearchRun, best_round
 from compress.auto.targets import Target
+from compress.auto.variants import skipped
 from compress.core.errors import CompressError
 from compress.eval.latency.row import Row
 from compress.eval.latency.rows import size_on_disk
@@ -36,6 +37,8 @@ def make_finalists(run: SearchRun, labels: list[str], predicted: dict, *, add: b
             artifacts.append({"label": label, "variant": STATIC_VARIANT, "dir": str(source), "accuracy": float(last["score"]),
                               "teacher": last["teacher"], "predicted": None})
             continue
+        for name, why in skipped(run.cfg.variant_table, run.cfg.backends, run.teacher_dir).items():
+            log.warning("%s as %s: %s", label, name, why)  # e.g. CTranslate2 has no converter for the family
         for name, how in variants(run):
             if name not in predicted[label]["variants"]:
                 continue
@@ -57,10 +60,21 @@ def make_finalists(run: SearchRun, labels: list[str], predicted: dict, *, add: b
 
 def variant_accuracy(path: Path, how, target: Target, fp32: float) -> float:
     """A variant's score: an int8 or bf16 one's own (as the target scores it: see its ``variant_score``), any other
-    its fp32 candidate's."""
-    if how is None or (how[0] != "quantize" and how[2] != "bf16"):
+    its fp32 candidate's. An int8 export (CTranslate2's) is refused beyond --max-drop, as quantize refuses its own."""
+    if how is None or (how[0] != "quantize" and how[2] not in ("bf16", "int8")):
         return fp32
-    return target.variant_score(path, how, fp32)
+    score = target.variant_score(path, how, fp32)
+    if how[0] == "export" and how[2] == "int8":
+        refuse_drop(path, target, fp32, score)
+    return score
+
+
+def refuse_drop(path: Path, target: Target, fp32: float, score: float) -> None:
+    """The accuracy guard of an int8 variant no quantize run guarded: more than --max-drop below its fp32 is refused."""
+    max_drop = target.cfg.max_drop
+    if max_drop is not None and fp32 - score > max_drop:
+        raise CompressError(f"{path.name} scores {score:.2f} ({target.score_description}), {fp32 - score:.2f} points below "
+                            f"its fp32 model's {fp32:.2f}: more than --max-drop {max_drop:g}")
 
 
 def final_run(run: SearchRun, dirs: list[Path]) -> list[Row]:

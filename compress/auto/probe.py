@@ -18,7 +18,7 @@ import numpy as np
 from compress.auto.search import Budget, fit_latency_model, held_out_error
 from compress.auto.state import Probe, ProbeSample, SearchRun
 from compress.auto.targets import Target
-from compress.auto.variants import Variant, usable
+from compress.auto.variants import Variant, export_config, usable
 from compress.core.errors import CompressError
 from compress.core.formats.artifacts import load_config, load_tokenizer, save_model_dir
 from compress.core.formats.records import compression_record, utc_now
@@ -28,7 +28,7 @@ from compress.eval.latency.config import LatencyConfig
 from compress.eval.latency.row import Row
 from compress.eval.latency.rows import size_on_disk
 from compress.eval.latency.runs import measure_latency
-from compress.export import ExportConfig, export
+from compress.export import export
 from compress.quantize.run import quantize
 from compress.students.init import init_student
 from compress.students.slices import fits_inside
@@ -57,8 +57,8 @@ def measured_latency(dirs: list[Path], at: list[tuple[int, int]], repeats: int, 
 
 def variants(run: SearchRun) -> list[Variant]:
     """The variants the search makes of every shape: its backends' (for a task model or an embedding folder) that
-    this CPU runs as what they are."""
-    return usable(run.cfg.variant_table, run.cfg.backends)
+    this CPU runs as what they are and the teacher's candidates can be made into."""
+    return usable(run.cfg.variant_table, run.cfg.backends, run.teacher_dir)
 
 
 def probe_shapes(shapes: list[Shape], n: int) -> tuple[list[Shape], list[Shape]]:
@@ -81,8 +81,8 @@ def make_variant(source: Path, dest: Path, how, target: Target, max_eval: int | 
     if (dest / "compression.json").is_file():
         return dest
     kind, backend, scheme = how
-    if kind == "export":  # scheme: the floating-point precision asked of the runtime (None: fp32)
-        return export(source, dest, ExportConfig(format=backend, precision=scheme or "fp32"), overwrite=True)
+    if kind == "export":  # scheme: the precision or quantization asked of the runtime (None: fp32)
+        return export(source, dest, export_config(backend, scheme), overwrite=True)
     return quantize(source, dest, target.quantize_config(backend, scheme, max_eval), overwrite=True)
 
 

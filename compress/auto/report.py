@@ -18,6 +18,7 @@ from pathlib import Path
 from compress.auto.engine import Halving
 from compress.auto.search import pareto_front
 from compress.auto.state import Probe, SearchRun
+from compress.auto.variants import skipped
 from compress.core.formats.records import utc_now
 from compress.core.formats.writes import atomic_path, write_json_atomic
 
@@ -43,6 +44,7 @@ def report_data(data: ReportData) -> dict:
         "kind": "auto", "when": utc_now(), "task": target.name, "teacher": str(run.teacher_dir),
         "score": target.score_description, "score_column": target.score_column,
         "budgets": [b.text for b in run.budgets], "backends": list(cfg.backends), "point": list(at),
+        "skipped_variants": skipped(cfg.variant_table, cfg.backends, run.teacher_dir),
         "seconds": round(time.monotonic() - data.started, 1), "latency_model_error": probe.error,
         "final_runs": cfg.final_runs, "probe_reused_from": probe.reused_from,
         "teacher_ms": probe.teacher, "teacher_probe_timings": probe.teacher_timings,
@@ -85,6 +87,10 @@ def write_report(where: Path, report: dict) -> None:
         lines.append(f"- latency model error on held-out probe shapes: median {err['median']:.1f}%, worst {err['worst']:.1f}%")
     if report.get("probe_reused_from"):
         lines.append(f"- latency probe reused from the earlier search {report['probe_reused_from']} (same teacher, backends, points)")
+    reasons: dict[str, list[str]] = {}
+    for name, why in (report.get("skipped_variants") or {}).items():
+        reasons.setdefault(why, []).append(name)
+    lines += [f"- not made: {', '.join(names)} ({why})" for why, names in reasons.items()]
     chosen = report["chosen"]
     lines.append(f"- chosen: {chosen['name']} ({chosen['accuracy']:.2f})" if chosen else "- chosen: nothing met every budget")
     column = report.get("score_column", "dev")

@@ -6,7 +6,7 @@
 1. **Probe.** Random-weight students of a spread of shapes (depth x width) are built from
    the teacher, turned into every variant the chosen backends offer (torch fp32 and
    dynamic int8, ONNX Runtime int8, OpenVINO fp32, bf16 where the CPU has bf16 kernels, and
-   NNCF int8, INC int8) and timed at
+   NNCF int8, INC int8, CTranslate2 float32 and int8 where its converter takes the family) and timed at
    the budgets' (batch, seq) points, each model in its own process, beside the teacher
    (the reference of ``speedup`` budgets; timed before and after the others, its faster time
    kept). A non-negative linear latency model per variant

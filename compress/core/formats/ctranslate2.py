@@ -19,10 +19,11 @@ transformers 5) and the folder's tokenizer. Two things it cannot know are set on
 * the first position embedding a token uses (``Family.unused_positions``): its RoBERTa loaders skip padding id + 1
   rows only when the padding id is above 0.
 
-What it refuses, each in one line: a family CTranslate2 has no converter for (:data:`CONVERTED`: BERT, DistilBERT,
-RoBERTa, XLM-R; not MPNet, ModernBERT or ELECTRA), layers with different head counts or FFN widths (its encoder
-takes one of each), a folder that is not PyTorch fp32 (an int8 or graph folder: convert its parent), a head the
-family states no plain layers for (``Family.head_layers``), and an unknown quantization.
+What it refuses, each in one line (:func:`refusal`, which ``compress auto`` asks too): a family CTranslate2 has no
+converter for (:data:`CONVERTED`: BERT, DistilBERT, RoBERTa, XLM-R; not MPNet, ModernBERT or ELECTRA), layers with
+different head counts or FFN widths (its encoder takes one of each), a folder that is not PyTorch fp32 (an int8 or
+graph folder: convert its parent), a head the family states no plain layers for (``Family.head_layers``), CTranslate2
+not installed; and an unknown quantization.
 
 The task head runs outside CTranslate2 (``compress.core.formats.ctranslate2_runtime``) from ``compression.json``'s
 ``ctranslate2`` record: what it reads (pooler output, first token or every token) and its Linear layers with their
@@ -31,6 +32,7 @@ activations, the tensors in ``head.safetensors``; the model card renders the sam
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -56,6 +58,9 @@ from compress.core.preflight import check_output
 # The toolkit's families whose configs CTranslate2 4.x's TransformersConverter has a loader for (BertConfig,
 # DistilBertConfig, RobertaConfig, XLMRobertaConfig); it has none for MPNet, ModernBERT or ELECTRA.
 CONVERTED = ("bert", "distilbert", "roberta", "xlm-roberta")
+EXTRA = "compress[ctranslate2]"  # what installs CTranslate2 (its converter and Encoder)
+
+
 def export_ctranslate2(model_dir: str | Path, out: str | Path, *, quantization: str = "float32",
                        overwrite: bool = False) -> Path:
     """Write the PyTorch model in ``model_dir`` as a CTranslate2 Encoder folder ``out`` (module docstring); ``out``."""
@@ -66,7 +71,7 @@ def export_ctranslate2(model_dir: str | Path, out: str | Path, *, quantization: 
     # Loaded for the converter alone: quantizing, it writes int8 values into the tensors it was handed.
     model = load_folder_model(folder)
     structure = st.describe(model)
-    heads = uniform_heads(folder.path, structure)
+    heads = uniform_heads(folder, structure)
     layers = family.head_layers.get(head)  # None for a bare encoder: its output is the last hidden state
     # Copied before the converter touches the model (it quantizes in place, and replaces the directory it writes).
     tensors = head_tensors(model, layers.linears) if layers is not None else None
@@ -92,33 +97,46 @@ def export_ctranslate2(model_dir: str | Path, out: str | Path, *, quantization: 
 
 
 def check_source(folder: ModelFolder) -> tuple[Family, str]:
-    """(family, head) of a folder CTranslate2 can take; anything else refused in one line saying why."""
+    """(family, head) of a folder CTranslate2 can take; anything else refused in one line saying why (:func:`refusal`)."""
+    why = refusal(folder)
+    if why:
+        raise CompressError(why)
+    return folder.family, folder.head
+
+
+def refusal(folder: ModelFolder, structure: dict[str, Any] | None = None) -> str | None:
+    """Why ``folder`` has no CTranslate2 export, in one line (None: it has one): a format other than PyTorch fp32, a
+    family CTranslate2 has no converter for, a head its Encoder cannot run, CTranslate2 not installed and, given its
+    ``structure`` (``structure.describe``'s), layers with different head counts or FFN widths."""
     path = folder.path
     if folder.format != TORCH:
         parent = parent_path(folder.record) or "the PyTorch folder it was made from"
-        raise CompressError(f"{path} is a {folder.format} model; CTranslate2 converts PyTorch fp32 weights (and quantizes "
-                            f"them itself with --quantization): export {parent} with --format ctranslate2")
+        return (f"{path} is a {folder.format} model; CTranslate2 converts PyTorch fp32 weights (and quantizes "
+                f"them itself with --quantization): export {parent} with --format ctranslate2")
     family, head = folder.family, folder.head
     if family.model_type not in CONVERTED:
-        raise CompressError(f"CTranslate2 has no converter for {family.model_type} models ({path}); it converts "
-                            f"{', '.join(CONVERTED)}: export this one with --format onnx or --format openvino")
+        return (f"CTranslate2 has no converter for {family.model_type} models ({path}); it converts "
+                f"{', '.join(CONVERTED)}: export this one with --format onnx or --format openvino")
     if head != "base" and head not in family.head_layers:
-        raise CompressError(f"{path} has a {head} head, which CTranslate2's Encoder cannot run (it returns hidden states "
-                            f"and the head runs beside it); it takes base, {', '.join(family.head_layers)} models")
-    return family, head
-
-
-def uniform_heads(path: Path, structure: dict[str, Any]) -> int:
-    """The one head count of every layer; layers whose head counts or FFN widths differ are refused in one line."""
-    heads, ffn = list(structure["heads"]), list(structure["ffn"])
-    for what, values in (("attention head counts", heads), ("FFN widths", ffn)):
+        return (f"{path} has a {head} head, which CTranslate2's Encoder cannot run (it returns hidden states "
+                f"and the head runs beside it); it takes base, {', '.join(family.head_layers)} models")
+    if find_spec("ctranslate2") is None:
+        return f"CTranslate2 is not installed, so {path} cannot be converted: pip install '{EXTRA}'"
+    for what, key in (("attention head counts", "heads"), ("FFN widths", "ffn")):
+        values = list((structure or {}).get(key, ()))
         if len(set(values)) > 1:
-            raise CompressError(
-                f"{path} has {what} {values} per layer; CTranslate2's encoder takes one for every layer, so it cannot "
-                "hold this pruned shape: export it with --format onnx or --format openvino (any shape), or prune "
-                "uniformly for CTranslate2"
-            )
-    return heads[0]
+            return (f"{path} has {what} {values} per layer; CTranslate2's encoder takes one for every layer, so it "
+                    "cannot hold this pruned shape: export it with --format onnx or --format openvino (any shape), or "
+                    "prune uniformly for CTranslate2")
+    return None
+
+
+def uniform_heads(folder: ModelFolder, structure: dict[str, Any]) -> int:
+    """The one head count of every layer; layers whose head counts or FFN widths differ are refused in one line."""
+    why = refusal(folder, structure)
+    if why:
+        raise CompressError(why)
+    return int(structure["heads"][0])
 
 
 def encoder_of(model: nn.Module) -> nn.Module:
