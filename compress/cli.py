@@ -9,7 +9,9 @@ bars on a terminal), the result to stdout and its closing notes to stderr, which
 light module (``Stage.config``), so ``compress --help``, ``compress CMD --help`` and an
 option its config refuses (a seed out of range, 100000 threads) are instant, and a stage's
 cheap checks (:mod:`compress.core.preflight`: a missing model folder or data file, an
-unknown task, a malformed budget, an occupied ``--out``) come before its module is imported. A :class:`CompressError` becomes one line on stderr
+unknown task, a malformed budget, an occupied ``--out``) come before its module is imported, as
+does reading and checking its task's data files (:mod:`compress.core.data.check`), which the stage
+then reuses. A :class:`CompressError` becomes one line on stderr
 and its exit status; any other exception one line naming its type and message, exit
 status 1 (with ``--debug`` or ``COMPRESS_DEBUG=1`` it propagates, traceback and all); a
 group or ``compress`` without its command prints its help and one error line, exit status
@@ -172,12 +174,17 @@ def _early_parser(stage: Stage) -> tuple[Parser, list[argparse.Action]]:
 
 
 def run_stage(stage: Stage, args: argparse.Namespace) -> tuple[str, list[str]]:
-    """Config from --config and the flags, one call of the stage's entry; what the stage reports."""
+    """Config from --config and the flags, one call of the stage's entry; what the stage reports.
+
+    The task data the stage reads first (``Stage.reads``) is read and checked before its module is imported, and the
+    stage's own reads of it get what was read then (:mod:`compress.core.data.check`).
+    """
     cfg = from_args(stage.config_class(), args, args.config)
     inputs = {i.name: getattr(args, i.name) for i in stage.inputs}
     switches = frozenset(s.name for s in stage.switches if getattr(args, s.name))
-    result = stage.run(inputs, cfg, args.out if stage.out_help else None,
-                       overwrite=getattr(args, "overwrite", False), switches=switches)
+    with stage.data_checked(cfg, inputs):
+        result = stage.run(inputs, cfg, args.out if stage.out_help else None,
+                           overwrite=getattr(args, "overwrite", False), switches=switches)
     return stage.outcome(result, cfg, inputs)
 
 

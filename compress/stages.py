@@ -18,9 +18,10 @@ no torch either (tests/test_startup.py); only the entry function's module does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from compress.core.config import SEEDS, Choices, in_bounds
 from compress.core.errors import CompressError
@@ -30,6 +31,10 @@ from compress.core.preflight import DIRECTORY, HUB
 from compress.core.registry import Registry
 from compress.core.data.tasks import TASKS, USER_KINDS, is_kind, task_choices, user_kind, user_task
 
+if TYPE_CHECKING:
+    from compress.core.data.check import Reads
+
+DATA_CHECK = "compress.core.data.check"  # loaded when a stage's data is checked: it imports the readers (pyarrow)
 SEVERAL = ("models", "runs")  # input names that take several directories; "model", "teacher" take one
 OWN_DATA = ("task", "train_file", "dev_file")  # a training stage's early options (Stage.early): its task and data files
 
@@ -84,6 +89,9 @@ class Stage:
     # Its config fields among compress.core.preflight.EARLY_OPTIONS: the command line checks them before it imports
     # the stage's module (tests/core/test_preflight.py keeps this list equal to the config's own).
     early: tuple[str, ...] = ()
+    # (cfg, inputs) -> the task data the stage reads before it opens its model, or None when it reads none: the
+    # command line reads and checks it before it imports the stage's module (compress.core.data.check).
+    reads: Callable[[Any, dict[str, Any]], Reads | None] | None = None
 
     def config_class(self) -> type:
         return load(self.config)
@@ -96,6 +104,12 @@ class Stage:
         if self.out_help is None:
             return load(chosen)(*args, cfg)
         return load(chosen)(*args, out, cfg, overwrite=overwrite)
+
+    def data_checked(self, cfg: Any, inputs: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        """Where the stage runs on the command line: its task data (``reads``) read and checked on entering, and kept
+        for the stage's own reads of it (compress.core.data.check.checked_data)."""
+        reads = self.reads(cfg, inputs) if self.reads else None
+        return load(f"{DATA_CHECK}:checked_data")(reads) if reads is not None else contextlib.nullcontext()
 
     def run_in_recipe(self, inputs: dict[str, Any], cfg: Any, out: Path) -> Path:
         """Run as a recipe stage: ``inputs`` by recipe key, output into ``out`` (replaced)."""
@@ -111,6 +125,22 @@ class Stage:
 
 
 Say = Callable[[str], None]  # where progress and notes go (stderr on the command line)
+
+
+def trains_on(model: str, *, test: bool = True, seed: Callable[[Any], int] = lambda cfg: cfg.train.seed,
+              when: Callable[[Any], bool] = lambda cfg: True) -> Callable[[Any, dict[str, Any]], Reads | None]:
+    """``Stage.reads`` of a stage that reads its task's train and dev splits (``test``: its --test-file too) from its
+    config's ``task`` and ``data``, the task named by the input ``model`` when --task does not (``when`` it has one)."""
+    def reads(cfg: Any, inputs: dict[str, Any]) -> Reads | None:
+        if not when(cfg):
+            return None
+        return load(f"{DATA_CHECK}:Reads").training(cfg.task, cfg.data, inputs[model], seed=seed(cfg), test=test)
+    return reads
+
+
+def _eval_reads(cfg: Any, inputs: dict[str, Any]) -> Reads:
+    """``compress eval``'s: the split it scores, from --data-file or --data-dir."""
+    return load(f"{DATA_CHECK}:Reads").evaluation(cfg.task, cfg.own, cfg.source(), cfg.split, inputs["model"])
 
 
 @dataclass(frozen=True)
@@ -236,7 +266,7 @@ register(Stage(
     "compress.eval.config:EvalConfig", "compress.eval.evaluate:evaluate",
     (Input("model", "--model", "model directory (config.json + weights + tokenizer)", recipe_key="models"),),
     produces_model=False, report="compress.eval.evaluate:summarize", said=None,
-    recipe_entry="compress.pipeline:run_eval", early=("task", "data_file"),
+    recipe_entry="compress.pipeline:run_eval", early=("task", "data_file"), reads=_eval_reads,
 ))
 
 register(Stage(
@@ -277,7 +307,7 @@ register(Stage(
     out_help="output model directory (the best dev checkpoint)",
     switches=(Switch("--grid", "sweep batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; keep the best on dev",
                      "compress.teacher.finetune:finetune_grid"),),
-    report="compress.teacher.finetune:summarize", early=(*OWN_DATA, "resume"),
+    report="compress.teacher.finetune:summarize", early=(*OWN_DATA, "resume"), reads=trains_on("model"),
 ))
 
 register(Stage(
@@ -292,7 +322,7 @@ register(Stage(
     "compress.distill.config:DistillConfig", "compress.distill.task:distill",
     (Input("teacher", "--teacher", "fine-tuned teacher: directory, alias or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the best dev student)",
-    report="compress.distill.task:summarize", early=(*OWN_DATA, "resume"),
+    report="compress.distill.task:summarize", early=(*OWN_DATA, "resume"), reads=trains_on("teacher"),
 ))
 
 register(Stage(
@@ -312,6 +342,7 @@ register(Stage(
            "or hub id", "MODEL", check=HUB),),
     out_help="output model directory (the chosen model, with the search's report in search/)",
     report="compress.auto.run:summarize", early=(*OWN_DATA, "budget", "resume"),
+    reads=trains_on("teacher", when=lambda cfg: not cfg.embedding),
 ))
 
 register(Stage(
@@ -368,7 +399,7 @@ register(Stage(
     "compress.prune_config:PruneConfig", "compress.prune:prune",
     (Input("model", "--model", "fine-tuned model directory"),),
     out_help="output model directory",
-    report="compress.prune:summarize", early=OWN_DATA,
+    report="compress.prune:summarize", early=OWN_DATA, reads=trains_on("model"),
 ))
 
 register(Stage(
@@ -397,6 +428,7 @@ register(Stage(
     out_help="output directory: PNG plots, heads.json, summary.md", produces_model=False,
     skip=("max_train_examples",),  # on the command line --importance-examples sizes the sample
     report="compress.eval.heads:summarize", said="wrote {out} (summary.md, heads.json and the plots)", early=OWN_DATA,
+    reads=trains_on("model", test=False, seed=lambda cfg: cfg.seed, when=lambda cfg: cfg.has_task),
 ))
 
 register(Stage(
@@ -412,6 +444,7 @@ register(Stage(
     (Input("model", "--model", "fp32 model directory"),),
     out_help="int8 model directory",
     report="compress.quantize.run:summarize", early=OWN_DATA,
+    reads=trains_on("model", test=False, seed=lambda cfg: cfg.seed, when=lambda cfg: cfg.has_task),
 ))
 
 register(Stage(

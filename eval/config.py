@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from compress.core.config import SEEDS, flat_keywords, option
-from compress.core.data.config import EVAL_BATCH_SIZE, TaskData, TaskOptions, check_max_length
+from compress.core.data.config import EVAL_BATCH_SIZE, DataSource, TaskData, TaskOptions, check_max_length
 from compress.core.data.tasks import get_task, is_kind, task_choices
 from compress.core.errors import CompressError
 from compress.core.paths import check_input_file
@@ -69,6 +69,11 @@ class EvalConfig:
             raise CompressError("--columns maps the columns of --data-file; pass --data-file too")
         if self.data_dir and self.data_file:
             raise CompressError("pass either --data-dir or --data-file, not both")
+
+    def source(self) -> DataSource:
+        """Where the split comes from: --data-file (its --columns mapped), --data-dir, or the hub."""
+        columns = tuple(tuple(p.split("=", 1)) for p in self.columns)
+        return DataSource(data_dir=self.data_dir, data_file=self.data_file, columns=columns)
 
 
 @flat_keywords

@@ -26,7 +26,7 @@ from compress.core.formats.layout import STATIC
 from compress.core.formats.records import append_metrics, utc_now
 from compress.core.formats.writes import atomic_path, check_writable, write_text_atomic
 from compress.core.data.features import check_max_length, collate, squad_eval_features, tokenize_classification
-from compress.core.data.sources import EVAL_BATCH_SIZE, DataSource, load_split
+from compress.core.data.sources import EVAL_BATCH_SIZE, load_split
 from compress.core.errors import CompressError
 from compress.core.logs import progress
 from compress.core.formats.openvino import export_openvino
@@ -63,8 +63,7 @@ def resolve_device(name: str):
 
 
 def data_source(cfg: EvalConfig):
-    columns = tuple(tuple(p.split("=", 1)) for p in cfg.columns)
-    return DataSource(data_dir=cfg.data_dir, data_file=cfg.data_file, columns=columns)
+    return cfg.source()
 
 
 # ---------------------------------------------------------------------------- label mapping
@@ -149,9 +148,11 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     _check_destinations(model_dir, cfg)
     per_kind = _per_kind(task)
     check_head(folder, task)  # before load_model would put a fresh, untrained head on it
-    model = _load(folder, task.behaviour.head, cfg.runtime)  # config and weights first: their errors are the clearest
+    per_kind.check(folder.config, task)  # outputs that do not fit the task, from config.json: before any data
+    # Every split is read and checked before the weights and the tokenizer are loaded: a data error costs no model.
+    data = {split.name: load_split(task, split.name, data_source(cfg), cfg.max_eval_examples) for split in splits}
+    model = _load(folder, task.behaviour.head, cfg.runtime)
     tokenizer = folder.tokenizer
-    per_kind.check(model.config, task)  # fail before loading any data
     model_max = config_sizes(model.config).max_positions
     max_length = cfg.max_length if cfg.max_length is not None else min(task.behaviour.max_length, model_max)
     check_max_length(max_length, model_max)
@@ -160,7 +161,7 @@ def evaluate(model_dir: str | Path, cfg: EvalConfig) -> list[dict[str, Any]]:
     records = []
     for split in splits:
         record = per_kind.evaluate_split(model, tokenizer, task, split, cfg, max_length=max_length, device=device,
-                                         model_dir=model_dir)
+                                         model_dir=model_dir, ds=data[split.name])
         if cfg.runtime != "auto":
             record["runtime"] = cfg.runtime
         if cfg.record and record.get("metrics"):
@@ -210,6 +211,7 @@ def evaluate_embeddings(folder: ModelFolder, task: Task, splits: tuple[Split, ..
     for split in splits:
         if not split.labelled:
             raise CompressError(f"{task.display} {split.name} has no labels to score embeddings against; use --split dev")
+    data = {split.name: load_split(task, split.name, data_source(cfg), cfg.max_eval_examples) for split in splits}
     model = load_folder_model(folder, head="base")
     tokenizer = folder.tokenizer
     spec = read_spec(model_dir)
@@ -219,7 +221,7 @@ def evaluate_embeddings(folder: ModelFolder, task: Task, splits: tuple[Split, ..
     device = resolve_device(cfg.device)
     records = []
     for split in splits:
-        ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
+        ds = data[split.name]
         score = embedding_scorer(tokenizer, task, ds, spec, batch_size=cfg.eval_batch_size, max_length=max_length, device=device)
         metrics, details = score(model)
         record = embedding_record(task, split.name, len(ds), metrics, details, spec,
@@ -420,9 +422,11 @@ def split_records(task: Task, dev: dict, metrics: dict[str, float], **extra) -> 
     return records
 
 
-def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, *, max_length, device, model_dir):
-    """One split of a task with labels (GLUE, a user's classes, scores, label sets or tags): metrics and prediction files."""
-    ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
+def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, *, max_length, device, model_dir, ds=None):
+    """One split of a task with labels (GLUE, a user's classes, scores, label sets or tags): metrics and prediction files.
+
+    ``ds``: the split as read already (None: read here)."""
+    ds = ds if ds is not None else load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
     metrics, preds = make_scorer(tokenizer, task, ds, cfg, max_length, device)(model)
     record: dict[str, Any] = {
         "kind": "eval",
@@ -445,8 +449,8 @@ def _evaluate_glue(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, 
     return record
 
 
-def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, *, max_length, device, model_dir):
-    ds = load_split(task, split.name, data_source(cfg), cfg.max_eval_examples)
+def _evaluate_squad(model, tokenizer, task: Task, split: Split, cfg: EvalConfig, *, max_length, device, model_dir, ds):
+    """One SQuAD split (``ds``, read already): metrics and the predictions files."""
     scorer = make_scorer(tokenizer, task, ds, cfg, max_length, device)
     metrics, (preds, null_odds) = scorer(model)
     out = predictions_dir(cfg, model_dir)
@@ -608,7 +612,7 @@ class _KindEval:
 
     check: Callable  # (model config, task) -> refuse a model made for another task, before any data loads
     scorer: Callable  # (tokenizer, task, dataset, EvalConfig, max_length, device) -> score(model)
-    evaluate_split: Callable  # (model, tokenizer, task, split, cfg, *, max_length, device, model_dir) -> record
+    evaluate_split: Callable  # (model, tokenizer, task, split, cfg, *, max_length, device, model_dir, ds) -> record
     decide: Callable | None  # (task, (n, outputs) logits in the task's label order) -> predictions; None: spans, tags
     format: Callable | None  # (task, prediction) -> its text in prediction and GLUE server files; None: spans, tags
     write: Callable | None = None  # (out dir, task, split, dataset, predictions) -> the predictions file; None: spans

@@ -46,8 +46,8 @@ from compress.core.formats.layout import TORCH
 from compress.core.formats.records import parent_path, read_compression, utc_now
 from compress.core.formats.writes import write_json_atomic
 from compress.core.preflight import check_output, require_model_dir
-from compress.core.data.features import check_max_length, collate, encode_examples
-from compress.core.data.sources import TaskData, load_split, load_task_data
+from compress.core.data.features import check_max_length, collate, encode_examples, train_features
+from compress.core.data.sources import TaskData, load_dev_splits, load_split, load_train_split
 from compress.core.errors import CompressError
 from compress.core.model.importance import head_importance_gradient, head_importance_magnitude, heads_to_remove, masked_heads
 from compress.core.logs import progress
@@ -392,10 +392,11 @@ def pruning_curve(model, evaluate, metric: str, scores: Sequence[Sequence[float]
     return rows
 
 
-def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
+def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int, data: tuple | None = None):
     """(per-layer scores, criterion name, criterion sentence, dev splits, evaluator).
 
-    Michel et al.'s gate gradient with a task; the weight magnitude without one (no labels).
+    Michel et al.'s gate gradient with a task, on ``data`` (its training sample and dev splits, read already); the
+    weight magnitude without one (no labels).
     """
 
     if task is None:
@@ -404,8 +405,8 @@ def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
             "weight magnitude (L2 norm of each head's Q/K/V rows and output columns): --text gives no labels "
             "for Michel et al.'s gradient criterion"), None, None
 
-    data = replace(cfg.data, max_train_examples=cfg.importance_examples)
-    features, dev, _ = load_task_data(task, tokenizer, data, max_length, seed=cfg.seed)
+    train, dev = data
+    features = train_features(train, task, tokenizer, max_length, doc_stride=cfg.data.doc_stride)
     pad = collate(tokenizer, task)  # per-token labels pad with -100
     rows = [features[i] for i in range(len(features))]
     batches = [pad(rows[i : i + cfg.attention_batch_size]) for i in range(0, len(rows), cfg.attention_batch_size)]
@@ -415,6 +416,12 @@ def _importance(model, task, tokenizer, cfg: HeadsConfig, max_length: int):
     evaluate = dev_evaluator(task, tokenizer, dev, max_length, batch_size=cfg.data.eval_batch_size,
                              doc_stride=cfg.data.doc_stride)
     return [s.tolist() for s in scores], "gradient", criterion, dev, evaluate
+
+
+def _task_splits(task: Task, cfg: HeadsConfig) -> tuple:
+    """(the seeded training sample that scores importance, the dev splits of the curve), as read from the task's data."""
+    data = replace(cfg.data, max_train_examples=cfg.importance_examples)
+    return load_train_split(task, data, seed=cfg.seed), load_dev_splits(task, data)
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -431,6 +438,7 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
                             f"model it was made from" + (f" ({parent})" if parent else ""))
     started = time.perf_counter()
     task = resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=model_dir) if cfg.has_task else None
+    data = _task_splits(task, cfg) if task is not None else None  # read and checked before the tokenizer and the weights
     tokenizer = load_tokenizer(model_dir)
     model = _load_model(model_dir, task)
     model_max = st.config_sizes(model.config).max_positions
@@ -450,7 +458,7 @@ def analyze_heads(model_dir: str | Path, out: str | Path, cfg: HeadsConfig, over
     stats = attention_statistics(model, tokenizer, encodings, batch_size=cfg.attention_batch_size, js_examples=cfg.js_examples)
     timing["statistics"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    scores, method, criterion, dev, evaluate = _importance(model, task, tokenizer, cfg, max_length)
+    scores, method, criterion, dev, evaluate = _importance(model, task, tokenizer, cfg, max_length, data)
     timing["importance"] = time.perf_counter() - t0
     curve, curve_note = None, None
     if task is not None and cfg.curve:

@@ -54,14 +54,7 @@ from compress.distill.augment import AugmentConfig, EmbeddingNeighbours, MaskedL
 from compress.core.formats.folder import ModelFolder
 from compress.core.formats.records import read_metrics, utc_now
 from compress.core.data.features import collate, train_features
-from compress.core.data.sources import (
-    DataSource,
-    TaskData,
-    load_dev_splits,
-    load_split,
-    load_test_split,
-    load_train_split,
-)
+from compress.core.data.sources import DataSource, TaskData, TaskSplits, load_split, read_task_data
 from compress.core.errors import CompressError
 from compress.core.data.resolve import resolve_task, task_fields
 from compress.core.formats.runtime import load_folder_model
@@ -133,39 +126,45 @@ def distill(teacher: str | Path, out: str | Path, cfg: DistillConfig, *, overwri
     """Distil ``teacher`` into a ``cfg.shape`` student on its task; write the best dev student to ``out``.
 
     The task is ``task`` when a caller has resolved it, else what ``cfg.task`` (or the teacher) names.
-    Four steps: open the run (output, teacher, task, student), read the task's data, train, write.
+    Four steps: open the run (output, task, the task's data read and checked, teacher, student), tokenise the data,
+    train, write.
     """
     run = _open(teacher, out, cfg, overwrite, task)
-    data = _task_data(run.task, run.teacher, run.student, cfg)
+    data = _task_data(run.task, run.teacher, run.student, cfg, run.splits)
     trained = _train(run, data, cfg)
     return _write(run, data, trained, cfg, overwrite)
 
 
 @dataclass
 class _Run:
-    """One task distillation: where it writes, its task, the teacher and the student."""
+    """One task distillation: where it writes, its task, the teacher, the student and the task's data."""
 
     out: Path
     task: Task
     teacher: Teacher
     student: Student
+    splits: TaskSplits  # the task's data as read, before the teacher was loaded
     work: Path | None = None  # checkpoints beside the output, set when training starts
     teacher_dev: dict = field(default_factory=dict)  # the teacher's dev metrics and its fitness check (rank 0)
 
 
 def _open(teacher: str | Path, out: str | Path, cfg: DistillConfig, overwrite: bool, task: Task | None) -> _Run:
-    """The output checked, the teacher opened on its task (refused when its labels are not the task's), the student built."""
+    """The output checked, the task's data read, the teacher opened on its task (refused when its labels are not the
+    task's), the student built."""
     out = check_out(out, cfg, overwrite, teacher)
     folder = open_model(teacher).check_torch("distillation (the teacher)")  # the one opening of the teacher's folder
+    config = folder.config  # read with the opening: the teacher's outputs are checked against the task before any data
     task = task or resolve_task(cfg.task, cfg.data.own, train_file=cfg.data.train_file, model=folder)
     check_extra_data(task, cfg)
+    _check_teacher(config, folder.path, task)
+    # Every split is read and checked before the teacher's tokenizer and weights are loaded: a data error costs no model.
+    splits = read_task_data(task, cfg.data, seed=cfg.train.seed)
     teach = open_teacher(folder, task.behaviour.head, needs_of(cfg.losses))
-    _check_teacher(teach, task)
     tokenizer = student_tokenizer(teach, cfg, cfg.init_from)
     if tokenizer is not teach.tokenizer:  # its own: each tokenises the text itself; the terms that cannot meet refused
         check_terms(task, cfg.losses)
     student = build_student(teach, cfg, needs_of(cfg.losses), cfg.loss.layer_map, source=cfg.init_from, tokenizer=tokenizer)
-    return _Run(out, task, teach, student)
+    return _Run(out, task, teach, student, splits)
 
 
 def _train(run: _Run, data: "_TaskData", cfg: DistillConfig) -> "_Trained":
@@ -283,24 +282,25 @@ def _teacher_dev(teacher: Teacher, task, dev: dict, evaluate) -> dict:
     return {"metrics": metrics, "source": source, "check": check}
 
 
-def _check_teacher(teacher: Teacher, task) -> None:
-    """Refuse a teacher whose outputs are not the task's labels (a classifier of another task)."""
+def _check_teacher(config, path: Path, task) -> None:
+    """Refuse a teacher (its ``config`` read from ``path``) whose outputs are not the task's labels (a classifier of
+    another task)."""
     if task.behaviour.label_type is None:  # a span head: no labels to match
         return
     try:
-        output_to_task_labels(teacher.model.config, task)
+        output_to_task_labels(config, task)
     except CompressError as err:
-        raise CompressError(f"teacher {teacher.folder.path}: {err}; distil from a teacher fine-tuned on {task.display}") from None
+        raise CompressError(f"teacher {path}: {err}; distil from a teacher fine-tuned on {task.display}") from None
 
 
-def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> _TaskData:
-    """Tokenise the task (and its augmented / transfer rows) at a length both models take; number the rows.
+def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig, splits: TaskSplits) -> _TaskData:
+    """Tokenise the task's ``splits`` (and its augmented / transfer rows) at a length both models take; number the rows.
 
     A student with its own tokenizer reads its own tokenisation; the teacher its own, of the same rows (when a term
     reads its outputs), kept beside it (``teacher_rows``)."""
     model_max = min(config_sizes(teacher.model.config).max_positions, config_sizes(student.model.config).max_positions)
     max_length = cfg.data.resolved_max_length(task, model_max)
-    train_ds = load_train_split(task, cfg.data, seed=cfg.train.seed)
+    train_ds = splits.train
     rows, extra = _extra_rows(task, teacher, train_ds, cfg)
     features, n_gold = _numbered(task, student.tokenizer, train_ds, rows, max_length, cfg)
     teacher_rows = None
@@ -314,8 +314,8 @@ def _task_data(task, teacher: Teacher, student: Student, cfg: DistillConfig) -> 
 
         features = teacher_rows.student_features(features, student.tokenizer, max_length, words=words, examples=train_ds,
                                                  doc_stride=cfg.data.doc_stride)
-    return _TaskData(features, load_dev_splits(task, cfg.data), n_gold, max_length, collate(student.tokenizer, task), extra,
-                     load_test_split(task, cfg.data), teacher_rows)
+    return _TaskData(features, splits.dev, n_gold, max_length, collate(student.tokenizer, task), extra, splits.test,
+                     teacher_rows)
 
 
 def _numbered(task, tokenizer, train_ds, rows: list[dict], max_length: int, cfg: DistillConfig):

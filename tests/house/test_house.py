@@ -13,6 +13,8 @@
   no other module keeps a table keyed by head names.
 * The kind of a task is decided in one record per kind (``compress.core.data.tasks.TaskKind``): no other module
   compares anything with a task kind (a constant or its string value) or keys a table by a kind constant.
+* A library's or runtime's message is passed on whole, through ``compress.core.errors.foreign`` / ``reason``: no
+  other module cuts an exception's text to one of its lines (OpenVINO's first line only says where it rethrew).
 """
 
 from __future__ import annotations
@@ -294,3 +296,40 @@ def test_no_module_but_the_task_records_compares_a_task_kind():
     assert found == []
     # the records still decide by kind (a renamed module would otherwise leave a stale exemption)
     assert kind_tests((ROOT / KIND_RECORDS).read_text(encoding="utf-8"))
+
+
+ERROR_TEXT = "compress/core/errors.py"  # where an exception's text is made into one line
+
+
+def cut_messages(text: str) -> list[int]:
+    """The lines of a source that take some lines of an exception's text: ``str(err).splitlines()`` (stripped or not),
+    ``str(err).split("\\n")`` or ``str(err).partition("\\n")``, whatever the variable is called."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("splitlines", "split", "partition")):
+            continue
+        if node.func.attr != "splitlines" and not (node.args and isinstance(node.args[0], ast.Constant)
+                                                    and node.args[0].value == "\n"):
+            continue
+        receiver = node.func.value
+        while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) and receiver.func.attr == "strip":
+            receiver = receiver.func.value
+        if (isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name) and receiver.func.id == "str"
+                and len(receiver.args) == 1 and isinstance(receiver.args[0], ast.Name)):
+            found.append(node.lineno)
+    return found
+
+
+def test_a_cut_message_is_told_from_splitting_other_text():
+    assert cut_messages("x = str(err).splitlines()[0]") == [1]
+    assert cut_messages("x = (str(exc).strip().splitlines() or ['?'])[0]") == [1]
+    assert cut_messages('x = 1\ny = str(e).split("\\n")[0]\nz = str(e).partition("\\n")[0]') == [2, 3]
+    assert cut_messages('a = text.splitlines()\nb = str(err).split(",")\nc = report.read_text().splitlines()\n'
+                        'd = str(path).split("/")') == []
+
+
+def test_no_module_but_the_error_text_cuts_a_librarys_message():
+    found = [f"{path}:{n}" for path, text in sources(*PACKAGES).items() if path != ERROR_TEXT
+             for n in cut_messages(text)]
+    assert found == []

@@ -1,7 +1,7 @@
 """The options of a task's data (:class:`TaskData`, :class:`TaskOptions`) and where it comes from (:class:`DataSource`).
 
-Kept apart from the readers (:mod:`compress.core.data.sources` and the modules it calls, which import pyarrow,
-datasets and transformers) so that a command's flags and its config checks cost no heavy import.
+Kept apart from the readers (:mod:`compress.core.data.sources` and the modules it calls, which import pyarrow
+and datasets) so that a command's flags and its config checks cost no heavy import.
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
-
 from compress.core.errors import CompressError
+from compress.core.lazy import load
 from compress.core.data.config import check_max_length  # noqa: F401  (the stages read it from here)
 from compress.core.data.tasks import Task
 from compress.core.data.token_data import check_fast, token_features
@@ -47,9 +46,10 @@ def tokenize_classification(ds, task: Task, tokenizer, max_length: int = 128):
 
 def collate(tokenizer, task: Task | None = None, pad_to_multiple_of: int | None = None):
     """A collator that pads each batch to its longest sequence (dynamic padding); per-token labels pad with -100."""
+    # transformers' collators are loaded here: reading and checking a task's data (sources) imports no transformers
     if task is not None and task.behaviour.tagged_words:
-        return DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+        return load("transformers:DataCollatorForTokenClassification")(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    return load("transformers:DataCollatorWithPadding")(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
 
 def squad_train_features(ds, tokenizer, max_length: int = 384, doc_stride: int = 128):

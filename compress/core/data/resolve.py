@@ -14,19 +14,23 @@ A folder's task wins over a kind (a distilled student keeps its teacher's label 
 ``--text-column`` and the other :class:`TaskOptions` then only say where a new file keeps
 its columns. Training data whose labels are not the folder's label set is refused in one
 line that lists the differences.
+
+A model folder here is anything with a folder's ``path``, ``record``, ``head`` and ``config``: the stages pass the
+:class:`~compress.core.formats.folder.ModelFolder` they opened, the command line's data check
+(:mod:`compress.core.data.check`) a view of its JSON files; this module imports no model library.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from compress.core.formats.folder import ModelFolder, open_folder
 from compress.core.formats.records import lineage
 from compress.core.data.labels import label_names_in
-from compress.core.data.sources import TaskOptions
+from compress.core.data.sources import TaskOptions, read_once
 from compress.core.errors import CompressError
+from compress.core.lazy import load
 from compress.core.data.tasks import (
     LABEL,
     TASKS,
@@ -40,6 +44,9 @@ from compress.core.data.tasks import (
     user_kind,
     user_task,
 )
+
+if TYPE_CHECKING:
+    from compress.core.formats.folder import ModelFolder
 
 # File names that say which split a file is, not what the task is: the folder names the task then.
 _SPLIT_WORDS = re.compile(r"^(train|training|dev|valid|validation|val|test|data|dataset|all)([-_.]?\w*)?$", re.IGNORECASE)
@@ -57,7 +64,7 @@ def resolve_task(name: str | None, options: TaskOptions | None = None, *, train_
                                 "--label-column, --labels and the like describe your own task (--task KIND): map a "
                                 "file's columns onto a benchmark task with --columns FIELD=COLUMN")
         return task
-    recorded = task_of_folder(model) if isinstance(model, ModelFolder) else task_of_model(model) if model else None
+    recorded = None if not model else task_of_model(model) if isinstance(model, (str, Path)) else task_of_folder(model)
     if recorded is not None:
         if name and recorded.kind != name:
             raise CompressError(f"{model} was made for {recorded.display}, a {recorded.kind} task; --task {name} does not "
@@ -83,7 +90,7 @@ def task_from_file(kind: str, train_file: Path, options: TaskOptions) -> Task:
     behaviour = user_kind(kind)
     draft = user_task(kind, "draft", behaviour.sample_labels, pair=bool(options.text_pair_column),
                       columns=_columns(behaviour, options), label_sep=options.label_sep)
-    found = label_names_in(draft, train_file) if behaviour.named_labels else []
+    found = _labels_in(draft, train_file) if behaviour.named_labels else []
     if options.labels:
         unknown = sorted(set(found) - set(options.labels))
         if unknown:
@@ -95,6 +102,11 @@ def task_from_file(kind: str, train_file: Path, options: TaskOptions) -> Task:
     return user_task(kind, options.task_name or default_name(train_file), tuple(labels),
                      pair=bool(options.text_pair_column), columns=_columns(behaviour, options),
                      label_sep=options.label_sep, threshold=options.threshold)
+
+
+def _labels_in(task: Task, train_file: Path) -> list[str]:
+    """The labels ``train_file`` holds, read once per command (the data check and the stage resolve the same task)."""
+    return read_once(("labels", task, Path(train_file)), lambda: label_names_in(task, Path(train_file)))
 
 
 def ordered_labels(kind: TaskKind, found: list[str]) -> list[str]:
@@ -147,7 +159,7 @@ def check_label_set(task: Task, train_file: Path, model: str | Path | None) -> N
     """Refuse training data whose labels are not the model's: one line listing what differs both ways."""
     if not task.behaviour.named_labels:
         return
-    found = set(label_names_in(task, train_file))
+    found = set(_labels_in(task, train_file))
     have = set(task.label_names)
     if found == have:
         return
@@ -174,7 +186,7 @@ def task_of_model(model: str | Path) -> Task | None:
         return None
     if not (path / "config.json").is_file():
         return recorded_task(lineage(path))
-    return task_of_folder(open_folder(path))
+    return task_of_folder(load("compress.core.formats.folder:open_folder")(path))  # transformers: loaded here
 
 
 def task_of_folder(folder: ModelFolder) -> Task | None:

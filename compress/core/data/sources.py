@@ -23,11 +23,12 @@ with :func:`read_task_data` before it opens its model's weights or tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from compress.core.errors import CompressError
+from compress.core.errors import CompressError, reason
 from compress.core.hub import hub_offline_mode, hub_reachable, offline_as_set_now
 # The options live apart, so that a command's flags cost no reader's import; every stage reads them from here too.
 from compress.core.data.config import EVAL_BATCH_SIZE, DataSource, TaskData, TaskOptions  # noqa: F401
@@ -110,6 +111,16 @@ def load_split(
         given = "--data-dir reads benchmark folders (GLUE, SQuAD), and " if source.data_dir else ""
         raise CompressError(f"{given}{task.display} is your own {task.kind} task: its {split} data comes from a file; pass "
                             f"--{split}-file FILE (in compress eval: --data-file FILE)")
+    ds = read_once((task, split, source), lambda: _read(task, spec, source))
+    if max_examples is not None and max_examples < len(ds):
+        if max_examples < 1:
+            raise CompressError(f"--max-examples must be at least 1, got {max_examples}")
+        ds = ds.select(range(max_examples))
+    return ds
+
+
+def _read(task: Task, spec: Split, source: DataSource):
+    """One split from its source, refused when it holds no example."""
     if source.data_file:
         ds = load_file(task, spec, Path(source.data_file), dict(source.columns))
     elif source.data_dir:
@@ -118,14 +129,49 @@ def load_split(
         ds = _from_hub(task, spec)
     if len(ds) == 0:
         raise CompressError(
-            f"{task.display} {split}: the data from {source.description} has no examples; "
+            f"{task.display} {spec.name}: the data from {source.description} has no examples; "
             "check the file or pass a different --data-dir/--data-file"
         )
-    if max_examples is not None and max_examples < len(ds):
-        if max_examples < 1:
-            raise CompressError(f"--max-examples must be at least 1, got {max_examples}")
-        ds = ds.select(range(max_examples))
     return ds
+
+
+# ---------------------------------------------------------------------------- read once per command
+
+_kept: dict | None = None  # what was read, by what it was read from (a split: (task, split, source)), while reading_once() holds
+
+
+@contextlib.contextmanager
+def reading_once() -> Iterator[None]:
+    """Within it, a split of a task is read from its source once: a later :func:`load_split` of the same split gets the
+    examples the first one read (cut again to its own ``max_examples``); so are the labels a task is made from
+    (:mod:`compress.core.data.resolve`).
+
+    The command line holds it around its data check and the stage (:mod:`compress.core.data.check`), so a big file the
+    check read is not read again by the stage. What reads a dataset makes new ones (map, select, shuffle), so sharing
+    one is safe; what was kept goes at the end. Nested, the outermost one keeps.
+    """
+    global _kept
+    if _kept is not None:
+        yield
+        return
+    _kept = {}
+    try:
+        yield
+    finally:
+        _kept = None
+
+
+def read_once(key: tuple, read: Callable[[], Any]):
+    """``read()``, or what it returned for ``key`` before inside :func:`reading_once` (outside it: ``read()``)."""
+    if _kept is None:
+        return read()
+    try:
+        hash(key)
+    except TypeError:  # a task built with a list in it: read again rather than fail
+        return read()
+    if key not in _kept:
+        _kept[key] = read()
+    return _kept[key]
 
 
 # ---------------------------------------------------------------------------- hub
@@ -146,11 +192,11 @@ def _from_hub(task: Task, split: Split):
             ds = datasets.load_dataset(task.hub_path, task.hub_config, split=split.hub)
     except Exception as err:  # datasets raises many types; the user needs one line
         if hub_offline_mode():
-            reason = "offline mode (HF_HUB_OFFLINE) is on and the data is not in the local cache"
+            why = "offline mode (HF_HUB_OFFLINE) is on and the data is not in the local cache"
         else:
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            why = reason(err)
         raise CompressError(
-            f"cannot load task {what} split {split.hub} from the Hugging Face hub: {reason}; {local_hint}"
+            f"cannot load task {what} split {split.hub} from the Hugging Face hub: {why}; {local_hint}"
         ) from None
     return ds
 

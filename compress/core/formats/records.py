@@ -1,5 +1,9 @@
 """What a model directory says about itself: ``compression.json`` (provenance, parent, lineage), ``metrics.json``,
-and the model card written from the two."""
+and the model card written from the two.
+
+Reading the records imports no model library: a model folder's task is read from them by the command line's data
+check (:mod:`compress.core.data.check`); what writes them (provenance, the card) loads torch and transformers there.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,16 @@ import datetime as _dt
 import hashlib
 import sys
 from dataclasses import asdict, is_dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
-
 from compress.core.config import loads_json
 from compress.core.errors import CompressError
-from compress.core.formats import card
 from compress.core.formats.layout import CARD_FILE, COMPRESSION_FILE, METRICS_FILE, OPENVINO_FILE
 from compress.core.formats.schemas import BOOL, NUMBER, STR, ListOf, MapOf, Record, Schema, Whole, optional
 from compress.core.formats.writes import write_json_atomic, write_text_atomic
-from compress.core.hardware import git_revision, hardware, package_versions
-from compress.core.model.families import head_of_class
+from compress.core.lazy import load
 
 
 # ---------------------------------------------------------------------------- dates and json
@@ -104,14 +105,17 @@ METRICS = Schema(Record({"results": ListOf(RESULT)}),
 def provenance(seed: int | None = None) -> dict[str, Any]:
     """Where a directory came from. ``threads`` (torch's intra-op threads) belongs with the seed: another
     thread count sums in another order, so the same command then trains to other weights."""
+    # deferred, with compress.core.hardware (torch too): reading records costs no torch
+    import torch
+
     return {
         "argv": list(sys.argv),
-        "git": git_revision(),
-        "packages": package_versions(),
+        "git": load("compress.core.hardware:git_revision")(),
+        "packages": load("compress.core.hardware:package_versions")(),
         "seed": seed,
         "threads": torch.get_num_threads(),
         "date": utc_now(),
-        "hardware": hardware(),
+        "hardware": load("compress.core.hardware:hardware")(),
     }
 
 
@@ -272,6 +276,9 @@ def write_model_card(path: Path | str, name: str | None = None) -> None:
     Only in a directory with config.json and compression.json, and never over a README.md
     the toolkit did not write (or a symbolic link).
     """
+    # the card and the model families are loaded here: reading records costs no transformers
+    card = import_module("compress.core.formats.card")
+    head_of_class = load("compress.core.model.families:head_of_class")
     path = Path(path)
     file = path / CARD_FILE
     if not (path / "config.json").is_file() or not (path / COMPRESSION_FILE).is_file() or file.is_symlink():
