@@ -69,6 +69,12 @@ class EvalConfig:
             raise CompressError("--columns maps the columns of --data-file; pass --data-file too")
         if self.data_dir and self.data_file:
             raise CompressError("pass either --data-dir or --data-file, not both")
+        if self.embedding and self.task and not is_kind(self.task):  # said before any data is looked for
+            task = get_task(self.task)
+            unlabelled = [s.name for s in task.resolve_splits(self.split) if not s.labelled]
+            if unlabelled:
+                raise CompressError(f"{task.display} {unlabelled[0]} has no labels to score embeddings against; "
+                                    "use --split dev")
 
     def source(self) -> DataSource:
         """Where the split comes from: --data-file (its --columns mapped), --data-dir, or the hub."""

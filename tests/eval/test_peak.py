@@ -101,7 +101,7 @@ def test_best_is_the_fastest_engine_and_a_failure_is_a_one_line_record(monkeypat
     fp32 = report["fp32"]
     assert fp32["best"] == "fast" and fp32["gflops"] == fp32["engines"]["fast"]["gflops"]
     assert fp32["engines"]["fast"]["gflops"] > fp32["engines"]["slow"]["gflops"]
-    assert fp32["engines"]["broken"] == {"error": "RuntimeError: no kernel"}
+    assert fp32["engines"]["broken"] == {"error": "RuntimeError: no kernel at some.cpp:12"}  # the message whole, on one line
     assert report["bf16"] == {"engines": {}, "best": None, "gflops": None, "unit": "GFLOP/s"}
 
 
