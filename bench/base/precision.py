@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.base.report import primary
+from bench.base.report import chance_mark, dev_chance, primary
 from bench.base.run import TASKS
 from bench.base.teacher import MPNET_BASE, install
 from compress.core.errors import CompressError
@@ -72,15 +72,18 @@ def render(state: dict[str, Any]) -> str:
              f"{state['epochs']} epoch(s), the bench.base teacher recipe (batch 32, lr {TASKS[state['task']].lr}, "
              f"max length {TASKS[state['task']].max_length}), seed {state['seed']}; each run alone, in its own process",
              f"- command: `{state['command']}`", "",
-             "| precision | examples/s (median window) | training s | dev score |", "|---|--:|--:|--:|"]
+             "| precision | examples/s (median window) | training s | dev score | note |", "|---|--:|--:|--:|---|"]
     for name in PRECISIONS:
         if name in rows:
             r = rows[name]
             rate = "" if r["examples_per_s"] is None else f"{r['examples_per_s']:.1f}"
-            lines.append(f"| {name} | {rate} | {r['train_seconds']:.0f} | {r['score']:.2f} |")
+            lines.append(f"| {name} | {rate} | {r['train_seconds']:.0f} | {r['score']:.2f} | {chance_mark(r.get('chance'))} |")
     if result.get("speedup") is not None:
         lines += ["", f"bf16 trains {result['speedup']:.2f}x as fast as fp32; its dev score differs by "
                       f"{result['score_difference']:+.2f} points (one seed: the difference includes run-to-run noise)."]
+    if any(chance_mark(r.get("chance")) for r in rows.values()):
+        lines += ["", "A run at chance learned nothing the dev set can see (it answers as a constant would): the score "
+                      "difference says nothing about bf16's accuracy; take a task or a budget where both runs learn."]
     return "\n".join(lines) + "\n"
 
 
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
                                        max_train_examples=args.max_train_examples, seed=args.seed)
             start = time.perf_counter()
             subprocess.run(command, check=True)
-            state["rows"][precision] = run_row(out, args.task, precision, time.perf_counter() - start)
+            row = run_row(out, args.task, precision, time.perf_counter() - start)
+            state["rows"][precision] = {**row, "chance": dev_chance(args.task, row["metrics"], args.data / "glue")}
             write_json_atomic(args.out / "precision.json", state)
         state["comparison"] = compare(state["rows"])
         write_json_atomic(args.out / "precision.json", state)

@@ -24,6 +24,25 @@ def primary(task: str, metrics: dict | None) -> float | None:
     return None
 
 
+def dev_chance(task: str, metrics: dict | None, glue: Path) -> dict | None:
+    """Whether a GLUE dev result is no better than chance (:func:`compress.eval.metrics.chance_check`, on the dev
+    labels read from ``glue``); None for an own-data task or metrics the rule does not read."""
+    from compress.core.data.config import DataSource  # deferred: the data readers, for GLUE rows only
+    from compress.core.data.sources import load_split
+    from compress.eval.metrics import chance_check
+
+    if task not in GLUE_SIX or not metrics:
+        return None
+    spec = get_task(task)
+    labels = load_split(spec, "dev", DataSource(data_dir=str(glue)))["label"]
+    return chance_check(spec, metrics, labels)
+
+
+def chance_mark(chance: dict | None) -> str:
+    """A row's note when its score is at chance: the rule it fell under."""
+    return f"at chance ({chance['rule']})" if chance and chance.get("at_chance") else ""
+
+
 GLUE_SIX = ("sst2", "mrpc", "stsb", "cola", "rte", "wnli")
 # The goals: (what, the models, a score floor as a share of the teacher's or an absolute average, the speed floor).
 BERT_BASE_AVERAGE = 74.9  # BERT-base's six-task dev average in the leaderboard's published rows
@@ -164,15 +183,16 @@ def render(state: dict[str, Any], speed: dict[str, Any] | None = None) -> str:
     lines = ["# The base-size teacher (all-mpnet-base-v2) through every stage", "",
              "Runs (each row names the run that made it):", "",
              *(run_line(i, r) for i, r in enumerate(made_by, 1)), "",
-             "| task | model | dev score | n train | epochs | precision | train s | ex/s | run |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+             "| task | model | dev score | n train | epochs | precision | train s | ex/s | run | note |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
     for row in state["rows"].values():
         score = primary(row["task"], row.get("metrics"))
         number = made_by.index(row["run"]) + 1 if row.get("run") in made_by else ""
         cells = [row["task"], row["role"], "" if score is None else f"{score:.2f}", row.get("n_train") or "",
                  row.get("epochs") or "", row.get("precision") or "",
                  "" if row.get("seconds") is None else f"{row['seconds']:.0f}",
-                 "" if row.get("examples_per_s") is None else f"{row['examples_per_s']:.1f}", number]
+                 "" if row.get("examples_per_s") is None else f"{row['examples_per_s']:.1f}", number,
+                 chance_mark(row.get("chance"))]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "## Goals", "", *goal_lines(state, speed)]
     return "\n".join(lines) + "\n"

@@ -221,7 +221,7 @@ def commit(out: Path, message: str) -> None:
 
 def run_base(data: Path, work: Path, out: Path, settings: BaseSettings, *, command: str, commit_results: bool) -> Path:
     """Every stage of every task not yet done; base.json and base.md rewritten after each; ``out``."""
-    from bench.base.report import read_speed, render  # deferred: the report reads the finished rows only
+    from bench.base.report import dev_chance, read_speed, render  # deferred: the report reads the finished rows only
     from bench.own_data import prepare
 
     teacher = install(MPNET_BASE)
@@ -232,6 +232,8 @@ def run_base(data: Path, work: Path, out: Path, settings: BaseSettings, *, comma
     state.update({"header": run, "settings": asdict(settings), "teacher": str(teacher), "students": STUDENTS,
                   "student_train": STUDENT_TRAIN, "int8": INT8})
     state["recipes"] = {**state.get("recipes", {}), **{t: asdict(TASKS[t]) for t in settings.tasks}}
+    for row in state["rows"].values():  # rows committed before the chance check was recorded get it now
+        row.setdefault("chance", dev_chance(row["task"], row.get("metrics"), data / "glue"))
     for name in settings.tasks:
         task = TASKS[name]
         options = task_data(task, data, files, settings)
@@ -250,6 +252,8 @@ def run_base(data: Path, work: Path, out: Path, settings: BaseSettings, *, comma
                 continue
             if ran or key not in state["rows"]:
                 state["rows"][key] = {**model_row(folder, task, role), "ran": ran, "run": run_summary(run)}
+            if ran or "chance" not in state["rows"][key]:
+                state["rows"][key]["chance"] = dev_chance(name, state["rows"][key].get("metrics"), data / "glue")
             write_json_atomic(out / "base.json", state)
             (out / "base.md").write_text(render(state, read_speed(out)), encoding="utf-8")
             if ran and commit_results:

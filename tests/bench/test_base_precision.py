@@ -45,3 +45,16 @@ def test_both_runs_share_the_recipe_and_differ_only_in_precision(tmp_path):
                          max_train_examples=1000, seed=42)
     assert [x for x, y in zip(a, b) if x != y] == ["fp32"] and b[b.index("--precision") + 1] == "bf16"
     assert a[a.index("--max-length") + 1] == "128" and a[a.index("--lr") + 1] == "2e-05"
+
+
+def test_a_run_at_chance_is_marked_and_its_score_difference_disowned(tmp_path):
+    fp32 = run_row(write_run(tmp_path / "a", [5.0], 200.0, 68.38, 81.22), "mrpc", "fp32", 210.0)
+    bf16 = run_row(write_run(tmp_path / "b", [10.0], 100.0, 68.38, 81.22), "mrpc", "bf16", 110.0)
+    # MRPC dev: 279 of 408 pairs are paraphrases; answering "paraphrase" everywhere scores accuracy 68.38
+    chance = {"at_chance": True, "rule": "accuracy <= 68.4 (the majority class of 408 dev examples) + 4.6"}
+    rows = {"fp32": {**fp32, "chance": chance}, "bf16": {**bf16, "chance": chance}}
+    state = {"rows": rows, "comparison": compare(rows), "date": "d", "cpu": "c", "bf16": True, "task": "mrpc",
+             "max_train_examples": 1000, "epochs": 1, "seed": 42, "command": "python -m ..."}
+    text = render(state)
+    assert "| fp32 | 5.0 | 200 | 81.22 | at chance (accuracy <= 68.4 (the majority class of 408 dev examples) + 4.6) |" in text
+    assert "the score difference says nothing about bf16's accuracy" in text

@@ -84,6 +84,13 @@ def test_a_rerun_on_a_new_machine_keeps_committed_rows_and_trains_only_the_missi
         return [(r, work_ / task.name / r, make(r, work_ / task.name / r)) for r in settings.roles]
 
     monkeypatch.setattr(run, "stages", stages)
+    asked = []
+
+    def chance(task, metrics, glue):  # WNLI dev: 40 of 71 pairs are "not entailment" (56.34)
+        asked.append((task, glue))
+        return {"at_chance": metrics["accuracy"] <= 56.34 + 11.8, "rule": "accuracy <= 56.3 (majority) + 11.8"}
+
+    monkeypatch.setattr(report, "dev_chance", chance)
     settings = run.BaseSettings(tasks=("wnli",), roles=("teacher", "6L-384", run.ALONE), max_train_examples=500)
     earlier = {"header": {"date": "D1", "cpu": "CPU1", "command": "first"},
                "settings": {**vars(settings), "max_train_examples": 2000},
@@ -99,7 +106,23 @@ def test_a_rerun_on_a_new_machine_keeps_committed_rows_and_trains_only_the_missi
     assert state["rows"][f"wnli/{run.ALONE}"]["run"]["max_train_examples"] == 500
     page = (out / "base.md").read_text()
     assert "1. D1 · CPU1" in page and "at most 2000 training" in page and "2. D2 · CPU2" in page
-    assert "| wnli | teacher | 56.34 |" in page and page.count("| 2 |") == 1
+    assert "| wnli | teacher | 56.34 |" in page and page.count("| 2 | at chance") == 1
+    # every row is checked once, the committed ones included, on the dev labels under the data folder's glue/
+    assert sorted(asked) == [("wnli", tmp_path / "glue")] * 3
+    assert page.count("at chance (accuracy <= 56.3 (majority) + 11.8)") == 3
+
+
+def test_dev_chance_reads_the_dev_labels_and_leaves_own_data_tasks_alone(tmp_path):
+    glue = tmp_path / "glue" / "RTE"
+    glue.mkdir(parents=True)
+    rows = ["index\tsentence1\tsentence2\tlabel"] + [f"{i}\ta\tb\t{'entailment' if i < 7 else 'not_entailment'}"
+                                                       for i in range(10)]
+    (glue / "dev.tsv").write_text("\n".join(rows) + "\n")
+    at = report.dev_chance("rte", {"accuracy": 70.0}, tmp_path / "glue")
+    # majority 7/10; two standard errors of a classifier at 0.7 over 10 examples: 200 * sqrt(0.21 / 10) = 28.98 points
+    assert at["at_chance"] and at["chance"] == pytest.approx(70.0) and at["threshold"] == pytest.approx(98.98, abs=0.01)
+    assert report.dev_chance("banking77", {"accuracy": 1.0}, tmp_path / "glue") is None
+    assert report.chance_mark(None) == "" and report.chance_mark({"at_chance": False, "rule": "r"}) == ""
 
 
 def test_an_unreadable_results_file_is_refused_in_one_line(tmp_path):
