@@ -432,3 +432,7 @@ def test_length_sub_batches_change_no_embedding(tmp_path, tokenizer, pooling):
     for rows, part in pieces:  # each piece cut to its own longest row, no padding column left over
         assert part["input_ids"].shape[1] == int(lengths[rows].max()) and bool(part["attention_mask"][:, -1].any())
     assert [len(r) for r, _ in sub_batches(batch, 0.0, padding_side="left")] == [len(TEXTS)]
+    # a batch with no padded row (one sentence, or all of one length) is one piece, handed over as it is
+    one = tokenize(tokenizer, TEXTS[:1], spec, 64)
+    (rows, part), = list(sub_batches(one, 0.0))
+    assert rows.tolist() == [0] and part is one
