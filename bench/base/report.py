@@ -74,13 +74,18 @@ def read_speed(folder: Path) -> dict[str, Any] | None:
     path = folder / "speed.json"
     if not path.is_file():
         return None
+    return read_object(path, "roles", "run python -m bench.base.speed again")
+
+
+def read_object(path: Path, key: str, advice: str) -> dict[str, Any]:
+    """A results file that must be a JSON object holding the object ``key``; refused in one line with ``advice``."""
     try:
-        speed = json.loads(path.read_text(encoding="utf-8"))
+        state = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:
-        raise CompressError(f"{path} is not valid JSON ({error}); run python -m bench.base.speed again") from None
-    if not isinstance(speed, dict) or not isinstance(speed.get("roles"), dict):
-        raise CompressError(f"{path} has no 'roles' object; run python -m bench.base.speed again")
-    return speed
+        raise CompressError(f"{path} is not valid JSON ({error}); {advice}") from None
+    if not isinstance(state, dict) or not isinstance(state.get(key), dict):
+        raise CompressError(f"{path} has no '{key}' object; {advice}")
+    return state
 
 
 def _timed_on(speed: dict[str, Any]) -> str:

@@ -265,12 +265,9 @@ def previous_state(path: Path) -> dict[str, Any]:
     """base.json as an earlier run left it (its rows are kept), or a new state."""
     if not path.is_file():
         return {"rows": {}}
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise CompressError(f"{path} is not valid JSON ({error}); move it aside to start the results afresh") from None
-    if not isinstance(state, dict) or not isinstance(state.get("rows"), dict):
-        raise CompressError(f"{path} has no 'rows' object; move it aside to start the results afresh")
+    from bench.base.report import read_object  # deferred, as run_base's report imports
+
+    state = read_object(path, "rows", "move it aside to start the results afresh")
     if "header" in state and "settings" in state:  # rows written before rows kept their own run
         earlier = run_summary({**state["header"], "settings": state["settings"]})
         for row in state["rows"].values():
