@@ -137,7 +137,7 @@ def _openvino_accuracy_control(nncf, job: Job, converted, calibration, settings:
     except Exception as err:  # the API refused this model or task: the guard still applies
         why = reason(err)
         model = nncf.quantize(converted.model, calibration, advanced_parameters=weights, **settings)
-        return model, {**record, "used": False, "why": f"{type(err).__name__}: {why}"}
+        return model, {**record, "used": False, "reason": f"{type(err).__name__}: {why}"}
     return model, {**record, "used": True}
 
 
