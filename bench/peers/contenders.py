@@ -39,7 +39,8 @@ class Contender:
         """Which weights it runs: "teacher" (all-MiniLM-L6-v2 in any runtime or precision), "3L", "2L" or "static"."""
         if self.name.startswith(("tk-3L", "tk-2L")):
             return self.name[3:5]
-        return "static" if "static" in self.name or self.name == "model2vec" else "teacher"
+        # tk-teacher-static-int8 is the teacher (ONNX Runtime's static int8), not a static-embedding model
+        return "static" if self.name.startswith("tk-static") or self.name == "model2vec" else "teacher"
 
 
 # In build order: a later step may read an earlier one's files (ort-fused optimises ST's ONNX export).

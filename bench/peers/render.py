@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.peers.report import FP32_MIN_COSINE, REFINE_GAIN
+from bench.peers.report import FP32_MIN_COSINE, REFINE_GAIN, RUNTIME_WITHIN, runtime_ratios
 
 PACKAGES_SHOWN = ("torch", "transformers", "tokenizers", "sentence-transformers", "optimum", "optimum-onnx",
                   "optimum-intel", "onnxruntime", "openvino", "nncf", "ctranslate2", "model2vec", "numpy")
@@ -135,6 +135,27 @@ def goal_lines(goal: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def runtime_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each toolkit runtime on the peers' own weights against the fastest peer of its precision class (same weights,
+    so the speed is the runtime's and the feeding's alone)."""
+    ratios = runtime_ratios(rows)
+    lines = ["## Each toolkit runtime against the fastest peer on the same weights", "",
+             f"Wanted: at least {RUNTIME_WITHIN:.0%} of the fastest peer's sentences/s of the same precision class, at "
+             "batch 1 and at batch 32 apart (all-MiniLM-L6-v2's own weights in every row).", "",
+             "| toolkit runtime | class | b1: x fastest peer | b32: x fastest peer |", "|---|---|--:|--:|"]
+
+    def cell(at: dict[str, Any] | None) -> str:
+        if at is None:
+            return "no peer"
+        return f"{at['ratio']:.2f}x {at['peer']}" + ("" if at["met"] else " (below)")
+
+    for r in ratios:
+        lines.append(f"| {r['name']} | {r['class']} | {cell(r['b1'])} | {cell(r['b32'])} |")
+    both = [r["name"] for r in ratios if r["b1"] and r["b32"] and r["b1"]["met"] and r["b32"]["met"]]
+    lines += ["", f"Within {1 - RUNTIME_WITHIN:.0%} at both batch sizes: {', '.join(both) or 'none'}."]
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     h, rows = result["header"], result["rows"]
     lines = ["# all-MiniLM-L6-v2 and its peers: accuracy, size and speed in one run", "", *header_lines(h), "",
@@ -143,7 +164,7 @@ def render(result: dict[str, Any]) -> str:
              "front: on the Pareto front of Spearman against speed at b1 and/or b32; cos to ST: cosine of each scored "
              "sentence's embedding with sentence-transformers' own (PyTorch) one (— where the width differs).", "",
              *table(rows, result["front"]), "", "![STS-B Spearman against sentences per second at batch 1 and batch 32](pareto.png)", "",
-             "## Goal", "", *goal_lines(result["goal"], rows), "", "## Embedding check", ""]
+             "## Goal", "", *goal_lines(result["goal"], rows), "", *runtime_lines(rows), "", "## Embedding check", ""]
     fp32 = [r for r in rows if r["precision"] == "fp32" and r.get("model") == "teacher" and r.get("agreement")
             and r["name"] != "st-torch"]
     low = [r for r in fp32 if r["agreement"]["min"] <= FP32_MIN_COSINE]

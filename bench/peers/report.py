@@ -165,6 +165,27 @@ def peer_verdict(peer: dict[str, Any], toolkit: list[dict[str, Any]]) -> dict[st
     return out
 
 
+RUNTIME_WITHIN = 0.9  # a toolkit runtime's sentences/s over the fastest peer's on the same weights, wanted at least
+
+
+def runtime_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each toolkit export of the peers' own weights (model "teacher") against the fastest peer of its precision class
+    on those weights, at batch 1 and at batch 32 apart: ``{"name", "class", "b1": {"peer", "ratio", "met"} | None,
+    "b32": ...}`` (``met``: at least :data:`RUNTIME_WITHIN` of the peer's speed; None where no peer of the class ran).
+    Accuracy does not enter: the weights are the same, so only the runtime and the way the toolkit feeds it differ."""
+    same = [r for r in usable(rows) if r.get("model") == "teacher"]
+    out = []
+    for tool in (r for r in same if r["side"] == "toolkit"):
+        peers = [p for p in same if p["side"] == "peer" and precision_class(p) == precision_class(tool)]
+        entry: dict[str, Any] = {"name": tool["name"], "class": precision_class(tool)}
+        for speed in ("b1", "b32"):
+            best = max(peers, key=lambda p: p[speed], default=None)
+            ratio = None if best is None else tool[speed] / best[speed]
+            entry[speed] = None if best is None else {"peer": best["name"], "ratio": ratio, "met": ratio >= RUNTIME_WITHIN}
+        out.append(entry)
+    return out
+
+
 def verdicts(rows: list[dict[str, Any]], static: str = "tk-static", refined: str = "tk-static-refined",
              model2vec: str = "model2vec") -> dict[str, Any]:
     """The issue's goal, judged on the table of one run.

@@ -14,7 +14,7 @@ from bench.peers import build
 from bench.peers.build import STUDENT_VARIANTS, TEACHER_VARIANTS, Ctx, export_command, outputs, step_key
 from bench.peers.contenders import BY_NAME, CONTENDERS, PEER, STEPS, TOOLKIT, select
 from bench.peers.render import precision_line, render
-from bench.peers.report import agreement, make_plan, pareto_front, peer_verdict, score, verdicts
+from bench.peers.report import agreement, make_plan, pareto_front, peer_verdict, runtime_ratios, score, verdicts
 from bench.peers.worker import _mean_normalise, embed_file, time_calls
 
 
@@ -141,6 +141,29 @@ def test_each_peer_is_judged_against_the_toolkits_best_of_its_precision_class_at
             "b32 matched (best as accurate: tk-teacher-ct2-int8, 1.10x); matched at both by tk-teacher-ct2-int8") in text
 
 
+def test_each_toolkit_runtime_is_held_to_90_percent_of_the_fastest_peer_of_its_class_on_the_same_weights():
+    from bench.peers.render import runtime_lines
+
+    rows = [row("ort-fused", PEER, 86.72, 243, 213, model="teacher"), row("ct2-fp32", PEER, 86.72, 132, 383, model="teacher"),
+            {**row("ct2-int8", PEER, 86.54, 116, 668, model="teacher"), "precision": "int8"},
+            row("model2vec", PEER, 79.19, 7802, 15781, model="static"),  # other weights: never the reference
+            row("tk-teacher-fused", TOOLKIT, 86.72, 219, 316, model="teacher"),
+            row("tk-teacher-ct2", TOOLKIT, 86.72, 80, 372, model="teacher"),
+            {**row("tk-teacher-ct2-int8", TOOLKIT, 86.54, 127, 724, model="teacher"), "precision": "int8"},
+            row("tk-3L-fused", TOOLKIT, 84.47, 394, 610, model="3L")]  # a student: not the peers' weights
+    ratios = {r["name"]: r for r in runtime_ratios(rows)}
+    assert sorted(ratios) == ["tk-teacher-ct2", "tk-teacher-ct2-int8", "tk-teacher-fused"]
+    fused = ratios["tk-teacher-fused"]
+    assert fused["b1"] == {"peer": "ort-fused", "ratio": pytest.approx(219 / 243), "met": True}  # 0.901
+    assert fused["b32"] == {"peer": "ct2-fp32", "ratio": pytest.approx(316 / 383), "met": False}  # 0.825
+    assert ratios["tk-teacher-ct2-int8"]["b1"]["peer"] == "ct2-int8" and ratios["tk-teacher-ct2-int8"]["b32"]["met"]
+    text = "\n".join(runtime_lines(rows))
+    assert "| tk-teacher-fused | float | 0.90x ort-fused | 0.83x ct2-fp32 (below) |" in text
+    assert "| tk-teacher-ct2 | float | 0.33x ort-fused (below) | 0.97x ct2-fp32 |" in text
+    assert "Within 10% at both batch sizes: tk-teacher-ct2-int8." in text
+    assert runtime_ratios([rows[4]])[0]["b1"] is None  # no peer of the class ran
+
+
 def test_the_header_says_which_precisions_the_cpu_runs_natively_present_or_not():
     zen4 = {"bf16": True, "amx_bf16": False, "amx_int8": False, "vnni": True, "int8_preset": "avx512_vnni",
             "arch": "x86_64", "source": "/proc/cpuinfo flags"}
@@ -181,7 +204,7 @@ def test_contenders_steps_and_selection():
     assert {c.side for c in CONTENDERS} == {PEER, TOOLKIT}
     models = {c.name: c.model for c in CONTENDERS}
     assert models["ct2-int8"] == models["tk-teacher-fused"] == "teacher" and models["tk-3L-ov-int8"] == "3L"
-    assert models["model2vec"] == models["tk-static-refined-m2v"] == "static"
+    assert models["model2vec"] == models["tk-static-refined-m2v"] == "static" and models["tk-teacher-static-int8"] == "teacher"
     assert [c.name for c in select(only=("ctranslate2",))] == ["ct2-fp32", "ct2-int8"]
     assert "tk-static" not in [c.name for c in select(skip=("tk-static",))]
     with pytest.raises(SystemExit, match="unknown contender"):
