@@ -40,7 +40,8 @@ def dev_chance(task: str, metrics: dict | None, glue: Path) -> dict | None:
 
 def chance_mark(chance: dict | None) -> str:
     """A row's note when its score is at chance: the rule it fell under."""
-    return f"at chance ({chance['rule']})" if chance and chance.get("at_chance") else ""
+    rule = str(chance["rule"]).replace("|", "\\|") if chance else ""  # "|spearmanr| < 10" inside a table cell
+    return f"at chance ({rule})" if chance and chance.get("at_chance") else ""
 
 
 GLUE_SIX = ("sst2", "mrpc", "stsb", "cola", "rte", "wnli")

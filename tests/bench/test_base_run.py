@@ -123,6 +123,8 @@ def test_dev_chance_reads_the_dev_labels_and_leaves_own_data_tasks_alone(tmp_pat
     assert at["at_chance"] and at["chance"] == pytest.approx(70.0) and at["threshold"] == pytest.approx(98.98, abs=0.01)
     assert report.dev_chance("banking77", {"accuracy": 1.0}, tmp_path / "glue") is None
     assert report.chance_mark(None) == "" and report.chance_mark({"at_chance": False, "rule": "r"}) == ""
+    # a rule with bars stays inside its markdown cell
+    assert report.chance_mark({"at_chance": True, "rule": "|spearmanr| < 10"}) == "at chance (\\|spearmanr\\| < 10)"
 
 
 def test_an_unreadable_results_file_is_refused_in_one_line(tmp_path):
