@@ -179,6 +179,7 @@ def run_line(number: int, run: dict[str, Any]) -> str:
     cap = run.get("max_train_examples") or "all"
     return (f"{number}. {run['date']} · {run['cpu']} · training in **{run['precision']}** ({run['precision_why']}) · "
             f"at most {cap} training examples per task (a seeded sample), epochs x {run['epochs_scale']}; "
+            + (f"teachers at lr {run['teacher_lr']:g}; " if run.get("teacher_lr") is not None else "") +
             f"students without augmentation · `{run['command']}`")
 
 

@@ -55,6 +55,22 @@ def test_unknown_tasks_and_roles_are_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_teacher_learning_rate_replaces_each_tasks_and_is_stated_with_its_run(tmp_path, monkeypatch, capsys):
+    seen = {}
+    import compress.teacher.finetune as finetune_module
+
+    monkeypatch.setattr(finetune_module, "finetune", lambda model, out, cfg: seen.setdefault("lr", cfg.train.lr))
+    settings = run.BaseSettings(tasks=("stsb",), teacher_lr=5e-5)
+    run.teacher_stage(run.TASKS["stsb"], {"task": "stsb", "data_dir": str(tmp_path)}, tmp_path / "t", tmp_path, settings)
+    assert seen["lr"] == 5e-5 and run.BaseSettings(tasks=("stsb",)).lr(run.TASKS["stsb"]) == 2e-5
+    summary = run.run_summary({"date": "D", "cpu": "C", "command": "c", "settings": vars(settings)})
+    line = report.run_line(1, {**summary, "precision_why": "w"})
+    assert "epochs x 1.0; teachers at lr 5e-05; students without augmentation" in line
+    assert "teachers at lr" not in report.run_line(1, {**summary, "teacher_lr": None})
+    assert run.main(["--out", str(tmp_path / "out"), "--tasks", "stsb", "--teacher-lr", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "bench.base: --teacher-lr must be between 0 and 1, got 2; the BERT grid is 2e-5 to 5e-5"
+
+
 def test_committed_rows_are_not_trained_again_unless_a_later_stage_needs_their_model():
     roles = list(run.ROLES)
     assert run.to_run(roles, set(roles), set()) == []
