@@ -471,6 +471,10 @@ def test_tokenize_gives_what_the_transformers_call_gives(tmp_path, family, paddi
                          return_tensors="pt")
     got = tokenize(tokenizer, HARD_TEXTS, spec, 16)
     assert all(torch.equal(got[k], expected[k]) for k in expected.keys()) and sorted(got) == sorted(expected.keys())
+    tokenizer.padding_side = "left" if padding_side == "right" else "right"  # changed after a first call
+    expected = tokenizer([t.strip() for t in HARD_TEXTS], padding=True, truncation="longest_first", max_length=16,
+                         return_tensors="pt")
+    assert torch.equal(tokenize(tokenizer, HARD_TEXTS, spec, 16)["attention_mask"], expected["attention_mask"])
 
 
 def test_one_sentence_is_encoded_as_it_is_in_a_batch(tmp_path, tokenizer):

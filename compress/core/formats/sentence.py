@@ -305,7 +305,7 @@ def tokenize(tokenizer, texts: list[str], spec: SentenceSpec, max_length: int) -
             for name in tokenizer.model_input_names if name in fields}
 
 
-# tokenizer -> {max_length: its backend set up to truncate there and pad to the longest}; dropped with the tokenizer
+# tokenizer -> {(max_length, padding side, truncation side): its backend set up so}; dropped with the tokenizer
 _BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -314,7 +314,8 @@ def _backend(tokenizer, max_length: int):
     transformers' ``set_truncation_and_padding`` does before each call), or None where the call must go through
     transformers: a slow tokenizer, no padding token, or inputs its backend does not name alone."""
     backends = _BACKENDS.setdefault(tokenizer, {})
-    if max_length not in backends:
+    key = (max_length, tokenizer.padding_side, tokenizer.truncation_side)  # the sides may be set after loading
+    if key not in backends:
         backend = None
         if (getattr(tokenizer, "is_fast", False) and tokenizer.pad_token_id is not None
                 and {"input_ids", "attention_mask"} <= set(tokenizer.model_input_names)
@@ -324,8 +325,8 @@ def _backend(tokenizer, max_length: int):
                                       direction=tokenizer.truncation_side)
             backend.enable_padding(direction=tokenizer.padding_side, pad_id=tokenizer.pad_token_id,
                                    pad_type_id=tokenizer.pad_token_type_id, pad_token=tokenizer.pad_token)
-        backends[max_length] = backend
-    return backends[max_length]
+        backends[key] = backend
+    return backends[key]
 
 
 def pooled(
