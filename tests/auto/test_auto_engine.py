@@ -165,31 +165,11 @@ def test_a_worker_killed_mid_trial_loses_only_that_trial(teacher, tmp_path):  # 
         assert (folder / "config.json").is_file() and not (folder / "half-written").exists(), folder
 
 
-# A PostgreSQL database for the storage test, as several machines would share it (e.g. postgresql://postgres@127.0.0.1:5432/optuna;
-# needs a server and the psycopg2 driver): the test runs on SQLite alone without it.
-POSTGRES_ENV = "COMPRESS_TEST_POSTGRES"
-
-
-def _storage_url(kind: str, tmp_path: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{(tmp_path / 'shared.db').resolve()}"
-    if not os.environ.get(POSTGRES_ENV):
-        pytest.skip(f"set {POSTGRES_ENV} to a PostgreSQL URL (server and psycopg2 installed) to run the search on it")
-    import sqlalchemy
-
-    url = os.environ[POSTGRES_ENV]
-    with sqlalchemy.create_engine(url).begin() as connection:  # a clean database: every optuna table dropped
-        meta = sqlalchemy.MetaData()
-        meta.reflect(connection)
-        meta.drop_all(connection)
-    return url
-
-
 @pytest.mark.e2e
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_a_second_process_with_storage_joins_the_search_and_only_trains(kind, teacher, tmp_path):  # noqa: F811
+def test_a_second_process_with_storage_joins_the_search_and_only_trains(teacher, tmp_path):  # noqa: F811
+    # On SQLite; the same search on a real PostgreSQL server, started by the test itself: tests/auto/test_postgres.py.
     teacher_dir, data = teacher
-    url = _storage_url(kind, tmp_path)
+    url = f"sqlite:///{(tmp_path / 'shared.db').resolve()}"
     cfg = _cfg(data, BUDGET, storage=url)
     out = tmp_path / "out"
     # The coordinator's steps: the study named by this search's key, its plan and queue; one of its workers running.
