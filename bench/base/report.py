@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -27,15 +28,20 @@ def primary(task: str, metrics: dict | None) -> float | None:
 def dev_chance(task: str, metrics: dict | None, glue: Path) -> dict | None:
     """Whether a GLUE dev result is no better than chance (:func:`compress.eval.metrics.chance_check`, on the dev
     labels read from ``glue``); None for an own-data task or metrics the rule does not read."""
-    from compress.core.data.config import DataSource  # deferred: the data readers, for GLUE rows only
-    from compress.core.data.sources import load_split
-    from compress.eval.metrics import chance_check
+    from compress.eval.metrics import chance_check  # deferred: for GLUE rows only
 
     if task not in GLUE_SIX or not metrics:
         return None
-    spec = get_task(task)
-    labels = load_split(spec, "dev", DataSource(data_dir=str(glue)))["label"]
-    return chance_check(spec, metrics, labels)
+    return chance_check(get_task(task), metrics, _dev_labels(task, Path(glue)))
+
+
+@functools.lru_cache(maxsize=None)
+def _dev_labels(task: str, glue: Path) -> tuple:
+    """A GLUE task's dev labels, read once per (task, folder): every row of the task is checked against them."""
+    from compress.core.data.config import DataSource  # deferred: the data readers
+    from compress.core.data.sources import load_split
+
+    return tuple(load_split(get_task(task), "dev", DataSource(data_dir=str(glue)))["label"])
 
 
 def chance_mark(chance: dict | None) -> str:

@@ -256,9 +256,9 @@ def run_base(data: Path, work: Path, out: Path, settings: BaseSettings, *, comma
             elif not done(folder):  # committed by an earlier run whose model folder is not on this machine
                 continue
             if ran or key not in state["rows"]:
-                state["rows"][key] = {**model_row(folder, task, role), "ran": ran, "run": run_summary(run)}
-            if ran or "chance" not in state["rows"][key]:
-                state["rows"][key]["chance"] = dev_chance(name, state["rows"][key].get("metrics"), data / "glue")
+                row = model_row(folder, task, role)
+                state["rows"][key] = {**row, "ran": ran, "run": run_summary(run),
+                                      "chance": dev_chance(name, row.get("metrics"), data / "glue")}
             write_json_atomic(out / "base.json", state)
             (out / "base.md").write_text(render(state, read_speed(out)), encoding="utf-8")
             if ran and commit_results:

@@ -300,11 +300,12 @@ def tokenize(tokenizer, texts: list[str], spec: SentenceSpec, max_length: int) -
     if backend is None:
         return dict(tokenizer(texts, padding=True, truncation="longest_first", max_length=max_length, return_tensors="pt"))
     encodings = backend.encode_batch(texts)
-    fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
-    return {name: torch.tensor([getattr(e, fields[name]) for e in encodings], dtype=torch.long)
-            for name in tokenizer.model_input_names if name in fields}
+    return {name: torch.tensor([getattr(e, ENCODING_FIELDS[name]) for e in encodings], dtype=torch.long)
+            for name in tokenizer.model_input_names if name in ENCODING_FIELDS}
 
 
+# a model input -> the ``tokenizers.Encoding`` attribute holding it
+ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 # tokenizer -> {(max_length, padding side, truncation side): its backend set up so}; dropped with the tokenizer
 _BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -319,7 +320,7 @@ def _backend(tokenizer, max_length: int):
         backend = None
         if (getattr(tokenizer, "is_fast", False) and tokenizer.pad_token_id is not None
                 and {"input_ids", "attention_mask"} <= set(tokenizer.model_input_names)
-                and set(tokenizer.model_input_names) <= {"input_ids", "attention_mask", "token_type_ids"}):
+                and set(tokenizer.model_input_names) <= set(ENCODING_FIELDS)):
             backend = copy.deepcopy(tokenizer.backend_tokenizer)
             backend.enable_truncation(max_length, stride=0, strategy="longest_first",
                                       direction=tokenizer.truncation_side)
